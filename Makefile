@@ -1,0 +1,40 @@
+# FedST: `make demo` runs the main job, `make test` runs the checks. Both set up .venv when missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+export FLWR_TELEMETRY_ENABLED := 0
+
+.PHONY: venv test lint format demo bench clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned, so no other requirement can pull a different build
+	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+lint: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+demo: venv
+	$(BIN)/python -m fedst.demo
+
+bench: venv
+	$(BIN)/python bench/model.py
+	$(BIN)/python bench/demo.py
+
+clean-venv:
+	rm -rf $(VENV)

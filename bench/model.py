@@ -1,0 +1,160 @@
+"""Size, upload and CPU speed of the FedST network vs the single-frame FedAvg network (Table IX).
+
+For PVTv2-b0 at the chosen input size(s) (demo 128x160, paper 512x640) this reports:
+* parameters total / shared / personalized and upload MB per round (fp32, 1 MB = 10^6 bytes) for
+  FedST (preset ``encoder_query`` + channel selection personal) and FedAvg (nothing personal; no
+  temporal module, no CS);
+* inference time per frame (batch 1, median) of the single-frame network (no temporal, no CS), the
+  4-frame clip network (every frame of the clip encoded) and streaming mode (earlier frames'
+  features cached);
+* one training step (batch 2, 4-frame clips, AdamW, Eq. 9 loss) of FedST.
+
+Run from the repository root (2 threads, random init, nothing downloaded):
+
+    .venv/bin/python -m bench.model                  # both sizes
+    .venv/bin/python -m bench.model --size demo --repeats 5
+
+The last two lines are ``streaming/single-frame FPS ratio: <x>`` (for the last size measured) and
+``upload MB per round fedst/fedavg: <a>/<b>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Callable
+
+import torch
+
+from fedst.model.losses import SegmentationLoss
+from fedst.model.network import FedSTNet, NetworkConfig, build_network
+from fedst.model.partition import PRESETS, bytes_of, count_parameters, split_state
+
+SIZES = {"demo": (128, 160), "paper": (512, 640)}
+MB = 1e6
+
+
+def interleaved_ms(
+    steps: dict[str, Callable[[], object]], repeats: int
+) -> dict[str, tuple[float, float]]:
+    """Per step: (min wall ms, min process-CPU ms) over ``repeats`` round-robin runs, 1 warm-up.
+
+    Round-robin timing exposes every step to the same machine load; the minimum is the usual
+    estimator of the unloaded time (on a shared machine the median mostly measures other jobs).
+    """
+    for step in steps.values():
+        step()
+    wall: dict[str, list[float]] = {name: [] for name in steps}
+    cpu: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            step()
+            wall[name].append((time.perf_counter() - start_wall) * 1000.0)
+            cpu[name].append((time.process_time() - start_cpu) * 1000.0)
+    return {name: (min(wall[name]), min(cpu[name])) for name in steps}
+
+
+def parameter_report(name: str, net: FedSTNet, preset: str, personalize_cs: bool) -> float:
+    """Print total / shared / personal parameter counts; return upload MB per round."""
+    part = split_state(net, PRESETS[preset], personalize_channel_selection=personalize_cs)
+    total = count_parameters(net, [*part.personal, *part.shared])
+    shared = count_parameters(net, part.shared)
+    personal = count_parameters(net, part.personal)
+    upload = bytes_of(net, part.shared) / MB
+    print(
+        f"{name:7s} params total {total:,} | shared {shared:,} | personal {personal:,} "
+        f"(preset {preset}, CS personal {personalize_cs}) | upload {upload:.2f} MB/round"
+    )
+    return upload
+
+
+def speed_report(
+    size: tuple[int, int], fedst: FedSTNet, single: FedSTNet, repeats: int
+) -> tuple[float, float]:
+    """Print per-frame inference and train-step times; return (single FPS, streaming FPS)."""
+    height, width = size
+    torch.manual_seed(0)
+    frames = torch.randn(repeats + 8, 1, 3, height, width)  # a video, batch 1
+    indicator = torch.nn.functional.normalize(torch.randn(fedst.cfg.indicator_dim), dim=0)
+    fedst.eval()
+    single.eval()
+    clip = frames[:4].transpose(0, 1)  # [4, 1, 3, H, W] -> [1, 4, 3, H, W]
+    stream = fedst.stream(indicator, frame_stride=1)
+    with torch.no_grad():
+        for frame in frames[:4]:
+            stream.step(frame)  # fill the history so every timed step uses a full clip
+        stream_frames = iter(frames[4:])
+        feats = fedst.encoder(frames[0])
+        steps: dict[str, Callable[[], object]] = {
+            "single-frame network (no temporal, no CS)": lambda: single(clip[:, -1:]),
+            "FedST 4-frame clip network": lambda: fedst(clip, indicator),
+            "FedST streaming (cached earlier frames)": lambda: stream.step(next(stream_frames)),
+        }
+        for stage, module in fedst.temporal.items():
+            steps[f"  of which temporal module, stage {stage}"] = lambda m=module, s=stage: m(
+                [feats[int(s)]] * fedst.cfg.num_frames
+            )
+        inference = interleaved_ms(steps, repeats)
+    fedst.train()
+    loss_fn = SegmentationLoss(num_classes=fedst.cfg.num_classes)
+    optimizer = torch.optim.AdamW(fedst.parameters(), lr=6e-5)
+    batch_clips = torch.randn(2, fedst.cfg.num_frames, 3, height, width)
+    target = torch.randint(0, fedst.cfg.num_classes, (2, height, width))
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(fedst(batch_clips, indicator), target).backward()
+        optimizer.step()
+
+    train_wall, train_cpu = interleaved_ms({"train": train_step}, max(2, repeats // 2))["train"]
+    print(f"{height}x{width} inference per frame, batch 1, best of {repeats} (wall / CPU ms, FPS):")
+    for name, (wall, cpu) in inference.items():
+        print(f"  {name:44s} {wall:8.1f} / {cpu:8.1f} ms  {1e3 / wall:6.2f} FPS")
+    print(f"  FedST training step (batch 2, 4-frame clips): {train_wall:.0f} / {train_cpu:.0f} ms")
+    single_wall, single_cpu = inference["single-frame network (no temporal, no CS)"]
+    stream_wall, stream_cpu = inference["FedST streaming (cached earlier frames)"]
+    print(f"  streaming/single-frame ratio by CPU time: {single_cpu / stream_cpu:.2f}")
+    return 1e3 / single_wall, 1e3 / stream_wall
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--size", choices=[*SIZES, "both"], default="both", help="input size(s)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument(
+        "--temporal-stages",
+        type=int,
+        nargs="+",
+        default=None,
+        help="override NetworkConfig.temporal_stages (0-based) to compare choices",
+    )
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = NetworkConfig()
+    if args.temporal_stages is not None:
+        cfg = dataclasses.replace(cfg, temporal_stages=tuple(args.temporal_stages))
+    fedst = build_network(cfg)
+    single = build_network(
+        dataclasses.replace(cfg, temporal=False, prompt=False, channel_selection=False)
+    )
+    print(
+        f"PVTv2-b0, temporal stages {cfg.temporal_stages}, CS stages {cfg.cs_stages}, "
+        f"{args.threads} threads"
+    )
+    upload_fedst = parameter_report("FedST", fedst, "encoder_query", personalize_cs=True)
+    upload_fedavg = parameter_report("FedAvg", single, "none", personalize_cs=False)
+    sizes = list(SIZES) if args.size == "both" else [args.size]
+    ratio = float("nan")
+    for name in sizes:
+        single_fps, stream_fps = speed_report(SIZES[name], fedst, single, args.repeats)
+        ratio = stream_fps / single_fps
+    print(f"streaming/single-frame FPS ratio: {ratio:.2f}")
+    print(f"upload MB per round fedst/fedavg: {upload_fedst:.2f}/{upload_fedavg:.2f}")
+
+
+if __name__ == "__main__":
+    main()

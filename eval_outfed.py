@@ -1,0 +1,63 @@
+"""Out-of-federation evaluation of a finished run (paper Tables III and VIII).
+
+    python eval_outfed.py run=runs/demo/fedst_s0_...             # site E and GraSP, tables and plots
+    python eval_outfed.py run=runs/demo/fedst_s0_... sites=[E]
+
+Writes <run>/final.json (with "out_of_federation"), <run>/tables/ and <run>/plots/, and prints
+the comparison table. The model: fedst/outfed.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from fedst import report
+from fedst.cli import register_resolvers, setup_logging
+from fedst.experiment import resolve_device
+from fedst.outfed import evaluate_out_of_federation
+from fedst.training import finalize_run, load_config
+
+register_resolvers()
+log = logging.getLogger("eval_outfed")
+
+
+@hydra.main(config_path="configs", config_name="eval_outfed", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_dir = Path(cfg.run)
+    setup_logging()
+    experiment = load_config(run_dir)
+    if cfg.max_frames is not None:
+        experiment = dataclasses.replace(
+            experiment,
+            train=dataclasses.replace(experiment.train, eval_max_frames=int(cfg.max_frames)),
+        )
+    if cfg.sites is None:
+        finalize_run(experiment, run_dir, progress=cfg.progress, qualitative=int(cfg.qualitative))
+        print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
+        return
+    sites = tuple(OmegaConf.to_container(cfg.sites))
+    results = evaluate_out_of_federation(
+        experiment,
+        run_dir,
+        resolve_device(experiment.train.device),
+        sites=sites,
+        progress=cfg.progress,
+    )
+    summary = {site: result.summary for site, result in results.items()}
+    out = run_dir / f"outfed_{'_'.join(sites)}.json"
+    out.write_text(json.dumps(summary, indent=2, sort_keys=True, default=float))
+    for site, values in summary.items():
+        print(
+            f"{site}: Dice {values['dice']:.2f}  IoU {values['iou']:.2f}  HD95 {values['hd95']:.1f}  ASSD {values['assd']:.1f}"
+        )
+    print(f"written: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Flower ClientApp: unpack the message, call :class:`fedst.federation.site.Site`, pack the reply.
+
+The same app runs in-process, under Ray and on a hospital's SuperNode. What it needs comes from
+the message (the experiment config, the round, the shared parameters) and from the node
+(``node_config``: ``site-name`` or ``partition-id``; optionally ``data-path`` and ``state-dir``).
+Private state: rho_k stays in ``context.state["personal"]`` and in the site's state folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device, site_state_dir
+from fedst.federation.site import Site
+
+app = ClientApp()
+
+_SITES: dict[tuple[str, str, str], Site] = {}
+"""Live Site objects of this process, by (run dir, site, config fingerprint): the model, data and
+optimizer are built once per process, not once per message. State on disk stays authoritative."""
+
+
+def _site_name(cfg: ExperimentConfig, context: Context) -> str:
+    if "site-name" in context.node_config:
+        return str(context.node_config["site-name"])
+    return cfg.data.federation[int(context.node_config["partition-id"])]
+
+
+def _site_for(message: Message, context: Context) -> tuple[Site, ConfigRecord]:
+    config = message.content["config"]
+    cfg = experiment_from_json(str(config["experiment"]))
+    name = _site_name(cfg, context)
+    if "data-path" in context.node_config:  # deployment: the hospital's own copy of its data
+        spec = dataclasses.replace(cfg.data.sites[name], root=str(context.node_config["data-path"]))
+        cfg = dataclasses.replace(
+            cfg, data=dataclasses.replace(cfg.data, sites={**cfg.data.sites, name: spec})
+        )
+    run_dir = Path(str(config["run-dir"]))
+    state_dir = Path(str(context.node_config.get("state-dir", site_state_dir(run_dir, name))))
+    key = (str(state_dir), name, cfg.fingerprint())
+    if key not in _SITES:
+        _SITES[key] = Site(name, cfg, state_dir, resolve_device(cfg.train.device))
+    return _SITES[key], config
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    site, config = _site_for(message, context)
+    received = message.content["arrays"].to_torch_state_dict()
+    result = site.train_round(received, int(config["server-round"]), int(config["local-iters"]))
+    context.state["personal"] = ArrayRecord(
+        {k: v for k, v in site.model.state_dict().items() if k in set(site.partition.personal)}
+    )
+    metrics = MetricRecord(
+        {
+            "num-examples": result.num_examples,
+            "train-loss": result.mean_loss,
+            "seconds": result.seconds,
+        }
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(result.shared),
+            "metrics": metrics,
+            "site": ConfigRecord({"site": site.name}),
+        }
+    )
+    return Message(content, reply_to=message)
+
+
+@app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    site, config = _site_for(message, context)
+    received = message.content["arrays"].to_torch_state_dict()
+    result = site.evaluate(received, int(config["server-round"]))
+    summary = result.summary
+    metrics = {"num-examples": int(summary["num_frames"])}
+    metrics.update({k: float(summary[k]) for k in ("dice", "iou", "hd95", "assd")})
+    for class_name, values in summary["per_class"].items():
+        metrics.update({f"{class_name}/{k}": float(v) for k, v in values.items()})
+    content = RecordDict(
+        {"metrics": MetricRecord(metrics), "site": ConfigRecord({"site": site.name})}
+    )
+    return Message(content, reply_to=message)

@@ -1,0 +1,193 @@
+"""Flower ServerApp: the round loop of Algorithm 1 over any Grid (in-process, Ray, deployment).
+
+Each round: send gamma_g to every site (round 1: the full initial model v_g^0) -> sites train and
+reply with gamma_k -> Flower's FedAvg (sample-count-weighted) or FedMedian aggregates -> the
+server step (SERQ for FedST) -> every ``eval_every`` rounds the sites score their personalized
+models -> checkpoint. Only the ArrayRecord "arrays" carries parameters, and it only ever holds
+shared keys from the sites.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, FedMedian
+from tqdm import tqdm
+
+from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.federation.run_io import RunLog
+from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
+
+log = logging.getLogger(__name__)
+
+
+class FederationError(RuntimeError):
+    """A site failed during a round; the message carries the site's own error text."""
+
+
+def make_server_app(cfg: ExperimentConfig, run_dir: Path, progress: bool = True) -> ServerApp:
+    """A ServerApp bound to one experiment (config comes from the entry point, not from Flower)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_federation(grid, cfg, run_dir, progress=progress)
+
+    return app
+
+
+def _instruction(
+    grid: Grid,
+    node_id: int,
+    kind: str,
+    arrays: ArrayRecord,
+    config: dict[str, Any],
+    server_round: int,
+) -> Message:
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord(config)})
+    return Message(content, dst_node_id=node_id, message_type=kind, group_id=str(server_round))
+
+
+def _check_replies(replies: list[Message], expected: int, what: str) -> None:
+    errors = [r.error.reason for r in replies if r.has_error()]
+    if errors:
+        raise FederationError(f"{len(errors)} site(s) failed during {what}:\n" + "\n".join(errors))
+    if len(replies) != expected:
+        raise FederationError(f"{what}: expected {expected} replies, got {len(replies)}")
+
+
+def _site_of(reply: Message) -> str:
+    return str(reply.content["site"]["site"])
+
+
+def run_federation(
+    grid: Grid, cfg: ExperimentConfig, run_dir: Path, progress: bool = True
+) -> dict[str, Any]:
+    """Run (or resume) the federation described by ``cfg``; returns the last per-site test metrics."""
+    device = resolve_device(cfg.train.device)
+    server = FederationServer(cfg, run_dir, device, progress=progress)
+    runlog = RunLog(run_dir)
+    last_metrics: dict[str, Any] = {}
+    if (run_dir / SERVER_CHECKPOINT).exists():
+        last_metrics = server.load().get("last_metrics", {})
+        runlog.truncate_after(server.completed_round)
+        log.info("resuming %s after round %d", run_dir, server.completed_round)
+    else:
+        pre_loss = server.initialize()
+        if pre_loss is not None:
+            runlog.write("train", {"round": 0, "site": "server", "serq_pretrain_loss": pre_loss})
+        server.save(0)
+
+    strategy = FedMedian() if cfg.method.aggregation == "fedmedian" else FedAvg()
+    nodes = sorted(grid.get_node_ids())
+    expected = len(cfg.data.federation)
+    if len(nodes) != expected:
+        raise FederationError(f"{len(nodes)} nodes connected, the federation has {expected} sites")
+    base_config = {
+        "experiment": cfg.to_json(),
+        "run-dir": str(run_dir),
+        "local-iters": cfg.train.local_iters,
+    }
+
+    rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
+    for server_round in tqdm(
+        rounds,
+        desc=f"{cfg.method.name} rounds",
+        disable=not progress,
+        initial=server.completed_round,
+        total=cfg.train.rounds,
+    ):
+        started = time.perf_counter()
+        # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
+        payload = server.initial_payload() if server_round == 1 else server.shared_payload()
+        if not cfg.method.communicate and server_round > 1:
+            payload = {}
+        down = ArrayRecord(payload)
+        config = {**base_config, "server-round": server_round}
+        replies = list(
+            grid.send_and_receive(
+                [
+                    _instruction(grid, n, MessageType.TRAIN, down, config, server_round)
+                    for n in nodes
+                ]
+            )
+        )
+        _check_replies(replies, expected, f"training round {server_round}")
+        for reply in replies:
+            up = reply.content["arrays"]
+            runlog.write(
+                "comm",
+                {
+                    "round": server_round,
+                    "site": _site_of(reply),
+                    "download_bytes": down.count_bytes(),
+                    "upload_bytes": up.count_bytes(),
+                    "download_param_bytes": _param_bytes(down),
+                    "upload_param_bytes": _param_bytes(up),
+                },
+            )
+            runlog.write(
+                "train",
+                {
+                    "round": server_round,
+                    "site": _site_of(reply),
+                    "loss": float(reply.content["metrics"]["train-loss"]),
+                    "seconds": float(reply.content["metrics"]["seconds"]),
+                    "iterations": cfg.train.local_iters,
+                },
+            )
+        # -- aggregation + server step (lines 8-12) -------------------------------------------------
+        if cfg.method.communicate:
+            aggregated, _ = strategy.aggregate_train(server_round, replies)
+            stats = server.server_step(
+                aggregated.to_torch_state_dict() if aggregated else {}, server_round
+            )
+            if stats is not None:
+                runlog.write("train", {"round": server_round, "site": "server", **vars(stats)})
+        # -- evaluation of the personalized models ---------------------------------------------
+        if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
+            shared = ArrayRecord(server.shared_payload() if cfg.method.communicate else {})
+            replies = list(
+                grid.send_and_receive(
+                    [
+                        _instruction(grid, n, MessageType.EVALUATE, shared, config, server_round)
+                        for n in nodes
+                    ]
+                )
+            )
+            _check_replies(replies, expected, f"evaluation round {server_round}")
+            for reply in replies:
+                row = _metrics_row(reply, server_round)
+                runlog.write("metrics", row)
+                last_metrics[row["site"]] = row
+        server.save(server_round, extra={"last_metrics": last_metrics})
+        log.info("round %d done in %.1f s", server_round, time.perf_counter() - started)
+    runlog.close()
+    return last_metrics
+
+
+def _param_bytes(record: ArrayRecord) -> int:
+    """Bytes of the parameter values alone (numel x element size), the paper's Table IX measure."""
+    return int(sum(array.numpy().nbytes for array in record.values()))
+
+
+def _metrics_row(reply: Message, server_round: int) -> dict[str, Any]:
+    metrics = dict(reply.content["metrics"])
+    per_class: dict[str, dict[str, float]] = {}
+    for key in [k for k in metrics if "/" in k]:
+        class_name, metric = key.split("/", 1)
+        per_class.setdefault(class_name, {})[metric] = metrics.pop(key)
+    return {
+        "round": server_round,
+        "site": _site_of(reply),
+        "split": "test",
+        "model": "personal",
+        "num_frames": int(metrics.pop("num-examples")),
+        **{k: float(v) for k, v in metrics.items()},
+        "per_class": per_class,
+    }

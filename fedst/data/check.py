@@ -1,0 +1,372 @@
+"""Dataset checker: what each configured site holds on disk, and every problem with its file.
+
+    python -m fedst.data.check data=paper [site=A] [max_frames=50]
+    python -m fedst.data.check data=configs/data/my_sites.yaml --max-frames 20
+
+``data=<name>`` loads ``configs/data/<name>.yaml``; ``data=<file.yaml>`` loads that file. For each
+site (or only ``site=X``) the checker lists the videos, frames and labelled frames per split and the
+frame rate the clips will use (median spacing of the frame times), checks that every listed frame
+file exists, then reads a sample of labelled frames (at most ``max_frames`` per site, spread over
+the splits) for the resolution, the class pixel shares and the problems: unreadable files, frame /
+label size mismatches, unknown label values or colours with their pixel counts (reported even when
+the site maps them to 255 with ``on_unknown_label: ignore``), and empty splits the site's role
+needs (federation: train and test; out-of-federation: test; server: train).
+
+The exit status is 1 when a site cannot be used (any error), 2 for a bad command line or config,
+0 otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from fedst.config import ConfigError, build
+from fedst.data._io import UnifiedLabelSource, format_counts
+from fedst.data.base import (
+    CLASS_NAMES,
+    IGNORE_INDEX,
+    SPLITS,
+    DataError,
+    FrameRef,
+    LabelRef,
+    SiteSource,
+    VideoRecord,
+)
+from fedst.data.registry import open_site
+from fedst.data.sites import DataConfig, SiteSpec
+
+log = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
+DEFAULT_MAX_FRAMES = 50
+"""Labelled frames read per site by default."""
+ARGUMENTS = ("data", "site", "max_frames")
+REQUIRED_SPLITS = {
+    "federation": ("train", "test"),
+    "out_of_federation": ("test",),
+    "server": ("train",),
+}
+"""Splits a site must have, by its role in the data config."""
+MISSING_FILES_SHOWN = 5
+
+
+@dataclass
+class Problem:
+    """One finding: ``error`` makes the site unusable, ``warning`` does not."""
+
+    severity: str
+    file: str
+    message: str
+
+
+@dataclass
+class SplitSummary:
+    videos: int
+    frames: int
+    labelled: int
+
+
+@dataclass
+class SiteReport:
+    """What the checker found for one site."""
+
+    name: str
+    backend: str
+    root: str
+    roles: tuple[str, ...]
+    splits: dict[str, SplitSummary] = field(default_factory=dict)
+    clip_fps: float | None = None
+    resolutions: Counter = field(default_factory=Counter)
+    class_pixels: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.int64))
+    frames_read: int = 0
+    binary: bool = False
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def usable(self) -> bool:
+        return not any(p.severity == "error" for p in self.problems)
+
+    def error(self, file: object, message: str) -> None:
+        self.problems.append(Problem("error", str(file), message))
+
+    def warning(self, file: object, message: str) -> None:
+        self.problems.append(Problem("warning", str(file), message))
+
+    def class_shares(self) -> dict[str, float]:
+        """Percent of read label pixels per class (and ``ignore``)."""
+        total = int(self.class_pixels.sum())
+        names = ("background", "instrument") if self.binary else CLASS_NAMES
+        counts = {n: int(self.class_pixels[i]) for i, n in enumerate(names)}
+        counts["ignore"] = int(self.class_pixels[IGNORE_INDEX])
+        return {n: 100.0 * c / total if total else math.nan for n, c in counts.items()}
+
+
+def load_data_config(spec: str) -> DataConfig:
+    """``paper`` -> configs/data/paper.yaml; a path to a .yaml file is loaded as it is."""
+    path = Path(spec)
+    if not (path.suffix in (".yaml", ".yml") or path.is_file()):
+        path = CONFIG_DIR / f"{spec}.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            f"data config {spec!r}: {path} not found; give a name in {CONFIG_DIR} "
+            "or a path to a .yaml file"
+        )
+    wrapped = OmegaConf.create({"data": OmegaConf.load(path)})  # resolves ${data.root}
+    values = OmegaConf.to_container(wrapped, resolve=True)["data"]
+    return build(DataConfig, values, where=f"data ({path})")
+
+
+def site_roles(config: DataConfig, name: str) -> tuple[str, ...]:
+    roles = []
+    if name in config.federation:
+        roles.append("federation")
+    if name in config.out_of_federation:
+        roles.append("out_of_federation")
+    if name == config.server:
+        roles.append("server")
+    return tuple(roles)
+
+
+def required_splits(roles: tuple[str, ...]) -> set[str]:
+    """The splits a site with these roles must have labelled frames in."""
+    return {split for role in roles for split in REQUIRED_SPLITS[role]}
+
+
+def check_site(
+    name: str, spec: SiteSpec, roles: tuple[str, ...], max_frames: int, show_progress: bool
+) -> SiteReport:
+    """Open site ``name`` through the registry and check it; every problem lands in the report."""
+    report = SiteReport(name, spec.backend, spec.root, roles)
+    try:
+        source = open_site(spec.backend, Path(spec.root), name, **spec.options)
+    except (DataError, ConfigError, TypeError, OSError) as err:
+        report.error(spec.root, f"cannot open the site: {err}")
+        return report
+    report.binary = source.binary
+    videos: dict[str, list[VideoRecord]] = {}
+    for split in SPLITS:
+        try:
+            videos[split] = source.videos(split)
+        except (DataError, OSError) as err:
+            needed = split in required_splits(roles) or not roles
+            report.problems.append(
+                Problem("error" if needed else "warning", spec.root, f"split {split}: {err}")
+            )
+            videos[split] = []
+        records = videos[split]
+        report.splits[split] = SplitSummary(
+            len(records), sum(len(v.frames) for v in records), sum(len(v.labels) for v in records)
+        )
+    _check_required_splits(report)
+    report.clip_fps = _clip_fps([v for records in videos.values() for v in records])
+    _check_frame_files(report, videos)
+    samples = _sample_labels(videos, max_frames)
+    if show_progress and samples:
+        samples = track(
+            samples, description=f"site {name}", console=Console(stderr=True), transient=True
+        )
+    for video, position in samples:
+        _check_sample(report, source, video.frames[position], video.labels[position])
+    return report
+
+
+def _check_required_splits(report: SiteReport) -> None:
+    if not report.roles and not any(s.labelled for s in report.splits.values()):
+        report.error(report.root, "no labelled frames in any split")
+    for split in sorted(required_splits(report.roles)):
+        if report.splits[split].labelled == 0:
+            report.error(
+                report.root,
+                f"split {split} is empty (no labelled frames) but the "
+                f"site's role {list(report.roles) or 'none'} needs it",
+            )
+
+
+def _clip_fps(records: list[VideoRecord]) -> float | None:
+    """1 / median spacing of consecutive frame times over all videos (None: single images)."""
+    gaps = np.concatenate([np.diff(v.times) for v in records if len(v.times) > 1] or [[]])
+    return float(1.0 / np.median(gaps)) if gaps.size else None
+
+
+def _check_frame_files(report: SiteReport, videos: dict[str, list[VideoRecord]]) -> None:
+    paths = {f.path for records in videos.values() for v in records for f in v.frames}
+    missing = sorted(p for p in paths if not p.is_file())
+    if missing:
+        shown = ", ".join(str(p) for p in missing[:MISSING_FILES_SHOWN])
+        report.error(missing[0], f"{len(missing)} listed frame file(s) missing: {shown}")
+
+
+def _sample_labels(
+    videos: dict[str, list[VideoRecord]], max_frames: int
+) -> list[tuple[VideoRecord, int]]:
+    """Up to ``max_frames`` labelled frames, spread evenly over the non-empty splits."""
+    per_split = {
+        split: [(v, p) for v in records for p in sorted(v.labels)]
+        for split, records in videos.items()
+    }
+    non_empty = [s for s in SPLITS if per_split[s]]
+    if not non_empty or max_frames <= 0:
+        return []
+    quota = max(1, max_frames // len(non_empty))
+    chosen = []
+    for split in non_empty:
+        items = per_split[split]
+        picks = np.unique(np.linspace(0, len(items) - 1, min(quota, len(items))).round())
+        chosen.extend(items[int(i)] for i in picks)
+    return chosen
+
+
+def _check_sample(report: SiteReport, source: SiteSource, frame: FrameRef, label: LabelRef) -> None:
+    try:
+        image = source.read_frame(frame)
+    except (DataError, OSError) as err:
+        report.error(frame.path, str(err))
+        return
+    report.resolutions[f"{image.shape[1]}x{image.shape[0]}"] += 1
+    try:
+        if isinstance(source, UnifiedLabelSource):
+            decoded = source.decode_label(label)
+            if decoded.unknown:
+                severity = "error" if source.on_unknown_label == "error" else "warning"
+                report.problems.append(
+                    Problem(
+                        severity,
+                        str(label.path),
+                        f"unknown label value(s) {format_counts(decoded.unknown)} (value: pixels)"
+                        + (
+                            " mapped to 255 (on_unknown_label: ignore)"
+                            if severity == "warning"
+                            else "; set on_unknown_label: ignore to map them to 255"
+                        ),
+                    )
+                )
+            mask = decoded.label
+        else:
+            mask = source.read_label(label)
+    except (DataError, OSError) as err:
+        report.error(label.path, str(err))
+        return
+    report.frames_read += 1
+    allowed = {0, 1, IGNORE_INDEX} if source.binary else {*range(len(CLASS_NAMES)), IGNORE_INDEX}
+    counts = np.bincount(mask.ravel(), minlength=256)
+    bad = sorted(set(np.flatnonzero(counts).tolist()) - allowed)
+    if bad:
+        report.error(label.path, f"label values {bad} outside {sorted(allowed)}")
+    if mask.shape != image.shape[:2]:
+        report.error(
+            label.path,
+            f"size mismatch: label {mask.shape[1]}x{mask.shape[0]} vs frame "
+            f"{image.shape[1]}x{image.shape[0]} of {frame.path} (WxH)",
+        )
+    report.class_pixels += counts
+
+
+def print_reports(reports: list[SiteReport], console: Console) -> None:
+    """A summary table, then every problem with its file."""
+    table = Table(title="FedST dataset check")
+    for column in (
+        "site",
+        "backend",
+        "role",
+        "split: videos/frames/labelled",
+        "resolution",
+        "clip fps",
+        "class share % (sampled)",
+        "status",
+    ):
+        table.add_column(column)
+    for r in reports:
+        splits = "\n".join(f"{s}: {v.videos}/{v.frames}/{v.labelled}" for s, v in r.splits.items())
+        fps = "single images" if r.clip_fps is None else f"{r.clip_fps:.3g} Hz"
+        shares = "\n".join(f"{k} {v:.2f}" for k, v in r.class_shares().items() if not math.isnan(v))
+        resolution = ", ".join(f"{k} ({n})" for k, n in r.resolutions.most_common(3))
+        errors = sum(p.severity == "error" for p in r.problems)
+        warnings = len(r.problems) - errors
+        status = "OK" if r.usable else "UNUSABLE"
+        status += f" ({errors} err, {warnings} warn)" if r.problems else ""
+        table.add_row(
+            r.name,
+            r.backend,
+            ", ".join(r.roles) or "-",
+            splits or "-",
+            resolution or "-",
+            fps if r.splits else "-",
+            shares or "-",
+            status,
+        )
+    console.print(table)
+    for r in reports:
+        for p in r.problems:
+            print(f"[{r.name}] {p.severity.upper()}: {p.file}: {p.message}")
+        if r.frames_read:
+            print(f"[{r.name}] read {r.frames_read} labelled frame(s) from {r.root}")
+
+
+def parse_arguments(argv: Sequence[str]) -> dict[str, str]:
+    """``key=value`` (Hydra style, an optional leading + allowed) and ``--max-frames N``."""
+    values: dict[str, str] = {}
+    items = list(argv)
+    while items:
+        item = items.pop(0)
+        if item.startswith("--"):
+            key = item[2:].replace("-", "_")
+            if "=" in key:
+                key, value = key.split("=", 1)
+            elif items:
+                value = items.pop(0)
+            else:
+                raise ConfigError(f"argument {item} needs a value")
+        elif "=" in item:
+            key, value = item.lstrip("+").split("=", 1)
+        else:
+            raise ConfigError(f"argument {item!r}: use key=value with keys {ARGUMENTS}")
+        if key not in ARGUMENTS:
+            raise ConfigError(f"unknown argument {key!r}; known: {ARGUMENTS}")
+        values[key] = value
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Check the sites of a data config; the exit status says whether every site is usable."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args = parse_arguments(sys.argv[1:] if argv is None else argv)
+        config = load_data_config(args.get("data", "paper"))
+        max_frames = int(args.get("max_frames", DEFAULT_MAX_FRAMES))
+        names = [args["site"]] if "site" in args else list(config.sites)
+        unknown = [n for n in names if n not in config.sites]
+        if unknown:
+            raise ConfigError(
+                f"site {unknown[0]!r} is not in the data config; sites: {sorted(config.sites)}"
+            )
+    except (ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    reports = [
+        check_site(n, config.sites[n], site_roles(config, n), max_frames, sys.stderr.isatty())
+        for n in names
+    ]
+    print_reports(reports, Console(width=shutil.get_terminal_size((160, 24)).columns))
+    unusable = [r.name for r in reports if not r.usable]
+    if unusable:
+        print(f"unusable site(s): {unusable}")
+        return 1
+    print(f"all {len(reports)} site(s) usable")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""Clips, augmentation, validation and batching shared by every dataset backend.
+
+A sample is one labelled frame (the *current* frame) plus ``num_frames - 1`` earlier frames at
+``interval_s`` spacing (paper Sec. IV-A3: 4 frames, the current and 3 previous). Where the video has
+no frame at the wanted time the nearest earlier frame is used; before the video's first frame the
+current frame is duplicated. Only the current frame needs a label.
+
+Augmentation (paper: rotation and scale; flips and colour jitter optional) draws ONE random
+transform per sample and applies it to every frame of the clip and to the mask. Areas rotated into
+view are 0 in the images (before normalisation) and 255 (ignore) in the mask.
+
+The dataset returns normalised tensors: frames resized to ``image_size`` (bilinear; masks nearest),
+scaled to [0, 1], then normalised with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`.
+
+Reproducibility: :func:`make_loader` and :class:`BatchStream` hand the dataset ``(index, aug_seed)``
+pairs drawn from ``(seed, epoch)``, so the sample order and every augmentation depend only on the
+seed, not on the number of workers, and a resumed :class:`BatchStream` repeats the uninterrupted
+stream exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import random
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import albumentations as A
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from fedst.data.base import IGNORE_INDEX, NUM_CLASSES, DataError, SiteSource, VideoRecord
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "AugmentConfig",
+    "BatchStream",
+    "ClipConfig",
+    "ClipDataset",
+    "build_augmentation",
+    "clip_frame_positions",
+    "collate_clips",
+    "make_loader",
+]
+
+logger = logging.getLogger(__name__)
+
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+TIME_TOLERANCE_S = 1e-6
+SINGLE_FRAME_MODES = ("repeat", "single")
+MAX_REPORTED_PROBLEMS = 20
+AUG_SEED_HIGH = 2**31 - 1
+Batch = tuple[torch.Tensor, torch.Tensor, list[str]]
+
+
+@dataclass(frozen=True)
+class ClipConfig:
+    num_frames: int = 4
+    """Frames per clip T, the current frame last (paper: 4)."""
+    interval_s: float = 0.2
+    """Seconds between consecutive clip frames (paper: 0.2)."""
+    image_size: tuple[int, int] = (128, 160)
+    """(H, W) network input size."""
+    single_frame_mode: str = "repeat"
+    """Image-only data (every video one frame): "repeat" the frame T times, or "single" (T = 1)."""
+
+    def __post_init__(self) -> None:
+        if self.num_frames < 1:
+            raise ValueError(f"clip.num_frames must be >= 1, got {self.num_frames}")
+        if self.interval_s < 0:
+            raise ValueError(f"clip.interval_s must be >= 0, got {self.interval_s}")
+        if len(self.image_size) != 2 or min(self.image_size) < 1:
+            raise ValueError(f"clip.image_size must be (H, W) > 0, got {self.image_size}")
+        if self.single_frame_mode not in SINGLE_FRAME_MODES:
+            raise ValueError(
+                f"clip.single_frame_mode must be one of {SINGLE_FRAME_MODES}, "
+                f"got {self.single_frame_mode!r}"
+            )
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    enabled: bool = True
+    """Apply the augmentation at all (training sets only)."""
+    rotate_limit_deg: float = 15
+    """Rotation drawn uniformly from [-limit, limit] degrees (paper: rotation)."""
+    scale_limit: float = 0.1
+    """Zoom drawn uniformly from [1 - limit, 1 + limit] (paper: scale)."""
+    hflip: bool = False
+    """Horizontal flip with probability 0.5."""
+    vflip: bool = False
+    """Vertical flip with probability 0.5."""
+    color_jitter: float = 0.0
+    """Brightness, contrast and saturation jitter strength (0: off; hue is never changed)."""
+
+    def __post_init__(self) -> None:
+        for name in ("rotate_limit_deg", "scale_limit", "color_jitter"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"augment.{name} must be >= 0, got {getattr(self, name)}")
+        if self.scale_limit >= 1:
+            raise ValueError(f"augment.scale_limit must be < 1, got {self.scale_limit}")
+
+
+def clip_frame_positions(
+    times: Sequence[float], current: int, num_frames: int, interval_s: float
+) -> list[int]:
+    """Positions in ``times`` of the clip ending at ``current``, oldest first (length num_frames).
+
+    Frame k steps back targets ``times[current] - k * interval_s``: the latest frame at or before it
+    (within 1e-6 s); a target before the video's first frame gives the current frame (Sec. IV-A3).
+    """
+    if not 0 <= current < len(times):
+        raise IndexError(f"current frame {current} outside a video of {len(times)} frames")
+    positions = []
+    for steps_back in range(num_frames - 1, 0, -1):
+        target = times[current] - steps_back * interval_s
+        latest = bisect.bisect_right(times, target + TIME_TOLERANCE_S) - 1
+        positions.append(latest if latest >= 0 else current)
+    positions.append(current)
+    return positions
+
+
+def build_augmentation(augment: AugmentConfig, num_frames: int) -> A.Compose:
+    """One albumentations pipeline for a T-frame clip: targets ``image`` (current frame) and
+    ``frame_1`` .. ``frame_{T-1}``, all receiving the same random parameters as the ``mask``."""
+    transforms: list[A.BasicTransform] = [
+        A.Affine(
+            rotate=(-augment.rotate_limit_deg, augment.rotate_limit_deg),
+            scale=(1 - augment.scale_limit, 1 + augment.scale_limit),
+            interpolation=cv2.INTER_LINEAR,
+            mask_interpolation=cv2.INTER_NEAREST,
+            border_mode=cv2.BORDER_CONSTANT,
+            fill=0,
+            fill_mask=IGNORE_INDEX,
+            p=1.0,
+        )
+    ]
+    if augment.hflip:
+        transforms.append(A.HorizontalFlip(p=0.5))
+    if augment.vflip:
+        transforms.append(A.VerticalFlip(p=0.5))
+    if augment.color_jitter > 0:
+        strength = augment.color_jitter
+        transforms.append(
+            A.ColorJitter(brightness=strength, contrast=strength, saturation=strength, hue=0, p=1)
+        )
+    extra_frames = {f"frame_{i}": "image" for i in range(1, num_frames)}
+    return A.Compose(transforms, additional_targets=extra_frames)
+
+
+class ClipDataset(Dataset):
+    """One sample per labelled frame of ``split``: ``(clip [T, 3, H, W] float, mask [H, W] long,
+    sample_id)``, ``sample_id = "<site>/<video_id>/<position of the frame in the video>"``.
+
+    Items may be indexed by ``index`` or by ``(index, aug_seed)`` (what the samplers of this module
+    pass); with a plain index the augmentation seed comes from torch's global RNG.
+    """
+
+    def __init__(
+        self,
+        source: SiteSource,
+        split: str,
+        clip: ClipConfig = ClipConfig(),
+        augment: AugmentConfig | None = None,
+        validate: bool = True,
+    ) -> None:
+        self.source = source
+        self.split = split
+        self.clip = clip
+        self.site_name = source.name
+        self.binary = source.binary
+        self.surgery_type = source.surgery_type
+        self.videos: list[VideoRecord] = source.videos(split)
+        self.samples: list[tuple[int, int]] = [
+            (video_index, position)
+            for video_index, video in enumerate(self.videos)
+            for position in sorted(video.labels)
+        ]
+        if not self.samples:
+            raise DataError(f"site {self.site_name!r} split {split!r}: no labelled frames")
+        self.num_samples = len(self.samples)
+        image_only = all(len(video.frames) == 1 for video in self.videos)
+        single = image_only and clip.single_frame_mode == "single"
+        self.clip_length = 1 if single else clip.num_frames
+        self._augment = (
+            build_augmentation(augment, self.clip_length) if augment and augment.enabled else None
+        )
+        self._mean = np.array(IMAGENET_MEAN, dtype=np.float32) * 255
+        self._inv_std = 1 / (np.array(IMAGENET_STD, dtype=np.float32) * 255)
+        if validate:
+            self.validate()
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def sample_ref(self, index: int) -> tuple[VideoRecord, int]:
+        """The video and the position of the current frame of sample ``index``."""
+        video_index, position = self.samples[index]
+        return self.videos[video_index], position
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """``(clip [T, 3, H, W] float32 normalised, mask [H, W] int64, sample_id)``."""
+        index, aug_seed = item if isinstance(item, tuple) else (item, None)
+        video, position = self.sample_ref(int(index))
+        if self.clip_length == 1:
+            positions = [position]
+        else:
+            positions = clip_frame_positions(
+                video.times, position, self.clip_length, self.clip.interval_s
+            )
+        label_ref = video.labels[position]
+        label = self.source.read_label(label_ref)
+        frames = {p: self.source.read_frame(video.frames[p]) for p in set(positions)}
+        if frames[position].shape[:2] != label.shape:
+            raise DataError(
+                f"{label_ref.path}: mask size {label.shape} differs from frame size "
+                f"{frames[position].shape[:2]} of {video.frames[position].path}"
+            )
+        height, width = self.clip.image_size
+        resized = {
+            p: cv2.resize(f, (width, height), interpolation=cv2.INTER_LINEAR)
+            for p, f in frames.items()
+        }
+        clip = [resized[p] for p in positions]  # T x [H, W, 3] uint8, oldest first
+        label = cv2.resize(label, (width, height), interpolation=cv2.INTER_NEAREST)
+        if self._augment is not None:
+            clip, label = self._apply_augmentation(clip, label, aug_seed)
+        stacked = (np.stack(clip).astype(np.float32) - self._mean) * self._inv_std  # [T, H, W, 3]
+        clip_tensor = torch.from_numpy(stacked).permute(0, 3, 1, 2).contiguous()  # [T, 3, H, W]
+        mask_tensor = torch.from_numpy(label.astype(np.int64))  # [H, W]
+        return clip_tensor, mask_tensor, f"{self.site_name}/{video.video_id}/{position}"
+
+    def _apply_augmentation(
+        self, clip: list[np.ndarray], label: np.ndarray, aug_seed: int | None
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        if aug_seed is None:
+            aug_seed = int(torch.randint(AUG_SEED_HIGH, ()).item())
+        self._augment.set_random_seed(aug_seed)
+        targets = {f"frame_{i}": frame for i, frame in enumerate(clip[:-1], start=1)}
+        out = self._augment(image=clip[-1], mask=label, **targets)
+        return [out[f"frame_{i}"] for i in range(1, len(clip))] + [out["image"]], out["mask"]
+
+    def validate(self, num_threads: int | None = None) -> None:
+        """Read every label once: values in classes + ignore and frame size == mask size.
+
+        Raises one DataError listing every problem found (first 20, then a count).
+        """
+        num_classes = 2 if self.binary else NUM_CLASSES
+        allowed = np.zeros(256, dtype=bool)
+        allowed[:num_classes] = True
+        allowed[IGNORE_INDEX] = True
+        frame_size = getattr(self.source, "frame_size", None)
+
+        def check(sample: tuple[int, int]) -> str | None:
+            video = self.videos[sample[0]]
+            frame_ref, label_ref = video.frames[sample[1]], video.labels[sample[1]]
+            try:
+                label = self.source.read_label(label_ref)
+                counts = np.bincount(label.ravel(), minlength=256)
+                bad_values = np.flatnonzero((counts > 0) & ~allowed)
+                if bad_values.size:
+                    return (
+                        f"{label_ref.path}: label value(s) {bad_values.tolist()} outside "
+                        f"0..{num_classes - 1} and {IGNORE_INDEX}"
+                    )
+                if frame_size is not None:
+                    size = tuple(frame_size(frame_ref))
+                else:
+                    size = self.source.read_frame(frame_ref).shape[:2]
+                if size != label.shape:
+                    return (
+                        f"{label_ref.path}: mask size {label.shape} differs from frame size "
+                        f"{size} of {frame_ref.path}"
+                    )
+            except DataError as err:
+                return str(err)
+            return None
+
+        threads = num_threads or min(4, os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            problems = [p for p in pool.map(check, self.samples) if p is not None]
+        if problems:
+            shown = problems[:MAX_REPORTED_PROBLEMS]
+            more = len(problems) - len(shown)
+            raise DataError(
+                f"site {self.site_name!r} split {self.split!r}: {len(problems)} bad label(s) of "
+                f"{self.num_samples}:\n  "
+                + "\n  ".join(shown)
+                + (f"\n  ... and {more} more" if more else "")
+            )
+        logger.info(
+            "site %s split %s: validated %d labels", self.site_name, self.split, self.num_samples
+        )
+
+
+def _epoch_plan(
+    num_samples: int, seed: int, epoch: int, shuffle: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sample order and per-position augmentation seeds of one epoch: a function of both."""
+    rng = np.random.default_rng((seed, epoch))
+    order = rng.permutation(num_samples) if shuffle else np.arange(num_samples)
+    return order, rng.integers(0, AUG_SEED_HIGH, size=num_samples)
+
+
+class _EpochSampler(Sampler):
+    """Yields ``(index, aug_seed)``; the n-th pass over it is epoch n of ``_epoch_plan``."""
+
+    def __init__(self, num_samples: int, seed: int, shuffle: bool) -> None:
+        self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        order, aug_seeds = _epoch_plan(self.num_samples, self.seed, self.epoch, self.shuffle)
+        self.epoch += 1
+        yield from zip(order.tolist(), aug_seeds.tolist(), strict=True)
+
+
+def collate_clips(samples: Sequence[tuple[torch.Tensor, torch.Tensor, str]]) -> Batch:
+    """Stack samples into ``(clips [B, T, 3, H, W], masks [B, H, W], sample_ids list[str])``."""
+    clips, masks, sample_ids = zip(*samples, strict=True)
+    return torch.stack(clips), torch.stack(masks), list(sample_ids)
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Seed numpy/random in a DataLoader worker from torch's per-worker seed; one cv2 thread."""
+    worker_seed = torch.initial_seed() % 2**32
+    np.random.seed(worker_seed)
+    random.seed(worker_seed)
+    cv2.setNumThreads(1)
+
+
+def make_loader(
+    dataset: ClipDataset,
+    batch_size: int,
+    shuffle: bool,
+    num_workers: int,
+    seed: int,
+    drop_last: bool,
+) -> DataLoader:
+    """A DataLoader of ``(clips [B, T, 3, H, W], masks [B, H, W], sample_ids)`` whose order and
+    augmentations depend only on ``seed`` and the epoch (each pass over the loader is one epoch)."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=_EpochSampler(len(dataset), seed, shuffle),
+        num_workers=num_workers,
+        drop_last=drop_last,
+        collate_fn=collate_clips,
+        persistent_workers=num_workers > 0,
+        pin_memory=torch.cuda.is_available(),
+        worker_init_fn=_seed_worker,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+class _ResumableBatchSampler:
+    """Endless batches of ``(index, aug_seed)`` from (epoch, position) on; batches span epochs."""
+
+    def __init__(self, stream: BatchStream, epoch: int, position: int) -> None:
+        self.stream, self.epoch, self.position = stream, epoch, position
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch, position = self.epoch, self.position
+        order, aug_seeds = self.stream.epoch_plan(epoch)
+        while True:
+            batch = []
+            while len(batch) < self.stream.batch_size:
+                if position == len(order):
+                    epoch, position = epoch + 1, 0
+                    order, aug_seeds = self.stream.epoch_plan(epoch)
+                batch.append((int(order[position]), int(aug_seeds[position])))
+                position += 1
+            yield batch
+
+
+class BatchStream:
+    """An endless, seeded, resumable stream of shuffled batches for fixed-iteration training.
+
+    Every batch is full (it continues into the next epoch's order when one ends). ``state_dict()``
+    holds ``(epoch, position)`` of the next sample; loading it continues the same sequence of
+    samples and augmentations.
+    """
+
+    def __init__(
+        self, dataset: ClipDataset, batch_size: int, seed: int, num_workers: int = 0
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.num_workers = num_workers
+        self.epoch, self.position = 0, 0
+        self._batches: Iterator[Batch] | None = None
+
+    def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sample order, augmentation seeds) of ``epoch``."""
+        return _epoch_plan(len(self.dataset), self.seed, epoch, shuffle=True)
+
+    def next_batch(self) -> Batch:
+        """``(clips [B, T, 3, H, W], masks [B, H, W], sample_ids)``."""
+        if self._batches is None:
+            loader = DataLoader(
+                self.dataset,
+                batch_sampler=_ResumableBatchSampler(self, self.epoch, self.position),
+                num_workers=self.num_workers,
+                collate_fn=collate_clips,
+                pin_memory=torch.cuda.is_available(),
+                worker_init_fn=_seed_worker,
+                generator=torch.Generator().manual_seed(self.seed),
+            )
+            self._batches = iter(loader)
+        batch = next(self._batches)
+        self.epoch += (self.position + self.batch_size) // len(self.dataset)
+        self.position = (self.position + self.batch_size) % len(self.dataset)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; its seed must match this stream's."""
+        if state["seed"] != self.seed:
+            raise ValueError(f"BatchStream state has seed {state['seed']}, stream has {self.seed}")
+        self.close()
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    def close(self) -> None:
+        """Stop the worker processes (if any); the next ``next_batch`` restarts them."""
+        self._batches = None

@@ -1,0 +1,58 @@
+"""Which sites exist and where their data lives: the typed form of configs/data/*.yaml.
+
+```yaml
+federation: [A, B, C, D]        # sites that train together
+out_of_federation: [E, grasp]   # evaluated only (eval_outfed.py)
+server: synthetic               # the server's synthetic set for SERQ (null: none)
+sites:
+  A: {backend: endovis2017, root: data/endovis2017, surgery_type: nephrectomy, options: {}}
+```
+``options`` are passed to the backend class as keyword arguments (see fedst/data/registry.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedst.config import ConfigError
+from fedst.data.base import SiteSource
+from fedst.data.registry import open_site
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    backend: str
+    """Backend name, one of fedst.data.registry.BACKENDS."""
+    root: str
+    """Dataset root folder (relative paths are relative to the working directory)."""
+    surgery_type: str
+    """Surgery type, used in the site's text prompt (paper Eq. 7)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Backend-specific keyword options."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    sites: dict[str, SiteSpec]
+    """Every site the experiment may touch, by name."""
+    federation: tuple[str, ...] = ("A", "B", "C", "D")
+    """Sites that train together (paper: A-D)."""
+    out_of_federation: tuple[str, ...] = ("E", "grasp")
+    """Sites used only for out-of-federation evaluation (paper: E; Table VIII: GraSP)."""
+    server: str | None = "synthetic"
+    """The server's synthetic dataset for SERQ, or None."""
+    root: str | None = None
+    """Optional common dataset root that site entries may refer to as ${data.root}."""
+
+    def __post_init__(self) -> None:
+        named = [*self.federation, *self.out_of_federation, *([self.server] if self.server else [])]
+        missing = [s for s in named if s not in self.sites]
+        if missing:
+            raise ConfigError(f"data config names site(s) {missing} without an entry under 'sites'")
+
+    def open(self, name: str) -> SiteSource:
+        """The SiteSource of site ``name``."""
+        spec = self.sites[name]
+        return open_site(spec.backend, Path(spec.root), name, **spec.options)

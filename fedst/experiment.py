@@ -1,0 +1,193 @@
+"""Typed experiment configuration: the Hydra config enters here once and leaves as frozen objects.
+
+A *method* (FedST, an ablation row, FedAvg, Local) is a small set of choices over shared pieces:
+what is personalized (``personalization``), which network components exist (``temporal``,
+``prompt``, ``channel_selection``), how shared parameters are aggregated (``aggregation``), whether
+the server runs SERQ (``serq``) and whether sites communicate at all (``communicate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedst.config import ConfigError, build, to_dict
+from fedst.data.clips import AugmentConfig, ClipConfig
+from fedst.data.sites import DataConfig
+from fedst.model.network import NetworkConfig
+
+AGGREGATIONS = ("fedavg", "fedmedian")
+INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: str = "fedst"
+    """Label used in run names and result tables."""
+    personalization: str = "encoder_query"
+    """Partition preset (fedst.model.partition.PRESETS): which tensors stay at the site (rho)."""
+    personalize_channel_selection: bool = True
+    """Keep the channel-selection / prompt modules private (FedST: yes)."""
+    temporal: bool = True
+    """Temporal cross-attention over 4-frame clips (Table IV 'TS')."""
+    prompt: bool = True
+    """Use the site indicator xi_k (Table IV 'Prompt')."""
+    channel_selection: bool = True
+    """Textual-guided channel selection network (Table IV 'CS', Eq. 7-8)."""
+    indicator: str = "clip"
+    """Indicator kind (Table VII): clip | onehot | gaussian | random."""
+    serq: bool = True
+    """Server-side SERQ step with synthetic data (Sec. III-C)."""
+    aggregation: str = "fedavg"
+    """fedavg (sample-count-weighted mean) | fedmedian (coordinate-wise median)."""
+    communicate: bool = True
+    """False: every site trains alone (the 'Local' baseline); nothing travels."""
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"method.aggregation={self.aggregation!r}; choose {AGGREGATIONS}")
+        if self.indicator not in INDICATOR_KINDS:
+            raise ConfigError(f"method.indicator={self.indicator!r}; choose {INDICATOR_KINDS}")
+        if self.serq and not self.communicate:
+            raise ConfigError("method.serq needs method.communicate=true (SERQ is a server step)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    rounds: int = 300
+    """Communication rounds T (paper: 300). The configs derive it as total_iters // local_iters."""
+    local_iters: int = 100
+    """Local iterations E per round (paper: 100)."""
+    total_iters: int = 30000
+    """Local iterations per site over the whole run (paper: 300 x 100). Fig. 6 varies local_iters
+    at a fixed total, so configs/experiment/*.yaml set rounds: ${fedst.div:total_iters,local_iters}."""
+    batch_size: int = 2
+    """Clips per local batch (paper: 2)."""
+    lr: float = 6e-5
+    """AdamW learning rate at the sites (paper: 6e-5)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    lambda_dice: float = 0.3
+    """lambda_1 of L_seg = CE + lambda_1 * Dice (Eq. 9)."""
+    eval_every: int = 10
+    """Evaluate every site's personalized model on its test split every k rounds (and at the end)."""
+    eval_max_frames: int | None = None
+    """Cap on test frames per site per evaluation (None: all)."""
+    num_workers: int = 0
+    """DataLoader worker processes per site."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    amp: bool = True
+    """Mixed precision (bfloat16 autocast) when the device is CUDA; ignored on CPU."""
+    max_grad_norm: float | None = None
+    """Gradient clipping norm (None: off)."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.local_iters < 1:
+            raise ConfigError(
+                f"train.rounds={self.rounds}, train.local_iters={self.local_iters}: both must be "
+                f">= 1 (rounds = total_iters // local_iters; raise train.total_iters)"
+            )
+
+
+@dataclass(frozen=True)
+class SerqConfig:
+    pretrain_iters: int = 3000
+    """Iterations of synthetic pre-training of v_pre before round 1 (not given in the paper)."""
+    batches_per_round: int = 100
+    """Synthetic batches per round; EQ and SC each run over them (paper: 100)."""
+    batch_size: int = 2
+    """Synthetic images per batch."""
+    lr: float = 1e-4
+    """Adam learning rate of both SERQ steps (paper: 1e-4)."""
+    lambda_eq: float = 0.3
+    """lambda_2 of L_pre (Eq. 11)."""
+    lambda_sc: float = 0.3
+    """lambda_3 of L_g (Eq. 12)."""
+    ema_mu: float = 0.5
+    """mu of the feature bank's moving average (Eq. 10)."""
+    feature_stage: int = 3
+    """Encoder stage (0-3) whose features F are quantified."""
+
+
+@dataclass(frozen=True)
+class IndicatorConfig:
+    clip_model: str = "ViT-B-32"
+    """open_clip model name for the text tower."""
+    clip_pretrained: str = "openai"
+    """open_clip pretrained tag ('none' = random weights, tests only)."""
+    cache_dir: str = "weights/clip_cache"
+    """Where text embeddings are cached (computed once)."""
+    dim: int = 512
+    """Indicator dimension (CLIP ViT-B-32 text embedding: 512)."""
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    data: DataConfig
+    name: str = "demo"
+    seed: int = 0
+    method: MethodConfig = field(default_factory=MethodConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    serq: SerqConfig = field(default_factory=SerqConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    indicator: IndicatorConfig = field(default_factory=IndicatorConfig)
+
+    # -- derived values (computed once, logged with the run) ------------------------------------
+    def network_config(self) -> NetworkConfig:
+        """The network the method asks for: architecture from ``network``, switches from ``method``."""
+        return dataclasses.replace(
+            self.network,
+            temporal=self.method.temporal,
+            prompt=self.method.prompt,
+            channel_selection=self.method.channel_selection,
+            indicator_dim=self.indicator.dim,
+        )
+
+    def clip_config(self) -> ClipConfig:
+        """Clips of ``clip.num_frames`` frames with the temporal module, single frames without."""
+        if self.method.temporal:
+            return self.clip
+        return dataclasses.replace(self.clip, num_frames=1)
+
+    def uses_indicator(self) -> bool:
+        return self.method.prompt or self.method.channel_selection
+
+    def to_json(self) -> str:
+        return json.dumps(to_dict(self), sort_keys=True)
+
+    def fingerprint(self) -> str:
+        return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]
+
+
+def experiment_from_dict(values: dict[str, Any]) -> ExperimentConfig:
+    """Strictly build an :class:`ExperimentConfig` from a plain mapping (e.g. resolved Hydra)."""
+    return build(ExperimentConfig, values, "experiment")
+
+
+def experiment_from_json(text: str) -> ExperimentConfig:
+    return experiment_from_dict(json.loads(text))
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> the first CUDA device when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"train.device={name!r} but CUDA is not available; use device=auto or cpu"
+        )
+    return device
+
+
+def site_state_dir(run_dir: Path, site: str) -> Path:
+    return run_dir / "sites" / site

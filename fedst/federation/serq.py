@@ -1,0 +1,194 @@
+"""Synthesis-based Explicit Representation Quantification (SERQ, paper Sec. III-C, Eq. 10-12).
+
+Server-only, on synthetic images (no temporal module). State:
+
+* ``synthetic_model`` v_pre: pre-trained once on the synthetic set, then updated by the EQ step.
+* ``domain_descriptor`` D_sy [C, h, w]: one learnable tensor for the synthetic domain at the
+  chosen encoder stage (``SerqConfig.feature_stage``), initialised randomly (N(0, 0.02)).
+* ``feature_bank`` F_hat_g: per synthetic sample, the EMA (Eq. 10) of the global model's encoder
+  features at that stage. It is updated lazily, when a sample is drawn (first visit initialises it
+  to F_g), so each round costs only the batches SERQ trains on. Stored on CPU in float16: for
+  PVTv2-b0 at stage 3 that is 256 x H/32 x W/32 values per sample (5 KiB at 128x160; 160 KiB at
+  512x640, i.e. about 0.6 GB for SISVSE's 3600 images).
+
+Each round (Algorithm 1, lines 10-11) draws ``batches_per_round`` synthetic batches, then
+  EQ: global model fixed; train v_pre and D_sy on L_pre = L_seg + lambda2 * mean||F_sy - D_sy - F_hat_g||^2 (Eq. 11)
+  SC: v_pre and D_sy fixed; train v_g on L_g = L_seg + lambda3 * mean||F_g - (F_sy - D_sy)||^2 (Eq. 12)
+both over the same batches, with Adam (lr 1e-4) whose moments persist across rounds.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from fedst.data.clips import BatchStream
+from fedst.experiment import SerqConfig
+from fedst.model.losses import SegmentationLoss
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SerqRoundStats:
+    eq_loss: float
+    """Mean L_pre over the round's batches (Eq. 11)."""
+    eq_feature_gap: float
+    """Mean ||F_sy - D_sy - F_hat_g||^2 / N_e."""
+    sc_loss: float
+    """Mean L_g over the round's batches (Eq. 12)."""
+    sc_feature_gap: float
+    """Mean ||F_g - (F_sy - D_sy)||^2 / N_e."""
+
+
+class Serq:
+    """The server step of FedST. ``global_model`` is passed in each round; v_pre and D_sy live here."""
+
+    def __init__(
+        self,
+        cfg: SerqConfig,
+        synthetic_model: nn.Module,
+        stream: BatchStream,
+        indicator: torch.Tensor | None,
+        loss_fn: SegmentationLoss,
+        device: torch.device,
+    ) -> None:
+        self.cfg = cfg
+        self.synthetic_model = synthetic_model
+        self.stream = stream
+        self.indicator = indicator.to(device) if indicator is not None else None
+        self.loss_fn = loss_fn
+        self.device = device
+        self.domain_descriptor = nn.Parameter(self._probe_feature_shape().normal_(0.0, 0.02))
+        self.feature_bank: dict[str, torch.Tensor] = {}
+        self.pre_optimizer = torch.optim.Adam(
+            [*synthetic_model.parameters(), self.domain_descriptor], lr=cfg.lr
+        )
+        self.global_optimizer: torch.optim.Adam | None = None
+        self.pretrained_iters = 0
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _forward(self, model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """images [B, T, 3, H, W] -> (logits [B, C, H, W], F at the SERQ stage [B, c, h, w])."""
+        logits, feats = model(images, self.indicator, use_temporal=False, return_features=True)
+        return logits, feats[self.cfg.feature_stage]
+
+    @torch.no_grad()
+    def _probe_feature_shape(self) -> torch.Tensor:
+        clip, _, _ = self.stream.dataset[0]  # [T, 3, H, W]
+        self.synthetic_model.eval()
+        _, feat = self._forward(self.synthetic_model, clip[None].to(self.device))
+        return torch.empty(feat.shape[1:], device=self.device)  # [c, h, w]
+
+    def _draw_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+        return [self.stream.next_batch() for _ in range(self.cfg.batches_per_round)]
+
+    # -- synthetic pre-training of v_pre (Algorithm 1 input v_pre^0) ----------------------------
+    def pretrain(self, iters: int, progress: bool = False) -> float:
+        """Train v_pre on the synthetic set with L_seg; returns the mean loss of the last 10 steps."""
+        self.synthetic_model.train()
+        tail: list[float] = []
+        for _ in tqdm(range(iters), desc="SERQ pre-training", disable=not progress, leave=False):
+            images, masks, _ = self.stream.next_batch()
+            logits, _ = self._forward(self.synthetic_model, images.to(self.device))
+            loss = self.loss_fn(logits, masks.to(self.device))
+            self.pre_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.pre_optimizer.step()
+            tail = [*tail[-9:], loss.item()]
+            self.pretrained_iters += 1
+        return sum(tail) / max(len(tail), 1)
+
+    # -- Eq. 10 + Eq. 11 -----------------------------------------------------------------------
+    @torch.no_grad()
+    def update_feature_bank(
+        self, global_model: nn.Module, images: torch.Tensor, ids: list[str]
+    ) -> torch.Tensor:
+        """F_hat_g <- (1 - mu) F_hat_g + mu F_g for the batch's samples (Eq. 10); returns F_hat_g."""
+        global_model.eval()
+        _, feat_global = self._forward(global_model, images)
+        mu = self.cfg.ema_mu
+        rows = []
+        for i, sample_id in enumerate(ids):
+            new = feat_global[i].to("cpu", torch.float16)
+            old = self.feature_bank.get(sample_id)
+            self.feature_bank[sample_id] = (
+                new if old is None else ((1 - mu) * old.float() + mu * new.float()).half()
+            )
+            rows.append(self.feature_bank[sample_id])
+        return torch.stack(rows).to(self.device, torch.float32)
+
+    def explicit_quantification(self, global_model: nn.Module, batches) -> tuple[float, float]:
+        """EQ step: update v_pre and D_sy with the global model fixed (Eq. 11)."""
+        self.synthetic_model.train()
+        total, gap_total = 0.0, 0.0
+        for images, masks, ids in batches:
+            images, masks = images.to(self.device), masks.to(self.device)
+            bank = self.update_feature_bank(global_model, images, list(ids))  # F_hat_g^{t+1}
+            logits, feat_syn = self._forward(self.synthetic_model, images)
+            gap = (feat_syn - self.domain_descriptor - bank).pow(2).mean()
+            loss = self.loss_fn(logits, masks) + self.cfg.lambda_eq * gap
+            self.pre_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.pre_optimizer.step()
+            total, gap_total = total + loss.item(), gap_total + gap.item()
+        return total / len(batches), gap_total / len(batches)
+
+    # -- Eq. 12 --------------------------------------------------------------------------------
+    def synchronize_convergence(self, global_model: nn.Module, batches) -> tuple[float, float]:
+        """SC step: train the global model towards I_sy = F_sy - D_sy with v_pre fixed (Eq. 12)."""
+        if self.global_optimizer is None:
+            self.global_optimizer = torch.optim.Adam(global_model.parameters(), lr=self.cfg.lr)
+        self.synthetic_model.eval()
+        global_model.train()
+        total, gap_total = 0.0, 0.0
+        for images, masks, _ in batches:
+            images, masks = images.to(self.device), masks.to(self.device)
+            with torch.no_grad():
+                _, feat_syn = self._forward(self.synthetic_model, images)
+                instrument_repr = feat_syn - self.domain_descriptor  # I_sy [B, c, h, w]
+            logits, feat_global = self._forward(global_model, images)
+            gap = (feat_global - instrument_repr).pow(2).mean()
+            loss = self.loss_fn(logits, masks) + self.cfg.lambda_sc * gap
+            self.global_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.global_optimizer.step()
+            total, gap_total = total + loss.item(), gap_total + gap.item()
+        return total / len(batches), gap_total / len(batches)
+
+    def step(self, global_model: nn.Module) -> SerqRoundStats:
+        """One round of SERQ on the freshly aggregated global model (Algorithm 1, lines 10-11)."""
+        batches = self._draw_batches()
+        eq_loss, eq_gap = self.explicit_quantification(global_model, batches)
+        sc_loss, sc_gap = self.synchronize_convergence(global_model, batches)
+        return SerqRoundStats(eq_loss, eq_gap, sc_loss, sc_gap)
+
+    # -- checkpointing -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "synthetic_model": self.synthetic_model.state_dict(),
+            "domain_descriptor": self.domain_descriptor.detach().cpu(),
+            "feature_bank": self.feature_bank,
+            "pre_optimizer": self.pre_optimizer.state_dict(),
+            "global_optimizer": None
+            if self.global_optimizer is None
+            else self.global_optimizer.state_dict(),
+            "stream": self.stream.state_dict(),
+            "pretrained_iters": self.pretrained_iters,
+        }
+
+    def load_state_dict(self, state: dict, global_model: nn.Module) -> None:
+        self.synthetic_model.load_state_dict(state["synthetic_model"])
+        with torch.no_grad():
+            self.domain_descriptor.copy_(state["domain_descriptor"])
+        self.feature_bank = dict(state["feature_bank"])
+        self.pre_optimizer.load_state_dict(state["pre_optimizer"])
+        if state["global_optimizer"] is not None:
+            self.global_optimizer = torch.optim.Adam(global_model.parameters(), lr=self.cfg.lr)
+            self.global_optimizer.load_state_dict(state["global_optimizer"])
+        self.stream.load_state_dict(state["stream"])
+        self.pretrained_iters = state["pretrained_iters"]

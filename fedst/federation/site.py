@@ -1,0 +1,187 @@
+"""One site's side of Algorithm 1 (lines 5-7): RSC local training, then only gamma leaves the site.
+
+A :class:`Site` owns the full local model v_k = gamma_k U rho_k, its AdamW optimizer and its batch
+stream. Each round it loads the received shared parameters gamma, trains E local iterations on
+4-frame clips with L_seg (Eq. 9) -- the private rho_k by Eq. 5 and gamma by Eq. 6 -- and returns
+the shared subset. Everything private (rho_k, optimizer moments, data order) is saved to the
+site's own folder after every round, so a restarted site or a resumed run continues exactly.
+
+Nothing here imports Flower: the ClientApp (fedst/app/client_app.py) is glue around this class.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fedst.data.clips import BatchStream
+from fedst.experiment import ExperimentConfig
+from fedst.federation.components import (
+    build_indicators,
+    build_loss,
+    build_model,
+    load_subset,
+    open_site_data,
+    partition_of,
+    seed_everything,
+    state_subset,
+)
+from fedst.federation.evaluation import EvaluationResult, evaluate_model
+from fedst.federation.run_io import atomic_torch_save
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """A training loss became NaN or infinite; the run stops and keeps its last good checkpoint."""
+
+
+@dataclass
+class LocalRoundResult:
+    shared: dict[str, torch.Tensor]
+    """gamma_k after local training: the only tensors that leave the site."""
+    num_examples: int
+    """Training samples of the site (FedAvg weight)."""
+    mean_loss: float
+    seconds: float
+
+
+class Site:
+    """A federated site: local data, the local model v_k and its private state."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: ExperimentConfig,
+        state_dir: Path,
+        device: torch.device,
+        *,
+        progress: bool = False,
+    ) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.state_dir = state_dir
+        self.device = device
+        self.progress = progress
+        self.index = cfg.data.federation.index(name)
+        self.data = open_site_data(cfg, name, ("train", "test"))
+        self.model = build_model(cfg).to(device)
+        self.partition = partition_of(self.model, cfg)
+        self.loss_fn = build_loss(cfg)
+        self.indicator = build_indicators(cfg).get(name)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+        )
+        self.stream = BatchStream(
+            self.data.train,
+            batch_size=cfg.train.batch_size,
+            seed=cfg.seed * 1000 + self.index,
+            num_workers=cfg.train.num_workers,
+        )
+        self.completed_round = 0
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.data.train)
+
+    # -- Algorithm 1, lines 5-7 ----------------------------------------------------------------
+    def train_round(
+        self, received: dict[str, torch.Tensor], server_round: int, local_iters: int
+    ) -> LocalRoundResult:
+        """Load gamma_g (round 1: the server's full initial model), train E iterations, return gamma_k."""
+        self.restore(server_round - 1)
+        load_subset(self.model, received)
+        seed_everything(self.cfg.seed, self.index, server_round)
+        indicator = self.indicator.to(self.device) if self.indicator is not None else None
+        use_amp = self.cfg.train.amp and self.device.type == "cuda"
+        self.model.train()
+        started, losses = time.perf_counter(), []
+        for iteration in range(local_iters):
+            clips, masks, _ = self.stream.next_batch()
+            clips, masks = (
+                clips.to(self.device),
+                masks.to(self.device),
+            )  # [B, T, 3, H, W], [B, H, W]
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
+                logits = self.model(clips, indicator)  # [B, C, H, W]
+                loss = self.loss_fn(logits.float(), masks)
+            if not math.isfinite(loss.item()):
+                raise NonFiniteLossError(
+                    f"site {self.name}: loss is {loss.item()} at round {server_round}, local "
+                    f"iteration {iteration}; the run stops here and keeps the checkpoint of round "
+                    f"{server_round - 1}. Lower train.lr or enable train.max_grad_norm."
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.cfg.train.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.cfg.train.max_grad_norm
+                )
+            self.optimizer.step()
+            losses.append(loss.item())
+        self.completed_round = server_round
+        self.save(server_round)
+        return LocalRoundResult(
+            shared=state_subset(self.model, self.partition.shared),
+            num_examples=self.num_examples,
+            mean_loss=sum(losses) / max(len(losses), 1),
+            seconds=time.perf_counter() - started,
+        )
+
+    def evaluate(
+        self, received: dict[str, torch.Tensor], server_round: int, keep_examples: int = 0
+    ) -> EvaluationResult:
+        """Score v_k = gamma_g U rho_k on the site's test split."""
+        self.restore(server_round)
+        load_subset(self.model, received)
+        return evaluate_model(
+            self.model,
+            self.data.test,
+            self.indicator,
+            self.device,
+            max_frames=self.cfg.train.eval_max_frames,
+            keep_examples=keep_examples,
+            progress=self.progress,
+        )
+
+    # -- private state on disk -----------------------------------------------------------------
+    def state_path(self, server_round: int) -> Path:
+        return self.state_dir / f"state_r{server_round:04d}.pt"
+
+    def save(self, server_round: int) -> None:
+        """Persist rho_k, optimizer moments and data order after ``server_round`` (keeps two)."""
+        atomic_torch_save(
+            {
+                "round": server_round,
+                "site": self.name,
+                "personal": state_subset(self.model, self.partition.personal),
+                "optimizer": self.optimizer.state_dict(),
+                "stream": self.stream.state_dict(),
+                "num_examples": self.num_examples,
+            },
+            self.state_path(server_round),
+        )
+        stale = self.state_path(server_round - 2)
+        if stale.exists():
+            stale.unlink()
+
+    def restore(self, server_round: int) -> None:
+        """Make the in-memory state that of the end of ``server_round`` (0: fresh start)."""
+        if self.completed_round == server_round:
+            return
+        path = self.state_path(server_round)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"site {self.name}: no saved state for round {server_round} at {path}; "
+                f"resume from the run's last completed round or start a new run"
+            )
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        load_subset(self.model, state["personal"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.stream.load_state_dict(state["stream"])
+        self.completed_round = server_round

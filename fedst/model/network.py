@@ -1,0 +1,298 @@
+"""The FedST segmentation network (paper Sec. III-B, Fig. 2) and its streaming inference.
+
+clip [B, T, 3, H, W] -> PVTv2 encoder on all frames (batched) -> for each temporal stage the
+temporal cross-attention over the T frames (Eq. 3-4, F_t -> F*_t) -> for each CS stage the
+textual-guided channel selection (Eq. 7-8, F*_t -> F'_t) or, for the Table IV "prompt without CS"
+ablation, an indicator bias -> FPN decoder -> logits [B, num_classes, H, W] of the current (last)
+frame.
+
+Module names are stable because parameter partition rules (``fedst.model.partition``) match them:
+``encoder.*`` (PVTv2, ``attn.q`` / ``attn.k`` / ``attn.v``), ``temporal.<stage>.*``,
+``channel_selection.<stage>.*``, ``prompt.<stage>.*``, ``decoder.*`` (``blocks.<i>.attn.q``).
+
+Streaming (:meth:`FedSTNet.stream`): each new frame costs one encoder pass, the temporal module and
+the decoder; the earlier frames' features of the temporal stages are cached. Earlier frames are
+taken ``k * frame_stride`` frames back; before the first frame the current frame is used, the rule
+of ``fedst.data.clips.clip_frame_positions`` for evenly spaced frames.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedst.model.channel_selection import ChannelSelection, PromptBias
+from fedst.model.decoder import FPNDecoder
+from fedst.model.temporal import TemporalCrossAttention
+
+__all__ = ["FedSTNet", "NetworkConfig", "StreamingState", "build_network"]
+
+log = logging.getLogger(__name__)
+
+NUM_STAGES = 4
+TEMPORAL_HEAD_DIM = 32
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Architecture of one FedST site model. Defaults: the full FedST network on PVTv2-b0."""
+
+    # PVTv2 variant of the encoder: pvt_v2_b0 (paper, FedDP) ... pvt_v2_b5.
+    encoder: str = "pvt_v2_b0"
+    # ImageNet weights: False = random init (demo only), True = search weights_dir / hub, or a path.
+    pretrained: bool | str = False
+    # Directory searched for encoder checkpoints when pretrained is True.
+    weights_dir: str | None = None
+    # Stochastic depth rate of the encoder (FedDP / PFedSIS: 0.1).
+    drop_path_rate: float = 0.1
+    # Output classes: 0 background, 1 shaft, 2 wrist, 3 jaw.
+    num_classes: int = 4
+    # Channels of the FPN decoder (maps at 1/4 resolution).
+    decoder_dim: int = 128
+    # Table IV "TS": temporal cross-attention over the clip (Eq. 3-4).
+    temporal: bool = True
+    # 0-based encoder stages that get a temporal module. Default (1,) (stride 8, 64 channels):
+    # measured at 512x640 on CPU it costs ~37 ms CPU per frame (~2 % of encoder + decoder), about
+    # the same as stage 3 (~29 ms), but has 0.31 M parameters instead of 4.84 M (the Eq. 3 pooling
+    # FC of stage 3 is Linear(256*49, 256)), so the shared upload stays near FedAvg's; and r = 49
+    # cells at stride 8 (392 px) is a plausible instrument-motion range, at stride 32 it exceeds
+    # the frame. Measured with bench/model.py and bench/temporal.py.
+    temporal_stages: tuple[int, ...] = (1,)
+    # Window size s of the temporal module (Sec. III-B1).
+    window_size: int = 7
+    # Receptive field r per frame, oldest first; its length is the clip length T.
+    receptive_fields: tuple[int, ...] = (49, 20, 6, 7)
+    # Pooling size p per frame, oldest first (Eq. 3).
+    pool_sizes: tuple[int, ...] = (7, 4, 2, 1)
+    # Table IV "Prompt": use the site indicator. Alone (channel_selection False) it adds a
+    # per-channel bias Linear(xi) at cs_stages; with channel_selection it feeds the CS network.
+    prompt: bool = True
+    # Table IV "CS": textual-guided channel selection (Eq. 7-8); requires prompt.
+    channel_selection: bool = True
+    # 0-based encoder stages whose features get CS / the prompt bias. Default: the temporal
+    # stage, since Eq. 7-8 act on the temporal module's output F*.
+    cs_stages: tuple[int, ...] = (1,)
+    # Dimension of the site indicator xi (512 for CLIP ViT-B-32).
+    indicator_dim: int = 512
+    # Encode the earlier frames of a clip without gradient (saves CPU time; not in the paper).
+    detach_previous_frames: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("temporal_stages", "cs_stages"):
+            stages = getattr(self, name)
+            if len(set(stages)) != len(stages) or any(not 0 <= s < NUM_STAGES for s in stages):
+                raise ValueError(
+                    f"NetworkConfig.{name} must hold distinct stage indices in 0..3, got {stages}"
+                )
+        if self.temporal and not self.temporal_stages:
+            raise ValueError("NetworkConfig: temporal is on but temporal_stages is empty")
+        if self.channel_selection and not self.prompt:
+            raise ValueError(
+                "NetworkConfig: channel_selection=True needs prompt=True (the CS network is driven "
+                "by the site indicator); set prompt: true or channel_selection: false"
+            )
+        if self.prompt and not self.cs_stages:
+            raise ValueError("NetworkConfig: prompt/channel_selection is on but cs_stages is empty")
+        if len(self.receptive_fields) != len(self.pool_sizes):
+            raise ValueError(
+                f"NetworkConfig: receptive_fields {self.receptive_fields} and pool_sizes "
+                f"{self.pool_sizes} must have one entry per frame"
+            )
+        if self.num_classes < 1 or self.decoder_dim < 1 or self.indicator_dim < 1:
+            raise ValueError(
+                "NetworkConfig: num_classes, decoder_dim and indicator_dim must be positive"
+            )
+
+    @property
+    def num_frames(self) -> int:
+        """Clip length T the temporal module consumes."""
+        return len(self.receptive_fields)
+
+
+class FedSTNet(nn.Module):
+    """Encoder + temporal module + channel selection + decoder (Fig. 2, local side)."""
+
+    def __init__(self, cfg: NetworkConfig, encoder: nn.Module):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = encoder
+        dims = tuple(encoder.embed_dims)
+        self.temporal = nn.ModuleDict()
+        if cfg.temporal:
+            for s in cfg.temporal_stages:
+                self.temporal[str(s)] = TemporalCrossAttention(
+                    dims[s],
+                    num_heads=max(1, dims[s] // TEMPORAL_HEAD_DIM),
+                    window_size=cfg.window_size,
+                    receptive_fields=cfg.receptive_fields,
+                    pool_sizes=cfg.pool_sizes,
+                )
+        self.channel_selection = nn.ModuleDict()
+        self.prompt = nn.ModuleDict()
+        for s in cfg.cs_stages if cfg.prompt else ():
+            if cfg.channel_selection:
+                self.channel_selection[str(s)] = ChannelSelection(dims[s], cfg.indicator_dim)
+            else:
+                self.prompt[str(s)] = PromptBias(dims[s], cfg.indicator_dim)
+        self.decoder = FPNDecoder(dims, num_classes=cfg.num_classes, decoder_dim=cfg.decoder_dim)
+
+    @property
+    def needs_indicator(self) -> bool:
+        """True when the forward pass uses the site indicator (prompt or CS on)."""
+        return self.cfg.prompt
+
+    def uses_temporal(self, num_frames: int, use_temporal: bool = True) -> bool:
+        """Whether a clip of ``num_frames`` frames goes through the temporal module."""
+        if not (self.cfg.temporal and use_temporal and num_frames > 1):
+            return False
+        if num_frames != self.cfg.num_frames:
+            raise ValueError(
+                f"FedSTNet: clip has T={num_frames} frames but the temporal module takes "
+                f"{self.cfg.num_frames} (len(receptive_fields)); build clips of that length"
+            )
+        return True
+
+    def forward(
+        self,
+        clip: torch.Tensor,
+        indicator: torch.Tensor | None = None,
+        *,
+        use_temporal: bool = True,
+        return_features: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """clip [B, T, 3, H, W] (oldest first), indicator [D] | [B, D] -> logits [B, K, H, W].
+
+        With ``return_features`` also returns the encoder's 4 maps of the current frame (before
+        the temporal module and CS). Earlier frames are only encoded when the temporal module runs.
+        """
+        if clip.dim() != 5:
+            raise ValueError(f"FedSTNet expects clips [B, T, 3, H, W], got {tuple(clip.shape)}")
+        self._check_indicator(indicator)
+        num_frames = clip.shape[1]
+        out_size = (clip.shape[3], clip.shape[4])
+        history: dict[int, list[torch.Tensor]] = {}
+        if self.uses_temporal(num_frames, use_temporal):
+            per_frame = self._encode_clip(clip)  # 4 x [B, T, C_i, h_i, w_i]
+            feats = [f[:, -1] for f in per_frame]  # 4 x [B, C_i, h_i, w_i]
+            history = {
+                s: [per_frame[s][:, t] for t in range(num_frames)] for s in self.cfg.temporal_stages
+            }
+        else:
+            feats = self.encoder(clip[:, -1])  # [B, 3, H, W] -> 4 x [B, C_i, h_i, w_i]
+        logits = self._decode(feats, history, indicator, out_size)
+        return (logits, feats) if return_features else logits
+
+    def _encode_clip(self, clip: torch.Tensor) -> list[torch.Tensor]:
+        """[B, T, 3, H, W] -> 4 maps [B, T, C_i, h_i, w_i] (one batched encoder pass)."""
+        batch, num_frames = clip.shape[:2]
+        if self.cfg.detach_previous_frames and torch.is_grad_enabled():
+            with torch.no_grad():
+                earlier = self.encoder(clip[:, :-1].flatten(0, 1))  # -> 4 x [B*(T-1), C, h, w]
+            current = self.encoder(clip[:, -1])  # 4 x [B, C, h, w]
+            return [
+                torch.cat([e.unflatten(0, (batch, num_frames - 1)), c.unsqueeze(1)], dim=1)
+                for e, c in zip(earlier, current, strict=True)
+            ]
+        feats = self.encoder(clip.flatten(0, 1))  # [B*T, 3, H, W] -> 4 x [B*T, C, h, w]
+        return [f.unflatten(0, (batch, num_frames)) for f in feats]  # -> [B, T, C, h, w]
+
+    def _decode(
+        self,
+        feats: list[torch.Tensor],
+        history: dict[int, list[torch.Tensor]],
+        indicator: torch.Tensor | None,
+        out_size: tuple[int, int],
+    ) -> torch.Tensor:
+        """Temporal module (F -> F*), CS / prompt (F* -> F'), decoder -> [B, K, H, W]."""
+        enhanced = list(feats)
+        for s, frames in history.items():
+            enhanced[s] = self.temporal[str(s)](frames)  # T x [B, C, h, w] -> [B, C, h, w]
+        for name, module in [*self.channel_selection.items(), *self.prompt.items()]:
+            enhanced[int(name)] = module(enhanced[int(name)], indicator)
+        return self.decoder(enhanced, out_size)
+
+    def _check_indicator(self, indicator: torch.Tensor | None) -> None:
+        if not self.needs_indicator:
+            return
+        if indicator is None:
+            raise ValueError(
+                "FedSTNet: prompt/channel selection is on, so a site indicator [D] or [B, D] is "
+                "required; pass indicator=site_indicators(...)[site]"
+            )
+        if indicator.shape[-1] != self.cfg.indicator_dim:
+            raise ValueError(
+                f"FedSTNet: indicator has dim {indicator.shape[-1]}, config indicator_dim is "
+                f"{self.cfg.indicator_dim}"
+            )
+
+    def stream(self, indicator: torch.Tensor | None, frame_stride: int) -> StreamingState:
+        """Start streaming inference over one video; earlier frames ``k * frame_stride`` back."""
+        return StreamingState(self, indicator, frame_stride)
+
+
+class StreamingState:
+    """Frame-by-frame inference that caches the temporal stages' features of earlier frames.
+
+    ``step(frame [B, 3, H, W]) -> logits [B, K, H, W]`` equals ``net(clip)`` on the clip made of
+    frames ``t - k * frame_stride`` (k = T-1..0; the current frame before the video start). Runs
+    without gradient; call ``net.eval()`` first for deterministic output.
+    """
+
+    def __init__(self, net: FedSTNet, indicator: torch.Tensor | None, frame_stride: int):
+        if frame_stride < 1:
+            raise ValueError(f"StreamingState: frame_stride must be >= 1, got {frame_stride}")
+        net._check_indicator(indicator)
+        self.net = net
+        self.indicator = indicator
+        self.frame_stride = frame_stride
+        self.temporal = net.uses_temporal(net.cfg.num_frames)
+        span = (net.cfg.num_frames - 1) * frame_stride + 1
+        self._history: deque[dict[int, torch.Tensor]] = deque(maxlen=span)
+
+    def reset(self) -> None:
+        """Forget earlier frames (start of a new video)."""
+        self._history.clear()
+
+    @torch.no_grad()
+    def step(self, frame: torch.Tensor) -> torch.Tensor:
+        """frame [B, 3, H, W] -> logits [B, K, H, W] of this frame."""
+        if frame.dim() != 4:
+            raise ValueError(f"StreamingState.step expects [B, 3, H, W], got {tuple(frame.shape)}")
+        feats = self.net.encoder(frame)  # 4 x [B, C_i, h_i, w_i]
+        history: dict[int, list[torch.Tensor]] = {}
+        if self.temporal:
+            stages = self.net.cfg.temporal_stages
+            self._history.append({s: feats[s] for s in stages})
+            current = len(self._history) - 1
+            back = [k * self.frame_stride for k in range(self.net.cfg.num_frames - 1, -1, -1)]
+            positions = [current - b if current >= b else current for b in back]  # oldest first
+            history = {s: [self._history[p][s] for p in positions] for s in stages}
+        return self.net._decode(feats, history, self.indicator, (frame.shape[2], frame.shape[3]))
+
+
+def build_network(cfg: NetworkConfig) -> FedSTNet:
+    """FedSTNet with a PVTv2 encoder built (and, if asked, loaded) by ``models.pvt``."""
+    from models.pvt import create_pvt_v2
+
+    encoder = create_pvt_v2(
+        cfg.encoder,
+        pretrained=cfg.pretrained,
+        weights_dir=cfg.weights_dir,
+        drop_path_rate=cfg.drop_path_rate,
+    )
+    net = FedSTNet(cfg, encoder)
+    log.info(
+        "built FedSTNet (%s, temporal=%s %s, prompt=%s, cs=%s %s): %d parameters",
+        cfg.encoder,
+        cfg.temporal,
+        cfg.temporal_stages,
+        cfg.prompt,
+        cfg.channel_selection,
+        cfg.cs_stages,
+        sum(p.numel() for p in net.parameters()),
+    )
+    return net

@@ -1,0 +1,128 @@
+"""Split a state_dict into personalized (rho) and shared (gamma) keys (Sec. III-B1, Eq. 5-6).
+
+A :class:`PartitionRules` is a tuple of regular expressions matched (``re.search``) against
+state_dict keys; matching float entries are personalized (never leave the site), all other float
+entries are shared (averaged by the server). Non-float buffers are ``fixed``: never sent, never
+averaged. :data:`PRESETS` holds one rule set per row of Tables V and VI; the channel-selection /
+prompt modules have their own switch (``personalize_channel_selection``: FedST yes, FedAvg no).
+
+The temporal module is always shared unless every float key is personal (preset ``all``): a rule
+set that personalizes part of ``temporal.*`` is rejected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from torch import nn
+
+__all__ = [
+    "PRESETS",
+    "Partition",
+    "PartitionRules",
+    "bytes_of",
+    "count_parameters",
+    "split_state",
+]
+
+CHANNEL_SELECTION_PATTERN = r"^(channel_selection|prompt)\."
+TEMPORAL_PREFIX = "temporal."
+
+_ENC_Q = r"^encoder\..*\.attn\.q\.(weight|bias)$"
+_ENC_K = r"^encoder\..*\.attn\.k\.(weight|bias)$"
+_ENC_V = r"^encoder\..*\.attn\.v\.(weight|bias)$"
+_DEC_Q = r"^decoder\..*\.attn\.q\.(weight|bias)$"
+
+
+@dataclass(frozen=True)
+class PartitionRules:
+    """Regexes (``re.search`` on state_dict keys) selecting the personalized entries."""
+
+    # Patterns of personalized keys; each must match at least one key of the model.
+    personal: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for pattern in self.personal:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"PartitionRules: invalid regex {pattern!r}: {err}") from err
+
+
+PRESETS: dict[str, PartitionRules] = {
+    # Table V row 1: everything shared (FedAvg-style).
+    "none": PartitionRules(()),
+    # Table V row 2: everything personalized (local training).
+    "all": PartitionRules((r".*",)),
+    # Table V row 5 / Table VI "Query" (FedST, FedDP): every encoder attention query.
+    "encoder_query": PartitionRules((_ENC_Q,)),
+    # Table VI "Key".
+    "encoder_key": PartitionRules((_ENC_K,)),
+    # Table VI "Value".
+    "encoder_value": PartitionRules((_ENC_V,)),
+    # Table VI "Key&Value".
+    "encoder_key_value": PartitionRules((_ENC_K, _ENC_V)),
+    # Table VI "Norm": every encoder LayerNorm (block norm1/norm2, attention sr-norm, stage norms,
+    # patch-embedding norms).
+    "encoder_norm": PartitionRules((r"^encoder\.(.*\.)?norm\d*\.(weight|bias)$",)),
+    # Table V row 3: decoder attention queries.
+    "decoder_query": PartitionRules((_DEC_Q,)),
+    # Table V row 4: encoder and decoder attention queries.
+    "encoder_decoder_query": PartitionRules((_ENC_Q, _DEC_Q)),
+}
+
+
+@dataclass(frozen=True)
+class Partition:
+    """State_dict keys of a model, each in exactly one set."""
+
+    personal: tuple[str, ...]
+    shared: tuple[str, ...]
+    fixed: tuple[str, ...]
+
+
+def split_state(
+    model: nn.Module, rules: PartitionRules, personalize_channel_selection: bool = True
+) -> Partition:
+    """Partition ``model.state_dict()`` keys into personal (rho), shared (gamma) and fixed."""
+    state = model.state_dict()
+    float_keys = [k for k, v in state.items() if v.is_floating_point()]
+    fixed = tuple(k for k, v in state.items() if not v.is_floating_point())
+    compiled = [re.compile(p) for p in rules.personal]
+    unused = [p.pattern for p in compiled if not any(p.search(k) for k in float_keys)]
+    if unused:
+        raise ValueError(
+            f"partition rule(s) {unused} match no float key of the model ({len(float_keys)} keys, "
+            f"e.g. {float_keys[:3]}); fix the pattern or drop it"
+        )
+    selection = re.compile(CHANNEL_SELECTION_PATTERN)
+    personal_set = {
+        k
+        for k in float_keys
+        if any(p.search(k) for p in compiled)
+        or (personalize_channel_selection and selection.search(k))
+    }
+    partial_temporal = [k for k in personal_set if k.startswith(TEMPORAL_PREFIX)]
+    if partial_temporal and len(personal_set) != len(float_keys):
+        raise ValueError(
+            f"partition rules {rules.personal} personalize temporal-module keys "
+            f"{sorted(partial_temporal)[:3]}; the temporal module is shared unless everything is "
+            f"personal (preset 'all')"
+        )
+    personal = tuple(k for k in float_keys if k in personal_set)
+    shared = tuple(k for k in float_keys if k not in personal_set)
+    return Partition(personal=personal, shared=shared, fixed=fixed)
+
+
+def count_parameters(model: nn.Module, keys: Iterable[str]) -> int:
+    """Number of scalars in the state_dict entries ``keys``."""
+    state = model.state_dict()
+    return sum(state[k].numel() for k in keys)
+
+
+def bytes_of(model: nn.Module, keys: Iterable[str]) -> int:
+    """Bytes of the state_dict entries ``keys`` in their stored dtypes (fp32: 4 per scalar)."""
+    state = model.state_dict()
+    return sum(state[k].numel() * state[k].element_size() for k in keys)

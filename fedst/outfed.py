@@ -1,0 +1,121 @@
+"""Out-of-federation evaluation (paper Sec. IV-B2, Tables III and VIII).
+
+The out-of-federation model is the sample-count-weighted average of all site models v_k =
+gamma_g U rho_k, personalized parts included, so inference is a single forward pass. An unseen
+site is prompted with its own text (e.g. "... surgery type is lobectomy"). On a binary site
+(GraSP) every predicted part class counts as instrument.
+
+The site models are read from the run directory (``sites/<site>/state_rNNNN.pt``): in simulation
+the run directory holds them; in a deployment each hospital must choose to export its rho_k for
+this step, which is the only time private parameters leave a site.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from fedst.experiment import ExperimentConfig
+from fedst.federation.components import (
+    build_indicators,
+    build_model,
+    load_subset,
+    open_site_data,
+    partition_of,
+)
+from fedst.federation.evaluation import EvaluationResult, evaluate_model
+from fedst.federation.server import SERVER_CHECKPOINT
+from fedst.model.network import FedSTNet
+
+log = logging.getLogger(__name__)
+
+
+def _site_state(run_dir: Path, site: str, server_round: int) -> dict:
+    path = run_dir / "sites" / site / f"state_r{server_round:04d}.pt"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: site {site} has no saved state for round {server_round}"
+        )
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def completed_round(run_dir: Path) -> int:
+    path = run_dir / SERVER_CHECKPOINT
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: {run_dir} is not a (started) FedST run directory"
+        )
+    return int(torch.load(path, map_location="cpu", weights_only=False)["round"])
+
+
+def personalized_model(
+    cfg: ExperimentConfig, run_dir: Path, site: str, device: torch.device
+) -> FedSTNet:
+    """v_k = gamma_g U rho_k of a federated site after the run's last completed round."""
+    server_round = completed_round(run_dir)
+    model = build_model(cfg)
+    checkpoint = torch.load(run_dir / SERVER_CHECKPOINT, map_location="cpu", weights_only=False)
+    if cfg.method.communicate:
+        load_subset(model, {k: checkpoint["global_model"][k] for k in checkpoint["shared_keys"]})
+    load_subset(model, _site_state(run_dir, site, server_round)["personal"])
+    return model.to(device)
+
+
+def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> FedSTNet:
+    """Sample-count-weighted average of all federated site models (personal parts included)."""
+    server_round = completed_round(run_dir)
+    states, weights = [], []
+    for site in cfg.data.federation:
+        state = _site_state(run_dir, site, server_round)
+        states.append(state["personal"])
+        weights.append(float(state["num_examples"]))
+    model = personalized_model(cfg, run_dir, cfg.data.federation[0], device)
+    total = sum(weights)
+    averaged = {
+        key: sum(w / total * s[key].double() for w, s in zip(weights, states, strict=True)).float()
+        for key in states[0]
+    }
+    load_subset(model, averaged)
+    partition = partition_of(model, cfg)
+    log.info(
+        "out-of-federation model: %d shared + %d averaged personal tensors over %s (weights %s)",
+        len(partition.shared),
+        len(averaged),
+        list(cfg.data.federation),
+        weights,
+    )
+    return model
+
+
+def evaluate_out_of_federation(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    device: torch.device,
+    sites: tuple[str, ...] | None = None,
+    keep_examples: int = 0,
+    progress: bool = False,
+) -> dict[str, EvaluationResult]:
+    """Score the averaged model on each out-of-federation site's test split, prompted as that site."""
+    model = averaged_model(cfg, run_dir, device)
+    indicators = build_indicators(cfg)
+    results = {}
+    for site in sites or cfg.data.out_of_federation:
+        data = open_site_data(cfg, site, ("test",))
+        results[site] = evaluate_model(
+            model,
+            data.test,
+            indicators.get(site),
+            device,
+            max_frames=cfg.train.eval_max_frames,
+            keep_examples=keep_examples,
+            progress=progress,
+        )
+        log.info(
+            "out-of-federation %s: Dice %.2f IoU %.2f",
+            site,
+            results[site].summary["dice"],
+            results[site].summary["iou"],
+        )
+    return results

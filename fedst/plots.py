@@ -1,0 +1,331 @@
+"""Figures: learning curves (paper Fig. 5), communication, per-site comparison bars, and
+qualitative overlays (Figs. 3/4). Matplotlib with the Agg backend; every function returns the PNG.
+
+Class colours (Okabe-Ito, colour-blind safe) are fixed so that figures of different runs compare:
+shaft blue, wrist green, jaw orange; the binary "instrument" class (GraSP) is yellow. Background
+and ignore pixels (255) are left as in the image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from fedst.data.base import IGNORE_INDEX
+from fedst.report import (
+    METRIC_LABELS,
+    STD_DDOF,
+    Stat,
+    group_by_method,
+    run_average,
+    site_names,
+    site_value,
+)
+
+__all__ = [
+    "BINARY_COLORS",
+    "PART_COLORS",
+    "learning_curves",
+    "overlay_masks",
+    "plot_communication",
+    "plot_comparison",
+    "plot_learning_curves",
+    "qualitative_grid",
+]
+
+PART_COLORS: dict[int, tuple[str, tuple[int, int, int]]] = {
+    1: ("shaft", (0, 114, 178)),
+    2: ("wrist", (0, 158, 115)),
+    3: ("jaw", (230, 159, 0)),
+}
+BINARY_COLORS: dict[int, tuple[str, tuple[int, int, int]]] = {1: ("instrument", (240, 228, 66))}
+BYTES_PER_MB = 1e6
+DPI = 120
+
+MetricRows = Sequence[Mapping]
+
+
+def _figure(
+    nrows: int, ncols: int, figsize: tuple[float, float], **kwargs
+) -> tuple[Figure, np.ndarray]:
+    """A pyplot-free figure and its axes as a 2-D array [nrows, ncols]."""
+    fig = Figure(figsize=figsize)
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kwargs)
+    return fig, axes
+
+
+def _save(fig: Figure, out_png: str | Path) -> Path:
+    path = Path(out_png)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return path
+
+
+def _curve_rows(rows: MetricRows, model: str | None) -> list[Mapping]:
+    """Test rows of one model kind; by default "personal", else "global" (never "outfed")."""
+    rows = [r for r in rows if r.get("split", "test") == "test"]
+    if model is None:
+        kinds = {r.get("model") for r in rows}
+        model = "personal" if "personal" in kinds else "global"
+    return [r for r in rows if r.get("model", model) == model]
+
+
+Curve = tuple[list[int], np.ndarray, np.ndarray]
+AVERAGE_PANEL = "Average"
+
+
+def _mean_band(values_by_round: Mapping[int, list[float]]) -> Curve:
+    """(rounds, mean, std) over the values of each round; std as in the tables, 0 for one run."""
+    rounds = sorted(values_by_round)
+    means = np.array([np.mean(values_by_round[t]) for t in rounds])
+    stds = np.array(
+        [
+            np.std(values_by_round[t], ddof=STD_DDOF) if len(values_by_round[t]) > 1 else 0.0
+            for t in rounds
+        ]
+    )
+    return rounds, means, stds
+
+
+def learning_curves(
+    metrics_rows: MetricRows | Mapping[str, MetricRows],
+    metric: str = "dice",
+    model: str | None = None,
+) -> dict[str, dict[str, Curve]]:
+    """{label: {"Average" | site: (rounds, mean, std)}}: the data of :func:`plot_learning_curves`.
+
+    Per label, rows of several seeds (told apart by a "seed" key) are averaged per round. The
+    average panel first averages a seed's sites in a round (only rounds where all of the label's
+    sites reported), then summarises over seeds.
+    """
+    series = dict(metrics_rows) if isinstance(metrics_rows, Mapping) else {"run": metrics_rows}
+    curves: dict[str, dict[str, Curve]] = {}
+    for label, raw_rows in series.items():
+        rows = [r for r in _curve_rows(raw_rows, model) if r.get(metric) is not None]
+        sites = sorted({str(r["site"]) for r in rows})
+        per_site: dict[str, dict[int, list[float]]] = {s: {} for s in sites}
+        per_seed: dict[tuple[object, int], dict[str, float]] = {}
+        for row in rows:
+            site, rnd, value = str(row["site"]), int(row["round"]), float(row[metric])
+            per_site[site].setdefault(rnd, []).append(value)
+            per_seed.setdefault((row.get("seed"), rnd), {})[site] = value
+        average: dict[int, list[float]] = {}
+        for (_, rnd), site_values in per_seed.items():
+            if len(site_values) == len(sites):
+                average.setdefault(rnd, []).append(float(np.mean(list(site_values.values()))))
+        panels = {AVERAGE_PANEL: average, **per_site}
+        curves[label] = {name: _mean_band(values) for name, values in panels.items() if values}
+    return curves
+
+
+def plot_learning_curves(
+    metrics_rows: MetricRows | Mapping[str, MetricRows],
+    out_png: str | Path,
+    metric: str = "dice",
+    model: str | None = None,
+) -> Path:
+    """Test ``metric`` vs communication round (paper Fig. 5): "Average", then a panel per site.
+
+    ``metrics_rows``: rows of metrics.jsonl, or {label: rows} to overlay methods; several seeds
+    under one label are drawn as their mean with a ±1 std band (see :func:`learning_curves`).
+    ``model``: "personal" / "global"; default: personal rows where present, else global.
+    """
+    curves = learning_curves(metrics_rows, metric, model)
+    sites = sorted({p for panels in curves.values() for p in panels} - {AVERAGE_PANEL})
+    if not sites:
+        raise ValueError(
+            f"no test rows with a site and {metric!r} to plot in {list(curves)} (model={model!r})"
+        )
+    panel_names = [AVERAGE_PANEL, *sites]
+    fig, grid = _figure(1, len(panel_names), (3.4 * len(panel_names), 3.2), sharey=True)
+    axes = grid[0]
+    for label, panels in curves.items():
+        color = None
+        for ax, name in zip(axes, panel_names, strict=True):
+            if name not in panels:
+                continue
+            rounds, means, stds = panels[name]
+            (line,) = ax.plot(rounds, means, marker="o", markersize=3, label=label, color=color)
+            color = line.get_color()
+            ax.fill_between(rounds, means - stds, means + stds, color=color, alpha=0.2)
+    for ax, name in zip(axes, panel_names, strict=True):
+        ax.set_title(name if name == AVERAGE_PANEL else f"Site {name}")
+        ax.set_xlabel("Communication round")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"Test {METRIC_LABELS.get(metric, metric)}")
+    handles, labels = [], []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    axes[0].legend(handles, labels, fontsize=8)
+    return _save(fig, out_png)
+
+
+def plot_communication(
+    comm_rows: Sequence[Mapping], out_png: str | Path, title: str | None = None
+) -> Path:
+    """Upload and download MB (10^6 bytes) per round, stacked by site (rows of comm.jsonl).
+
+    Stacking keeps sites that send identical amounts visible; the top edge is the round's total.
+    A site absent from a round (not sampled) contributes 0 there.
+    """
+    if not comm_rows:
+        raise ValueError("plot_communication got no rows (comm.jsonl is empty)")
+    sites = sorted({str(r["site"]) for r in comm_rows})
+    rounds = sorted({int(r["round"]) for r in comm_rows})
+    round_index = {t: i for i, t in enumerate(rounds)}
+    fig, grid = _figure(1, 2, (10, 3.4), sharex=True)
+    for ax, key, name in zip(
+        grid[0], ("upload_bytes", "download_bytes"), ("Upload", "Download"), strict=True
+    ):
+        megabytes = np.zeros((len(sites), len(rounds)))  # (sites, rounds)
+        for row in comm_rows:
+            site_row = sites.index(str(row["site"]))
+            megabytes[site_row, round_index[int(row["round"])]] += row[key] / BYTES_PER_MB
+        ax.stackplot(rounds, megabytes, labels=[f"Site {s}" for s in sites], alpha=0.85, step="mid")
+        ax.set_title(f"{title}: {name.lower()}" if title else name)
+        ax.set_xlabel("Communication round")
+        ax.set_ylabel("MB (10^6 bytes) per round, stacked")
+        ax.set_ylim(0, max(float(megabytes.sum(axis=0).max()), 1e-9) * 1.25)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, ncol=min(len(sites), 4), loc="upper left")
+    return _save(fig, out_png)
+
+
+def plot_comparison(runs: Sequence[dict], out_png: str | Path, metric: str = "dice") -> Path:
+    """Bars of final ``metric`` per site (federated, Avg., out-of-federation) per method, ±std."""
+    sites = site_names(runs, "sites")
+    outfed = site_names(runs, "out_of_federation")
+    categories = [*sites, "Avg.", *outfed]
+    groups = group_by_method(runs)
+    width = 0.8 / max(len(groups), 1)
+    fig, grid = _figure(1, 1, (max(6.0, 0.45 * len(categories) * len(groups) + 3), 3.6))
+    ax = grid[0, 0]
+    for i, (method, group) in enumerate(groups.items()):
+        stats: list[Stat | None] = []
+        for site in categories:
+            if site == "Avg.":
+                values = [run_average(r, sites, metric) for r in group]
+            elif site in sites:
+                values = [site_value(r, "sites", site, metric) for r in group]
+            else:
+                values = [site_value(r, "out_of_federation", site, metric) for r in group]
+            stats.append(Stat.of(values))
+        xs = np.arange(len(categories)) + (i - (len(groups) - 1) / 2) * width
+        means = [s.mean if s else np.nan for s in stats]
+        errs = [s.std if s and s.std is not None else 0.0 for s in stats]
+        ax.bar(xs, means, width, yerr=errs, capsize=2, label=method)
+    ax.set_xticks(
+        np.arange(len(categories)), [c if c == "Avg." else f"Site {c}" for c in categories]
+    )
+    if outfed:
+        ax.axvline(len(sites) + 0.5, color="grey", linestyle="--", linewidth=1)
+    ax.set_ylabel(f"Final test {METRIC_LABELS.get(metric, metric)}")
+    ax.set_title(
+        f"{METRIC_LABELS.get(metric, metric)} per site (right of dashed line: out of federation)"
+    )
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncol=min(len(groups), 4))
+    return _save(fig, out_png)
+
+
+def overlay_masks(
+    image_rgb: np.ndarray, mask: np.ndarray, alpha: float = 0.5, binary: bool = False
+) -> np.ndarray:
+    """Blend class colours into an RGB uint8 image [H, W, 3] where mask [H, W] is a foreground
+    class: out = round((1 - alpha) * image + alpha * colour); other pixels are unchanged."""
+    image_rgb = np.asarray(image_rgb)
+    mask = np.asarray(mask)
+    if image_rgb.dtype != np.uint8 or image_rgb.ndim != 3 or image_rgb.shape[2] != 3:
+        raise ValueError(
+            f"image_rgb must be uint8 [H, W, 3], got dtype {image_rgb.dtype} "
+            f"shape {image_rgb.shape}"
+        )
+    if mask.shape != image_rgb.shape[:2]:
+        raise ValueError(
+            f"mask shape {mask.shape} does not match image shape {image_rgb.shape[:2]}"
+        )
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    colors = BINARY_COLORS if binary else PART_COLORS
+    out = image_rgb.copy()
+    for value, (_, color) in colors.items():
+        where = mask == value
+        blended = (1.0 - alpha) * image_rgb[where].astype(np.float64) + alpha * np.array(color)
+        out[where] = np.clip(np.round(blended), 0, 255).astype(np.uint8)
+    return out
+
+
+def _merge_parts(mask: np.ndarray) -> np.ndarray:
+    """Part classes -> 1 (instrument), ignore stays ignore: how a binary site is scored."""
+    mask = np.asarray(mask)
+    return np.where(mask == IGNORE_INDEX, IGNORE_INDEX, mask > 0).astype(np.int64)
+
+
+def _row_overlay(image: np.ndarray, mask: np.ndarray, alpha: float, binary: bool) -> np.ndarray:
+    return overlay_masks(image, _merge_parts(mask) if binary else mask, alpha, binary)
+
+
+def qualitative_grid(
+    rows: Sequence[tuple],
+    out_png: str | Path,
+    binary: bool = False,
+    alpha: float = 0.5,
+) -> Path:
+    """Figs. 3/4: a row per (title, image, gt, {method: pred}); columns image, GT, each method.
+
+    image: RGB uint8 [H, W, 3]; gt, pred: class maps [H, W]. A row may carry a fifth element, a
+    bool that marks a binary site (GraSP): its predicted parts are then shown merged as
+    instrument, as they are scored. Rows without it use ``binary``.
+    """
+    if not rows:
+        raise ValueError("qualitative_grid got no rows")
+    methods: dict[str, None] = {}
+    for row in rows:
+        if len(row) not in (4, 5):
+            raise ValueError(
+                f"qualitative_grid row {row[0]!r} has {len(row)} elements; expected "
+                "(title, image, gt, {method: pred}) with an optional binary flag"
+            )
+        methods.update(dict.fromkeys(row[3]))
+    columns = ["Image", "Ground truth", *methods]
+    height, width = np.asarray(rows[0][1]).shape[:2]
+    cell = 2.4
+    fig, axes = _figure(
+        len(rows), len(columns), (cell * len(columns), cell * height / width * len(rows) + 0.6)
+    )
+    palettes: dict[str, dict[int, tuple[str, tuple[int, int, int]]]] = {}
+    for r, row in enumerate(rows):
+        title, image, gt, preds = row[:4]
+        row_binary = bool(row[4]) if len(row) == 5 else binary
+        palettes["binary" if row_binary else "parts"] = BINARY_COLORS if row_binary else PART_COLORS
+        panels = [np.asarray(image), _row_overlay(image, gt, alpha, row_binary)]
+        panels += [
+            _row_overlay(image, preds[m], alpha, row_binary) if m in preds else None
+            for m in methods
+        ]
+        for c, panel in enumerate(panels):
+            ax = axes[r, c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if panel is None:
+                ax.set_axis_off()
+                continue
+            ax.imshow(panel)
+            if r == 0:
+                ax.set_title(columns[c], fontsize=9)
+        axes[r, 0].set_ylabel(title, fontsize=9)
+    handles = [
+        Patch(color=np.array(color) / 255, label=name)
+        for palette in palettes.values()
+        for name, color in palette.values()
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.3 / (cell * height / width * len(rows) + 0.6), 1, 1))
+    return _save(fig, out_png)

@@ -1,0 +1,490 @@
+"""Result tables from run directories, in the layouts of the paper's Tables II, III/VIII and IX.
+
+A run directory (written by ``train_fed.py``) holds ``config.yaml``, ``metrics.jsonl``,
+``comm.jsonl`` and ``final.json`` (see :data:`RUN_FILES`). Runs of one method (several seeds) are
+summarised as ``mean ± std``; the std is the sample standard deviation (``ddof=1``, the usual
+choice for a few repeated seeds as in the paper's three); a method with a single run shows only
+its value. Per-run averages over sites ("Avg.") are computed first and then summarised over seeds,
+so the Avg. spread reflects seed-to-seed variation of the average (as in Table II, where the Avg.
+std is smaller than the per-site ones).
+
+CLI::
+
+    python -m fedst.report RUN_DIR [RUN_DIR ...] [--out DIR] [--skip-incomplete] [--no-plots]
+
+A RUN_DIR may also be a Hydra multirun directory: every run directory below it is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+__all__ = [
+    "METRIC_LABELS",
+    "RUN_FILES",
+    "RunError",
+    "Stat",
+    "Table",
+    "comm_table",
+    "comparison_table",
+    "find_runs",
+    "group_by_method",
+    "load_run",
+    "load_runs",
+    "main",
+    "outfed_table",
+    "run_average",
+    "site_names",
+    "site_value",
+    "sites_table",
+    "write_tables",
+]
+
+log = logging.getLogger(__name__)
+
+RUN_FILES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "comm.jsonl", "final.json")
+STD_DDOF = 1
+METRIC_LABELS: dict[str, str] = {
+    "dice": "Dice (%)",
+    "iou": "IoU (%)",
+    "hd95": "HD95 (px)",
+    "assd": "ASSD (px)",
+}
+HIGHER_IS_BETTER: dict[str, bool] = {"dice": True, "iou": True, "hd95": False, "assd": False}
+DIGITS = 2
+
+
+class RunError(ValueError):
+    """A run directory that cannot be read; the message names the directory and the file."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading runs
+
+
+def _is_run_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in RUN_FILES)
+
+
+def find_runs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run directories among ``paths`` and below them (Hydra multirun dirs), sorted, unique.
+
+    A directory is a run when it holds any of :data:`RUN_FILES`; Hydra's own ``.hydra`` folders
+    are not runs.
+    """
+    found: set[Path] = set()
+    for raw in paths:
+        root = Path(raw)
+        if not root.is_dir():
+            raise RunError(f"{root}: not a directory; pass a run directory or a multirun directory")
+        if _is_run_dir(root):
+            found.add(root)
+            continue
+        below = {
+            f.parent
+            for name in RUN_FILES
+            for f in root.rglob(name)
+            if ".hydra" not in f.relative_to(root).parts
+        }
+        if not below:
+            raise RunError(f"{root}: no run directory below it (none holds any of {RUN_FILES})")
+        found.update(below)
+    return sorted(found)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open() as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise RunError(f"{path}:{line_no}: not valid JSON ({err.msg})") from err
+    return rows
+
+
+def load_run(path: str | Path) -> dict:
+    """One run: {"path", "method", "seed", "experiment", "config", "final", "metrics", "comm"}.
+
+    Raises :class:`RunError` naming the first missing or unreadable file.
+    """
+    run_dir = Path(path)
+    for name in RUN_FILES:
+        if not (run_dir / name).is_file():
+            raise RunError(
+                f"{run_dir}: incomplete run, missing {name} (a run writes {', '.join(RUN_FILES)}; "
+                "final.json appears when training finishes)"
+            )
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except yaml.YAMLError as err:
+        raise RunError(f"{run_dir / 'config.yaml'}: not valid YAML ({err})") from err
+    try:
+        final = json.loads((run_dir / "final.json").read_text())
+    except json.JSONDecodeError as err:
+        raise RunError(f"{run_dir / 'final.json'}: not valid JSON ({err.msg})") from err
+    for key in ("method", "seed", "sites"):
+        if key not in final:
+            raise RunError(f"{run_dir / 'final.json'}: missing key {key!r}")
+    return {
+        "path": run_dir,
+        "method": str(final["method"]),
+        "seed": final["seed"],
+        "experiment": final.get(
+            "experiment", config.get("experiment") if isinstance(config, Mapping) else None
+        ),
+        "config": config,
+        "final": final,
+        "metrics": _read_jsonl(run_dir / "metrics.jsonl"),
+        "comm": _read_jsonl(run_dir / "comm.jsonl"),
+    }
+
+
+def load_runs(paths: Iterable[str | Path], skip_incomplete: bool = False) -> list[dict]:
+    """Load every run in ``paths`` (run or multirun directories, see :func:`find_runs`).
+
+    An incomplete run raises :class:`RunError`, or is skipped with a warning when
+    ``skip_incomplete``.
+    """
+    paths = list(paths)
+    runs = []
+    for run_dir in find_runs(paths):
+        try:
+            runs.append(load_run(run_dir))
+        except RunError as err:
+            if not skip_incomplete:
+                raise
+            log.warning("skipping %s", err)
+    if not runs:
+        raise RunError(f"no complete run found in {[str(p) for p in paths]}")
+    return runs
+
+
+def _experiment_label(experiment: object) -> str:
+    if isinstance(experiment, Mapping):
+        return str(experiment.get("name", experiment))
+    return str(experiment)
+
+
+def group_by_method(runs: Sequence[dict]) -> dict[str, list[dict]]:
+    """Runs grouped by method, in order of first appearance.
+
+    When the runs come from more than one experiment, the label is "method [experiment]".
+    """
+    experiments = {_experiment_label(r.get("experiment")) for r in runs}
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        label = run["method"]
+        if len(experiments) > 1:
+            label = f"{label} [{_experiment_label(run.get('experiment'))}]"
+        groups.setdefault(label, []).append(run)
+    for label, group in groups.items():
+        seeds = [r["seed"] for r in group]
+        if len(set(map(str, seeds))) < len(seeds):
+            log.warning("%s: several runs share a seed (%s); they are all averaged", label, seeds)
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample std (``None`` for a single value) over ``n`` runs."""
+
+    mean: float
+    std: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Stat | None:
+        """Summary of the finite values; ``None`` when there is none."""
+        finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+        if not finite:
+            return None
+        std = float(np.std(finite, ddof=STD_DDOF)) if len(finite) > 1 else None
+        return cls(float(np.mean(finite)), std, len(finite))
+
+    def format(self, digits: int = DIGITS) -> str:
+        """ "mean ± std" with ``digits`` decimals; just the mean for a single run."""
+        if self.std is None:
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+@dataclass(frozen=True)
+class Column:
+    """A numeric column: CSV key, markdown header, metric (for "best" marking), decimals."""
+
+    key: str
+    header: str
+    metric: str | None = None
+    digits: int = DIGITS
+
+
+@dataclass
+class Table:
+    """Rows = methods; cells = :class:`Stat` over the method's runs that have the value, or
+    ``None`` when none has it (shown as "n/a")."""
+
+    name: str
+    title: str
+    columns: list[Column]
+    rows: dict[str, list[Stat | None]] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)
+
+    def _best(self, index: int) -> float | None:
+        metric = self.columns[index].metric
+        means = [cells[index].mean for cells in self.rows.values() if cells[index] is not None]
+        if metric is None or len(means) < 2:
+            return None
+        return max(means) if HIGHER_IS_BETTER[metric] else min(means)
+
+    def to_markdown(self) -> str:
+        """A GitHub markdown table; the best mean of each metric column is bold."""
+        best = [self._best(i) for i in range(len(self.columns))]
+        lines = [
+            f"### {self.title}",
+            "",
+            "| Method | Runs | " + " | ".join(c.header for c in self.columns) + " |",
+            "|---|---:|" + "---:|" * len(self.columns),
+        ]
+        for method, cells in self.rows.items():
+            texts = []
+            for cell, best_mean, column in zip(cells, best, self.columns, strict=True):
+                if cell is None:
+                    texts.append("n/a")
+                elif best_mean is not None and cell.mean == best_mean:
+                    texts.append(f"**{cell.format(column.digits)}**")
+                else:
+                    texts.append(cell.format(column.digits))
+            lines.append(f"| {method} | {self.runs[method]} | " + " | ".join(texts) + " |")
+        return "\n".join(lines) + "\n"
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Columns: method, runs, then ``<key>_mean`` and ``<key>_std`` per column."""
+        path = Path(path)
+        header = ["method", "runs"]
+        for column in self.columns:
+            header += [f"{column.key}_mean", f"{column.key}_std"]
+        with path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            for method, cells in self.rows.items():
+                row: list[object] = [method, self.runs[method]]
+                for cell in cells:
+                    row += (
+                        ["", ""]
+                        if cell is None
+                        else [cell.mean, "" if cell.std is None else cell.std]
+                    )
+                writer.writerow(row)
+        return path
+
+
+def _value(scores: Mapping | None, metric: str) -> float | None:
+    if not isinstance(scores, Mapping):
+        return None
+    value = scores.get(metric)
+    return None if value is None else float(value)
+
+
+def site_value(run: dict, section: str, site: str, metric: str) -> float | None:
+    """One run's final ``metric`` of ``site`` in ``section``; ``None`` when absent."""
+    return _value(run["final"].get(section, {}).get(site), metric)
+
+
+def run_average(run: dict, sites: Sequence[str], metric: str) -> float | None:
+    """Mean over ``sites`` of one run; ``None`` if any site is missing in that run."""
+    values = [site_value(run, "sites", s, metric) for s in sites]
+    if not values or any(v is None for v in values):
+        return None
+    return float(np.mean(values))
+
+
+def site_names(runs: Sequence[dict], section: str) -> list[str]:
+    """Site names in ``section`` ("sites" or "out_of_federation") of all runs, first seen first."""
+    names: dict[str, None] = {}
+    for run in runs:
+        names.update(dict.fromkeys(sorted(run["final"].get(section) or {})))
+    return list(names)
+
+
+def _build(
+    name: str,
+    title: str,
+    runs: Sequence[dict],
+    columns: list[Column],
+    cell_values: Sequence,
+) -> Table:
+    """A table whose cell j of a method's row is Stat.of(cell_values[j](run) for its runs)."""
+    table = Table(name=name, title=title, columns=columns)
+    for method, group in group_by_method(runs).items():
+        table.rows[method] = [Stat.of(value(run) for run in group) for value in cell_values]
+        table.runs[method] = len(group)
+    return table
+
+
+def _std_note() -> str:
+    return f"mean ± std over seeds (sample std, ddof={STD_DDOF})"
+
+
+def sites_table(
+    runs: Sequence[dict], metrics: Sequence[str] = ("dice", "iou", "hd95", "assd")
+) -> Table:
+    """Table II layout: per metric, one column per federated site and Avg. (personalized models)."""
+    for metric in metrics:
+        if metric not in METRIC_LABELS:
+            raise ValueError(f"unknown metric {metric!r}; choose from {list(METRIC_LABELS)}")
+    sites = site_names(runs, "sites")
+    columns: list[Column] = []
+    values: list = []
+    for metric in metrics:
+        label = METRIC_LABELS[metric]
+        for site in sites:
+            columns.append(Column(f"{metric}_{site}", f"{label} {site}", metric))
+            values.append(lambda r, s=site, m=metric: site_value(r, "sites", s, m))
+        columns.append(Column(f"{metric}_avg", f"{label} Avg.", metric))
+        values.append(lambda r, m=metric: run_average(r, sites, m))
+    title = f"Federated sites {', '.join(sites)} (Table II layout), {_std_note()}"
+    return _build("sites", title, runs, columns, values)
+
+
+def outfed_table(
+    runs: Sequence[dict], metrics: Sequence[str] = ("dice", "iou", "hd95", "assd")
+) -> Table:
+    """Tables III / VIII layout: per out-of-federation site, the metrics of the averaged model."""
+    sites = site_names(runs, "out_of_federation")
+    columns: list[Column] = []
+    values: list = []
+    for site in sites:
+        for metric in metrics:
+            columns.append(Column(f"{metric}_{site}", f"{site} {METRIC_LABELS[metric]}", metric))
+            values.append(lambda r, s=site, m=metric: site_value(r, "out_of_federation", s, m))
+    title = f"Out-of-federation sites {', '.join(sites)} (Tables III / VIII layout), {_std_note()}"
+    return _build("outfed", title, runs, columns, values)
+
+
+def comparison_table(runs: Sequence[dict]) -> Table:
+    """One table: Dice and IoU per federated site, their mean, and each out-of-federation site."""
+    sites = site_names(runs, "sites")
+    outfed = site_names(runs, "out_of_federation")
+    columns: list[Column] = []
+    values: list = []
+    for site in [*sites, "Avg.", *outfed]:
+        for metric in ("dice", "iou"):
+            key = "avg" if site == "Avg." else site
+            columns.append(Column(f"{metric}_{key}", f"{site} {METRIC_LABELS[metric]}", metric))
+            if site == "Avg.":
+                values.append(lambda r, m=metric: run_average(r, sites, m))
+            elif site in sites:
+                values.append(lambda r, s=site, m=metric: site_value(r, "sites", s, m))
+            else:
+                values.append(lambda r, s=site, m=metric: site_value(r, "out_of_federation", s, m))
+    title = f"Comparison: federated sites, their mean and out-of-federation sites, {_std_note()}"
+    return _build("comparison", title, runs, columns, values)
+
+
+def comm_table(runs: Sequence[dict]) -> Table:
+    """Table IX layout: communication per round (MB, as written in final.json) and rounds run."""
+    columns = [
+        Column("upload_mb_per_round", "Upload (MB / round)"),
+        Column("download_mb_per_round", "Download (MB / round)"),
+        Column("rounds", "Rounds", digits=0),
+    ]
+    values = [
+        lambda r: r["final"].get("upload_mb_per_round"),
+        lambda r: r["final"].get("download_mb_per_round"),
+        lambda r: len({row["round"] for row in r["comm"]}) if r["comm"] else None,
+    ]
+    return _build("comm", f"Communication (Table IX layout), {_std_note()}", runs, columns, values)
+
+
+def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
+    """Write every table as ``<name>.md`` and ``<name>.csv`` plus ``tables.md`` with all of them.
+
+    Tables without columns (e.g. no out-of-federation results) are not written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    markdown: list[str] = []
+    for table in (sites_table(runs), outfed_table(runs), comparison_table(runs), comm_table(runs)):
+        if not table.columns:
+            log.info("no data for table %r; not written", table.name)
+            continue
+        text = table.to_markdown()
+        markdown.append(text)
+        md_path = out / f"{table.name}.md"
+        md_path.write_text(text)
+        written += [md_path, table.to_csv(out / f"{table.name}.csv")]
+    combined = out / "tables.md"
+    combined.write_text("\n".join(markdown))
+    written.append(combined)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    """Print the markdown tables of the given runs and write tables (and plots) to ``--out``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fedst.report", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("run_dirs", nargs="+", help="run directories or Hydra multirun directories")
+    parser.add_argument("--out", help="output directory (default: <first RUN_DIR>/report)")
+    parser.add_argument(
+        "--skip-incomplete", action="store_true", help="warn about and skip unfinished runs"
+    )
+    parser.add_argument("--no-plots", action="store_true", help="write tables only")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    runs = load_runs(args.run_dirs, skip_incomplete=args.skip_incomplete)
+    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
+    written = write_tables(runs, out)
+    if not args.no_plots:
+        from fedst import plots
+
+        groups = group_by_method(runs)
+        written.append(
+            plots.plot_learning_curves(
+                {m: [row for r in g for row in r["metrics"]] for m, g in groups.items()},
+                out / "learning_curves.png",
+            )
+        )
+        written.append(plots.plot_comparison(runs, out / "comparison.png"))
+        for method, group in groups.items():
+            safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in method)
+            if group[0]["comm"]:
+                written.append(
+                    plots.plot_communication(
+                        group[0]["comm"], out / f"communication_{safe}.png", title=method
+                    )
+                )
+    print((out / "tables.md").read_text())
+    for path in written:
+        print(f"wrote {path}")
+    return written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""``run_training``: one federation from a typed config to a finished run directory.
+
+train_fed.py (Hydra CLI), the demo and the tests all call this, so they share one path:
+engine (in-process Grid or Flower's Ray simulation) -> ServerApp/ClientApp rounds ->
+out-of-federation evaluation -> final.json, tables and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, RecordDict
+from omegaconf import OmegaConf
+
+from fedst.app.client_app import app as client_app
+from fedst.app.inprocess import InProcessGrid
+from fedst.app.server_app import make_server_app
+from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device
+from fedst.federation.run_io import atomic_write_text, read_jsonl
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("inprocess", "ray")
+
+
+def save_config(cfg: ExperimentConfig, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    values = json.loads(cfg.to_json())
+    atomic_write_text(json.dumps(values, indent=2), run_dir / "config.json")
+    atomic_write_text(OmegaConf.to_yaml(OmegaConf.create(values)), run_dir / "config.yaml")
+
+
+def load_config(run_dir: Path) -> ExperimentConfig:
+    path = run_dir / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: is {run_dir} a FedST run directory?")
+    return experiment_from_json(path.read_text())
+
+
+def run_training(
+    cfg: ExperimentConfig, run_dir: Path, engine: str = "inprocess", progress: bool = True
+) -> dict[str, Any]:
+    """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run."""
+    save_config(cfg, run_dir)
+    server_app = make_server_app(cfg, run_dir, progress=progress)
+    num_sites = len(cfg.data.federation)
+    if engine == "inprocess":
+        nodes = [{"partition-id": i, "num-partitions": num_sites} for i in range(num_sites)]
+        grid = InProcessGrid(client_app, nodes)
+        server_app(
+            grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+        )
+    elif engine == "ray":
+        try:
+            from flwr.simulation import run_simulation
+        except ImportError as err:  # pragma: no cover - depends on the optional extra
+            raise RuntimeError(
+                "engine=ray needs Flower's simulation extra: pip install 'flwr[simulation]==1.41.0'"
+            ) from err
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=num_sites,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+    else:
+        raise ValueError(f"engine={engine!r}; choose one of {ENGINES}")
+    return finalize_run(cfg, run_dir, progress=progress)
+
+
+def finalize_run(
+    cfg: ExperimentConfig, run_dir: Path, progress: bool = False, qualitative: int = 2
+) -> dict[str, Any]:
+    """Out-of-federation evaluation, final.json, tables (markdown + CSV) and plots."""
+    from fedst import plots, report
+    from fedst.outfed import evaluate_out_of_federation, personalized_model
+    from fedst.federation.components import build_indicators, open_site_data
+    from fedst.federation.evaluation import evaluate_model
+
+    device = resolve_device(cfg.train.device)
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    last_round = max((r["round"] for r in metrics), default=0)
+    sites = {
+        r["site"]: _scalars(r)
+        for r in metrics
+        if r["round"] == last_round and r["model"] == "personal"
+    }
+    outfed = {}
+    examples: list[tuple] = []
+    if cfg.data.out_of_federation:
+        results = evaluate_out_of_federation(
+            cfg, run_dir, device, keep_examples=qualitative, progress=progress
+        )
+        for site, result in results.items():
+            outfed[site] = _scalars(result.summary)
+            examples += _example_rows(cfg, result)
+    if qualitative:
+        indicators = build_indicators(cfg)
+        for site in cfg.data.federation:
+            model = personalized_model(cfg, run_dir, site, device)
+            data = open_site_data(cfg, site, ("test",))
+            result = evaluate_model(
+                model,
+                data.test,
+                indicators.get(site),
+                device,
+                max_frames=qualitative,
+                keep_examples=qualitative,
+            )
+            examples += _example_rows(cfg, result)
+    comm = read_jsonl(run_dir / "comm.jsonl")
+    steady = [r for r in comm if r["round"] > 1] or comm  # round 1 also downloads the initial rho
+    final = {
+        "method": cfg.method.name,
+        "seed": cfg.seed,
+        "experiment": cfg.name,
+        "rounds": last_round,
+        "sites": sites,
+        "out_of_federation": outfed,
+        # per site and round, parameter values only (fp32), as in the paper's Table IX
+        "upload_mb_per_round": _mean_mb(comm, "upload_param_bytes"),
+        "download_mb_per_round": _mean_mb(steady, "download_param_bytes"),
+    }
+    atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / "final.json")
+    runs = report.load_runs([run_dir])
+    report.write_tables(runs, run_dir / "tables")
+    plots.plot_learning_curves(metrics, run_dir / "plots" / "learning_curves.png")
+    plots.plot_communication(comm, run_dir / "plots" / "communication.png")
+    if examples:
+        plots.qualitative_grid(examples, run_dir / "plots" / "qualitative.png")
+    return final
+
+
+def _example_rows(cfg: ExperimentConfig, result: Any) -> list[tuple]:
+    """Rows of plots.qualitative_grid: (title, image, ground truth, {method: prediction}, binary)."""
+    return [
+        (sid, img, gt, {cfg.method.name: pred}, result.binary)
+        for sid, img, gt, pred in result.examples
+    ]
+
+
+def _scalars(row: dict[str, Any]) -> dict[str, Any]:
+    keep = ("dice", "iou", "hd95", "assd", "num_frames", "per_class")
+    return {k: row[k] for k in keep if k in row}
+
+
+def _mean_mb(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(r[key] for r in rows) / len(rows) / 1e6 if rows else 0.0

@@ -1,0 +1,1 @@
+"""Network backbones used by FedST; ``models.pvt`` holds the PVTv2 encoder."""

@@ -1,0 +1,143 @@
+"""Shared test fixtures: a tiny writer of generic-layout sites with known content.
+
+``write_generic_site`` (plain function) and the ``write_site`` fixture (the same function rooted at
+``tmp_path``) write ``<root>/<site>/{meta.json, videos/, splits/}`` as read by
+:class:`fedst.data.generic.GenericLayoutSource`. Every frame shows a flat tissue background whose
+red channel encodes the frame index (:func:`background_colour`, :func:`frame_index_from_rgb`) and
+a horizontal instrument entering from the left: shaft, wrist and jaw rectangles in fixed colours
+(:data:`PART_COLOURS`) whose label map is written exactly (0..3, or 0/1 for a binary site).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+PART_COLOURS: dict[int, tuple[int, int, int]] = {
+    1: (200, 200, 200),  # shaft: light grey
+    2: (40, 40, 220),  # wrist: blue
+    3: (240, 200, 0),  # jaw: yellow
+}
+BACKGROUND_RED_OFFSET = 20
+MAX_ENCODED_FRAME_INDEX = 200
+
+
+def background_colour(frame_index: int) -> tuple[int, int, int]:
+    """RGB of frame ``frame_index``'s background; red = 20 + index (index < 200)."""
+    if not 0 <= frame_index < MAX_ENCODED_FRAME_INDEX:
+        raise ValueError(f"frame index {frame_index} cannot be encoded (0..199)")
+    return (BACKGROUND_RED_OFFSET + frame_index, 90, 50)
+
+
+def frame_index_from_rgb(rgb: Sequence[float]) -> int:
+    """Inverse of :func:`background_colour` for one background pixel (RGB 0..255)."""
+    return round(float(rgb[0])) - BACKGROUND_RED_OFFSET
+
+
+def draw_frame(
+    frame_index: int, size: tuple[int, int], binary: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(RGB uint8 [H, W, 3], label uint8 [H, W]) of one synthetic frame.
+
+    The instrument tip advances with the frame index (period 4); the top-left corner and the top
+    and bottom 25 % of rows are always background.
+    """
+    height, width = size
+    rgb = np.empty((height, width, 3), dtype=np.uint8)
+    rgb[:] = background_colour(frame_index)
+    label = np.zeros((height, width), dtype=np.uint8)
+    shaft_end = int(width * (0.3 + 0.05 * (frame_index % 4)))
+    part_width = int(width * 0.12)
+    boxes = {  # class -> (row0, row1, col0, col1)
+        1: (int(0.4 * height), int(0.6 * height), 0, shaft_end),
+        2: (int(0.35 * height), int(0.65 * height), shaft_end, shaft_end + part_width),
+        3: (
+            int(0.3 * height),
+            int(0.7 * height),
+            shaft_end + part_width,
+            shaft_end + 2 * part_width,
+        ),
+    }
+    for part, (r0, r1, c0, c1) in boxes.items():
+        rgb[r0:r1, c0:c1] = PART_COLOURS[part]
+        label[r0:r1, c0:c1] = 1 if binary else part
+    return rgb, label
+
+
+@dataclass
+class WrittenSite:
+    """What :func:`write_generic_site` wrote: the site folder and per-video frame / mask files."""
+
+    root: Path
+    name: str
+    site_dir: Path
+    frames: dict[str, dict[int, Path]] = field(default_factory=dict)
+    masks: dict[str, dict[int, Path]] = field(default_factory=dict)
+
+
+def write_generic_site(
+    root: Path,
+    site: str,
+    videos: Mapping[str, int | Sequence[int]],
+    size: tuple[int, int] = (32, 40),
+    label_every: int = 1,
+    fps: float = 5,
+    splits: Mapping[str, Sequence[str]] | None = None,
+    binary: bool = False,
+    surgery_type: str = "hysterectomy",
+    frame_suffix: str = ".png",
+) -> WrittenSite:
+    """Write a generic-layout site ``root/site`` and return what was written.
+
+    videos: video_id -> number of frames (indices 0..n-1) or the explicit frame indices.
+    label_every: frame index i gets a mask when ``i % label_every == 0``.
+    splits: split -> video ids; default every video in train, val and test.
+    """
+    site_dir = Path(root) / site
+    site_dir.mkdir(parents=True, exist_ok=True)
+    classes = ["background", "instrument"] if binary else ["background", "shaft", "wrist", "jaw"]
+    meta = {
+        "fps": fps,
+        "annotated_fps": fps / label_every,
+        "classes": classes,
+        "ignore_index": 255,
+        "surgery_type": surgery_type,
+        "binary": binary,
+    }
+    (site_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    written = WrittenSite(root=Path(root), name=site, site_dir=site_dir)
+    for video_id, frames in videos.items():
+        indices = list(range(frames)) if isinstance(frames, int) else list(frames)
+        frames_dir = site_dir / "videos" / video_id / "frames"
+        masks_dir = site_dir / "videos" / video_id / "masks"
+        frames_dir.mkdir(parents=True, exist_ok=True)
+        masks_dir.mkdir(parents=True, exist_ok=True)
+        written.frames[video_id], written.masks[video_id] = {}, {}
+        for index in indices:
+            rgb, label = draw_frame(index, size, binary)
+            frame_path = frames_dir / f"{index:09d}{frame_suffix}"
+            cv2.imwrite(str(frame_path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+            written.frames[video_id][index] = frame_path
+            if index % label_every == 0:
+                mask_path = masks_dir / f"{index:09d}.png"
+                cv2.imwrite(str(mask_path), label)
+                written.masks[video_id][index] = mask_path
+    (site_dir / "splits").mkdir(exist_ok=True)
+    if splits is None:
+        splits = {split: list(videos) for split in ("train", "val", "test")}
+    for split, video_ids in splits.items():
+        (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in video_ids))
+    return written
+
+
+@pytest.fixture
+def write_site(tmp_path: Path) -> Callable[..., WrittenSite]:
+    """:func:`write_generic_site` at ``tmp_path``: ``write_site("D", videos={"v1": 6})``."""
+    return partial(write_generic_site, tmp_path)

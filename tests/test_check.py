@@ -1,0 +1,179 @@
+"""Dataset checker: exit status, what it reports, and the problem files it names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from fedst.data.check import load_data_config, main, parse_arguments
+
+H, W = 8, 10
+SHAFT, WRIST = (0, 255, 0), (125, 255, 12)
+LABELS_JSON = [
+    {"name": "background-tissue", "color": [0, 0, 0], "classid": 0},
+    {"name": "instrument-shaft", "color": list(SHAFT), "classid": 1},
+    {"name": "instrument-clasper", "color": [0, 255, 255], "classid": 2},
+    {"name": "instrument-wrist", "color": list(WRIST), "classid": 3},
+]
+
+
+def write_png(path: Path, rgb: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    array = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR) if rgb.ndim == 3 else rgb
+    assert cv2.imwrite(str(path), array)
+
+
+def make_endovis2018(root: Path) -> Path:
+    label = np.zeros((H, W, 3), np.uint8)
+    label[:2] = SHAFT  # 2 of 8 rows: 25 % shaft
+    label[2:3] = WRIST  # 12.5 % wrist
+    for folder in (root / "release_1" / "seq_1", root / "test" / "seq_1"):
+        for n in range(2):
+            write_png(folder / "left_frames" / f"frame{n:03d}.png", np.zeros((H, W, 3), np.uint8))
+            write_png(folder / "labels" / f"frame{n:03d}.png", label)
+    (root / "labels.json").write_text(json.dumps(LABELS_JSON))
+    return root
+
+
+def make_generic(root: Path) -> Path:
+    site = root / "hyst"
+    meta = {
+        "fps": 5,
+        "classes": ["background", "shaft", "wrist", "jaw"],
+        "ignore_index": 255,
+        "surgery_type": "hysterectomy",
+    }
+    (site / "splits").mkdir(parents=True)
+    (site / "meta.json").write_text(json.dumps(meta))
+    for split in ("train", "test"):
+        (site / "splits" / f"{split}.txt").write_text("v1\n")
+    write_png(site / "videos" / "v1" / "frames" / "000000000.png", np.zeros((H, W, 3), np.uint8))
+    write_png(site / "videos" / "v1" / "masks" / "000000000.png", np.full((H, W), 3, np.uint8))
+    return root
+
+
+def write_config(path: Path, sites: dict[str, dict], federation: list[str]) -> Path:
+    lines = [
+        f"federation: {json.dumps(federation)}",
+        "out_of_federation: []",
+        "server: null",
+        "sites:",
+    ]
+    lines += [f"  {name}: {json.dumps(spec)}" for name, spec in sites.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture()
+def good_config(tmp_path) -> Path:
+    root = make_endovis2018(tmp_path / "endovis2018")
+    spec = {"backend": "endovis2018", "root": str(root), "surgery_type": "nephrectomy"}
+    return write_config(tmp_path / "good.yaml", {"B": spec}, ["B"])
+
+
+def test_good_site_exits_zero_and_reports_counts_and_shares(good_config, capsys):
+    assert main([f"data={good_config}", "max_frames=10"]) == 0
+    out = capsys.readouterr().out
+    assert "train: 1/2/2" in out and "test: 1/2/2" in out
+    assert "2 Hz" in out and "10x8" in out
+    assert "shaft 25.00" in out and "wrist 12.50" in out and "background 62.50" in out
+    assert "all 1 site(s) usable" in out
+
+
+def test_unknown_colour_makes_the_site_unusable_and_names_the_file(good_config, capsys):
+    bad = good_config.parent / "endovis2018" / "release_1" / "seq_1" / "labels" / "frame001.png"
+    label = np.zeros((H, W, 3), np.uint8)
+    label[0, :4] = (9, 9, 9)
+    write_png(bad, label)
+    assert main([f"data={good_config}", "--max-frames", "10"]) == 1
+    out = capsys.readouterr().out
+    assert f"{bad}" in out and "(9, 9, 9): 4" in out and "unusable site(s): ['B']" in out
+
+
+def test_ignored_unknown_colour_is_still_reported(good_config, capsys):
+    bad = good_config.parent / "endovis2018" / "test" / "seq_1" / "labels" / "frame000.png"
+    label = np.zeros((H, W, 3), np.uint8)
+    label[0, :3] = (9, 9, 9)
+    write_png(bad, label)
+    text = good_config.read_text().replace('"options"', '"x"')
+    text = text.replace(
+        '"surgery_type": "nephrectomy"}',
+        '"surgery_type": "nephrectomy", "options": {"on_unknown_label": "ignore"}}',
+    )
+    good_config.write_text(text)
+    assert main([f"data={good_config}"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING" in out and str(bad) in out and "(9, 9, 9): 3" in out
+
+
+def test_corrupt_frame_and_size_mismatch_are_errors_with_their_files(good_config, capsys):
+    seq = good_config.parent / "endovis2018" / "release_1" / "seq_1"
+    (seq / "left_frames" / "frame000.png").write_bytes(b"garbage")
+    write_png(seq / "left_frames" / "frame001.png", np.zeros((H, W + 2, 3), np.uint8))
+    assert main([f"data={good_config}"]) == 1
+    out = capsys.readouterr().out
+    assert "frame000.png: cannot decode" in out
+    assert "size mismatch" in out and str(seq / "labels" / "frame001.png") in out
+
+
+def test_missing_root_and_empty_required_split_are_errors(tmp_path, capsys):
+    root = make_endovis2018(tmp_path / "ev18")
+    for n in range(2):
+        (root / "test" / "seq_1" / "labels" / f"frame{n:03d}.png").unlink()
+    sites = {
+        "B": {"backend": "endovis2018", "root": str(root), "surgery_type": "nephrectomy"},
+        "A": {"backend": "endovis2017", "root": str(tmp_path / "nowhere"), "surgery_type": "x"},
+    }
+    config = write_config(tmp_path / "c.yaml", sites, ["A", "B"])
+    assert main([f"data={config}", "site=B"]) == 1
+    assert "split test is empty" in capsys.readouterr().out
+    assert main([f"data={config}", "site=A"]) == 1
+    assert "nowhere" in capsys.readouterr().out
+
+
+def test_generic_sites_are_checked_through_the_registry(tmp_path, capsys):
+    root = make_generic(tmp_path / "yt")
+    spec = {
+        "backend": "generic",
+        "root": str(root),
+        "surgery_type": "hysterectomy",
+        "options": {"site_dir": "hyst"},
+    }
+    config = write_config(tmp_path / "g.yaml", {"D": spec}, ["D"])
+    assert main([f"data={config}"]) == 0
+    out = capsys.readouterr().out
+    assert "jaw 100.00" in out and "single images" in out
+
+
+def test_bad_arguments_exit_two(good_config):
+    assert main(["data=no_such_config"]) == 2
+    assert main([f"data={good_config}", "site=Z"]) == 2
+    assert main(["frames=3"]) == 2
+
+
+def test_arguments_accept_hydra_and_dash_forms():
+    assert parse_arguments(["data=paper", "+site=A", "--max-frames", "7"]) == {
+        "data": "paper",
+        "site": "A",
+        "max_frames": "7",
+    }
+    assert parse_arguments(["--max-frames=3"]) == {"max_frames": "3"}
+
+
+def test_paper_config_loads_with_the_paper_sites():
+    config = load_data_config("paper")
+    assert config.federation == ("A", "B", "C", "D")
+    assert config.out_of_federation == ("E", "grasp") and config.server == "synthetic"
+    assert config.sites["A"].root == "data/endovis2017"
+    assert {s.backend for s in config.sites.values()} == {
+        "endovis2017",
+        "endovis2018",
+        "sarrarp50",
+        "generic",
+        "grasp",
+        "sisvse",
+    }
