@@ -93,6 +93,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     parser.add_argument("--batch-size", type=int, default=2, help="clips per batch")
     args = parser.parse_args()
+    # OpenCV's thread pool in the parent + fork()ed DataLoader workers hung once here (workers idle
+    # for 10 min); with no OpenCV threads in the parent the workers start cleanly.
+    cv2.setNumThreads(0)
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         write_dataset(root)

@@ -4,8 +4,9 @@ For each input size and each PVTv2-b0 stage (stride 4, 8, 16, 32; dims 32, 64, 1
 1, 2, 5, 8) this builds one ``TemporalCrossAttention`` with the paper's defaults and measures the
 forward FLOPs (torch FlopCounterMode; independent of machine load), the
 median (and minimum) wall time of forward (no grad) and of forward + backward on random 4-frame
-inputs, plus its parameter count. The machine's load average is printed with the table: on a
-shared machine the minimum is the better estimate of the module's own cost. Run from the
+inputs, the minimum single-thread process CPU time of forward + backward, and its parameter
+count. The machine's load average is printed with the table: on a shared machine the minima and
+the CPU time are better estimates of the module's own cost than the medians. Run from the
 repository root:
 
     .venv/bin/python -m bench.temporal                 # 128x160 and 512x640, batch 2, 2 threads
@@ -41,19 +42,32 @@ class StageCost:
     heads: int
     parameters: int
     forward_gflop: float
-    forward_ms: tuple[float, float]  # (median, min)
-    train_step_ms: tuple[float, float]  # (median, min)
+    forward_ms: tuple[float, float]  # wall time, (median, min)
+    train_step_ms: tuple[float, float]  # wall time, (median, min)
+    train_step_cpu_ms: float  # process CPU time with one thread, min
 
 
-def wall_time_ms(step: Callable[[], None], repeats: int) -> tuple[float, float]:
-    """(median, min) wall time of ``step`` in ms over ``repeats`` runs, after one warm-up run."""
+def time_ms(
+    step: Callable[[], None], repeats: int, clock: Callable[[], float] = time.perf_counter
+) -> tuple[float, float]:
+    """(median, min) of ``clock`` time of ``step`` in ms over ``repeats`` runs after a warm-up."""
     step()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         step()
-        times.append((time.perf_counter() - start) * 1000.0)
+        times.append((clock() - start) * 1000.0)
     return statistics.median(times), min(times)
+
+
+def single_thread_cpu_ms(step: Callable[[], None], repeats: int) -> float:
+    """Min process CPU time of ``step`` in ms with one torch thread (robust to machine load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return time_ms(step, repeats, clock=time.process_time)[1]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def measure_stage(
@@ -85,22 +99,31 @@ def measure_stage(
         heads=heads,
         parameters=sum(p.numel() for p in module.parameters()),
         forward_gflop=flop_counter.get_total_flops() / 1e9,
-        forward_ms=wall_time_ms(forward, repeats),
-        train_step_ms=wall_time_ms(train_step, repeats),
+        forward_ms=time_ms(forward, repeats),
+        train_step_ms=time_ms(train_step, repeats),
+        train_step_cpu_ms=single_thread_cpu_ms(train_step, repeats),
     )
 
 
-def encoder_reference(image_size: tuple[int, int], batch: int, num_frames: int = 4) -> str:
-    """Forward GFLOP and parameters of a randomly initialised timm PVTv2-b0 encoder on a clip."""
-    encoder = timm.create_model("pvt_v2_b0", pretrained=False, num_classes=0).eval()
+def encoder_reference(
+    image_size: tuple[int, int], batch: int, repeats: int, num_frames: int = 4
+) -> str:
+    """GFLOP, parameters and 1-thread CPU time of a random-init timm PVTv2-b0 encoder on a clip."""
+    encoder = timm.create_model("pvt_v2_b0", pretrained=False, num_classes=0)
     images = torch.randn(batch * num_frames, 3, *image_size)
     with FlopCounterMode(display=False) as flop_counter, torch.no_grad():
         encoder.forward_features(images)
+
+    def train_step() -> None:
+        encoder.zero_grad(set_to_none=True)
+        encoder.forward_features(images).sum().backward()
+
     parameters = sum(p.numel() for p in encoder.parameters())
+    cpu_ms = single_thread_cpu_ms(train_step, repeats)
     return (
         f"reference: PVTv2-b0 encoder on {batch} x {num_frames} frames of "
-        f"{image_size[0]}x{image_size[1]}: {flop_counter.get_total_flops() / 1e9:.3f} GFLOP, "
-        f"{parameters:,} params"
+        f"{image_size[0]}x{image_size[1]}: {flop_counter.get_total_flops() / 1e9:.3f} fwd GFLOP, "
+        f"{parameters:,} params, fwd+bwd CPU ms, 1 thread: {cpu_ms:.1f}"
     )
 
 
@@ -108,8 +131,9 @@ def format_table(costs: list[StageCost], batch: int, threads: int, load: str) ->
     lines = [
         f"TemporalCrossAttention per PVTv2-b0 stage (r=(49,20,6,7), p=(7,4,2,1), s=7), "
         f"batch {batch}, 4 frames, {threads} threads; ms as median (min); load average {load}",
-        "| input | stage | map | dim | heads | params | fwd GFLOP | forward ms | fwd+bwd ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| input | stage | map | dim | heads | params | fwd GFLOP | forward ms | fwd+bwd ms "
+        "| fwd+bwd CPU ms, 1 thread |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cost in costs:
         lines.append(
@@ -117,7 +141,8 @@ def format_table(costs: list[StageCost], batch: int, threads: int, load: str) ->
             f"| {cost.map_size[0]}x{cost.map_size[1]} | {cost.dim} | {cost.heads} "
             f"| {cost.parameters:,} | {cost.forward_gflop:.3f} "
             f"| {cost.forward_ms[0]:.1f} ({cost.forward_ms[1]:.1f}) "
-            f"| {cost.train_step_ms[0]:.1f} ({cost.train_step_ms[1]:.1f}) |"
+            f"| {cost.train_step_ms[0]:.1f} ({cost.train_step_ms[1]:.1f}) "
+            f"| {cost.train_step_cpu_ms:.1f} |"
         )
     return "\n".join(lines)
 
@@ -152,7 +177,7 @@ def main() -> None:
     load = " ".join(f"{value:.1f}" for value in os.getloadavg())
     print(format_table(costs, args.batch, args.threads, load))
     for size in args.sizes:
-        print(encoder_reference(size, args.batch))
+        print(encoder_reference(size, args.batch, repeats=min(args.repeats, 2)))
 
 
 if __name__ == "__main__":

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-
-import dataclasses
 
 from fedst.config import to_dict
 from fedst.experiment import ExperimentConfig, experiment_from_dict
@@ -42,7 +41,11 @@ def _experiment_defaults() -> dict[str, Any]:
     for item in dataclasses.fields(ExperimentConfig):
         if item.name == "data":
             continue
-        default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+        default = (
+            item.default_factory()
+            if item.default_factory is not dataclasses.MISSING
+            else item.default
+        )
         values[item.name] = to_dict(default)
     return values
 

@@ -28,9 +28,15 @@ log = logging.getLogger("fedst.demo")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=Path, default=Path("runs/demo"), help="where the run directories go")
-    parser.add_argument("--methods", default="fedst,fedavg", help="comma-separated configs/method names")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--runs", type=Path, default=Path("runs/demo"), help="where the run directories go"
+    )
+    parser.add_argument(
+        "--methods", default="fedst,fedavg", help="comma-separated configs/method names"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every method")
     args = parser.parse_args(argv)
@@ -45,7 +51,9 @@ def main(argv: list[str] | None = None) -> None:
 
     run_dirs = []
     for method in args.methods.split(","):
-        cfg, runtime = compose_experiment(["experiment=demo", f"method={method}", f"seed={args.seed}", *args.overrides])
+        cfg, runtime = compose_experiment(
+            ["experiment=demo", f"method={method}", f"seed={args.seed}", *args.overrides]
+        )
         run_dir = args.runs / f"{method}_s{args.seed}"
         if (run_dir / "final.json").exists() and _same_config(run_dir, cfg):
             log.info("%s: finished run found in %s; refreshing its evaluation", method, run_dir)

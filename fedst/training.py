@@ -76,9 +76,9 @@ def finalize_run(
 ) -> dict[str, Any]:
     """Out-of-federation evaluation, final.json, tables (markdown + CSV) and plots."""
     from fedst import plots, report
-    from fedst.outfed import evaluate_out_of_federation, personalized_model
     from fedst.federation.components import build_indicators, open_site_data
     from fedst.federation.evaluation import evaluate_model
+    from fedst.outfed import evaluate_out_of_federation, personalized_model
 
     device = resolve_device(cfg.train.device)
     metrics = read_jsonl(run_dir / "metrics.jsonl")

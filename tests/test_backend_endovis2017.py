@@ -37,8 +37,9 @@ def instrument_masks() -> dict[str, np.ndarray]:
     bipolar[4:6, 5:10] = 10  # overlaps prograsp's jaw: the later folder wins -> shaft
     other = np.full((H, W), 10, np.uint8)  # Other_labels: never counted
     needle_driver = np.zeros((H, W, 3), np.uint8)  # saved 3-channel: channel 0 is read
-    needle_driver[10:12, 0:4] = 20
-    needle_driver[12:14, 0:4] = 40  # probe -> background
+    needle_driver[10:12, 0:4, 0] = 20
+    needle_driver[12:14, 0:4, 0] = 40  # probe -> background
+    needle_driver[:, :, 1] = 99  # other channels are not read
     return {
         "Left_Prograsp_Forceps_labels": prograsp,
         "Maryland_Bipolar_Forceps": bipolar,
@@ -140,6 +141,7 @@ def test_crop_takes_the_official_window(tmp_path):
     source = EndoVis2017Source(tmp_path, "A", crop=True)
     frame = source.read_frame(FrameRef(tmp_path / "left_frames" / "frame000.png"))
     assert frame.shape == (1024, 1280, 3)
+    assert source.frame_size(FrameRef(tmp_path / "left_frames" / "frame000.png")) == (1024, 1280)
     assert frame[0, 0].tolist() == [200, 100, 50] and frame[-1, -1].tolist() == [1, 2, 3]
     label = source.read_label(LabelRef(tmp_path / "ground_truth", key="frame000.png"))
     assert label.shape == (1024, 1280) and label[:2, :2].tolist() == [[3, 3], [3, 3]]

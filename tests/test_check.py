@@ -82,6 +82,7 @@ def test_good_site_exits_zero_and_reports_counts_and_shares(good_config, capsys)
     assert "2 Hz" in out and "10x8" in out
     assert "shaft 25.00" in out and "wrist 12.50" in out and "background 62.50" in out
     assert "all 1 site(s) usable" in out
+    assert "label files: RGB 4; raw values: (0, 0, 0), (0, 255, 0), (125, 255, 12)" in out
 
 
 def test_unknown_colour_makes_the_site_unusable_and_names_the_file(good_config, capsys):
@@ -130,7 +131,9 @@ def test_missing_root_and_empty_required_split_are_errors(tmp_path, capsys):
     }
     config = write_config(tmp_path / "c.yaml", sites, ["A", "B"])
     assert main([f"data={config}", "site=B"]) == 1
-    assert "split test is empty" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "split test is empty" in out
+    assert "WARNING" in out and "labels: 2 frame(s) without a label" in out
     assert main([f"data={config}", "site=A"]) == 1
     assert "nowhere" in capsys.readouterr().out
 

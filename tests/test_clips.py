@@ -249,3 +249,26 @@ def test_bad_clip_config_values_are_rejected():
         ClipConfig(num_frames=0)
     with pytest.raises(ValueError, match="scale_limit"):
         AugmentConfig(scale_limit=1.5)
+
+
+def test_batch_stream_fills_batches_larger_than_the_dataset(write_site):
+    site = write_site("D", videos={"v1": 2}, size=(16, 20), label_every=2)
+    clip = ClipConfig(num_frames=2, image_size=(16, 20))
+    dataset = ClipDataset(GenericLayoutSource(site.root, "D"), "train", clip)
+    stream = BatchStream(dataset, batch_size=3, seed=0)
+    frames, masks, ids = stream.next_batch()
+    assert frames.shape == (3, 2, 3, 16, 20) and masks.shape == (3, 16, 20)
+    assert ids == ["D/v1/0"] * 3
+    assert stream.state_dict() == {"seed": 0, "epoch": 3, "position": 0}
+
+
+def test_batch_stream_with_a_worker_gives_the_same_batches(write_site):
+    site = write_site("D", videos={"v1": 3}, size=(16, 20))
+    clip = ClipConfig(num_frames=2, image_size=(16, 20))
+    dataset = ClipDataset(GenericLayoutSource(site.root, "D"), "train", clip, AugmentConfig())
+    in_process = BatchStream(dataset, batch_size=2, seed=5)
+    with_worker = BatchStream(dataset, batch_size=2, seed=5, num_workers=1)
+    for _ in range(3):
+        want, got = in_process.next_batch(), with_worker.next_batch()
+        assert got[2] == want[2] and torch.equal(got[0], want[0])
+    with_worker.close()

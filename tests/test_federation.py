@@ -70,10 +70,19 @@ def fedst_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_a_two_round_federation_writes_every_output(fedst_run):
-    cfg, run_dir, final, _ = fedst_run
-    for name in ("config.yaml", "config.json", "metrics.jsonl", "train.jsonl", "comm.jsonl", "final.json",
-                 "checkpoints/server.pt", "plots/learning_curves.png", "plots/communication.png",
-                 "plots/qualitative.png"):
+    _, run_dir, final, _ = fedst_run
+    for name in (
+        "config.yaml",
+        "config.json",
+        "metrics.jsonl",
+        "train.jsonl",
+        "comm.jsonl",
+        "final.json",
+        "checkpoints/server.pt",
+        "plots/learning_curves.png",
+        "plots/communication.png",
+        "plots/qualitative.png",
+    ):
         assert (run_dir / name).is_file(), name
     assert sorted(final["sites"]) == ["A", "B", "C", "D"]
     assert sorted(final["out_of_federation"]) == ["E", "grasp"]
@@ -129,7 +138,9 @@ def test_site_state_persists_in_context_and_on_disk(fedst_run):
 def test_fedst_uploads_less_than_fedavg_would(fedst_run):
     cfg, _, final, _ = fedst_run
     model = build_model(cfg)
-    whole = sum(v.numel() * v.element_size() for v in model.state_dict().values() if v.is_floating_point())
+    whole = sum(
+        v.numel() * v.element_size() for v in model.state_dict().values() if v.is_floating_point()
+    )
     assert 0 < final["upload_mb_per_round"] * 1e6 < whole
 
 
@@ -137,11 +148,13 @@ def test_fedst_uploads_less_than_fedavg_would(fedst_run):
 
 
 def reply(values: dict[str, np.ndarray], num_examples: int) -> Message:
-    content = RecordDict({
-        "arrays": ArrayRecord({k: torch.tensor(v) for k, v in values.items()}),
-        "metrics": MetricRecord({"num-examples": num_examples}),
-        "site": ConfigRecord({"site": "X"}),
-    })
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: torch.tensor(v) for k, v in values.items()}),
+            "metrics": MetricRecord({"num-examples": num_examples}),
+            "site": ConfigRecord({"site": "X"}),
+        }
+    )
     InProcessGrid(client_app, [])  # sets Flower's task identity for building messages
     instruction = Message(RecordDict(), dst_node_id=1, message_type="train", group_id="1")
     instruction.metadata.__dict__["_message_id"] = "m"
@@ -155,8 +168,11 @@ def test_fedavg_is_the_sample_count_weighted_mean():
 
 
 def test_fedmedian_is_the_coordinate_wise_median_ignoring_weights():
-    replies = [reply({"w": np.array([1.0, 9.0])}, 100), reply({"w": np.array([2.0, 0.0])}, 1),
-               reply({"w": np.array([7.0, 5.0])}, 1)]
+    replies = [
+        reply({"w": np.array([1.0, 9.0])}, 100),
+        reply({"w": np.array([2.0, 0.0])}, 1),
+        reply({"w": np.array([7.0, 5.0])}, 1),
+    ]
     arrays, _ = FedMedian().aggregate_train(1, replies)
     np.testing.assert_allclose(arrays["w"].numpy(), [2.0, 5.0])
 
@@ -273,11 +289,15 @@ def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_r
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert resumed["sites"] == uninterrupted["sites"]
     assert resumed["out_of_federation"] == uninterrupted["out_of_federation"]
-    rounds = [r["round"] for r in read_jsonl(tmp_path / "resumed" / "train.jsonl") if r["site"] == "A"]
+    rounds = [
+        r["round"] for r in read_jsonl(tmp_path / "resumed" / "train.jsonl") if r["site"] == "A"
+    ]
     assert rounds == [1, 2]  # the interrupted round is logged once
 
 
-def test_a_nan_loss_stops_the_run_with_a_clear_message_and_keeps_the_last_checkpoint(tiny_root, tmp_path):
+def test_a_nan_loss_stops_the_run_with_a_clear_message_and_keeps_the_last_checkpoint(
+    tiny_root, tmp_path
+):
     cfg = experiment(tiny_root, "method.serq=false")
     from fedst.model import losses
 
@@ -285,7 +305,11 @@ def test_a_nan_loss_stops_the_run_with_a_clear_message_and_keeps_the_last_checkp
 
     def nan_in_round_two(self, logits, target):
         value = original(self, logits, target)
-        return value * float("nan") if torch.is_grad_enabled() and nan_in_round_two.round == 2 else value
+        return (
+            value * float("nan")
+            if torch.is_grad_enabled() and nan_in_round_two.round == 2
+            else value
+        )
 
     nan_in_round_two.round = 0
     original_train = site_module.Site.train_round

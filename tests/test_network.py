@@ -152,7 +152,9 @@ def test_detached_earlier_frames_give_the_same_output_and_still_train():
 
 
 def test_streaming_equals_clip_forward_on_every_frame_of_a_video(net):
-    video = torch.randn(7, 1, 3, H, W, generator=torch.Generator().manual_seed(3))
+    video = torch.randn(
+        9, 1, 3, H, W, generator=torch.Generator().manual_seed(3)
+    )  # > history span 7
     stride = 2
     stream = net.stream(INDICATOR, frame_stride=stride)
     times = [float(t) for t in range(len(video))]

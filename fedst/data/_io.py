@@ -11,10 +11,12 @@ report unknown values whatever the policy.
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 import logging
 import os
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -181,15 +183,25 @@ def read_colour_mask(path: Path) -> np.ndarray:
 
 
 class _VideoCache:
-    """A few open ``cv2.VideoCapture`` per process, so reading consecutive frames needs no seek."""
+    """A few open ``cv2.VideoCapture`` per process, so reading consecutive frames needs no seek.
+
+    Random access seeks with ``CAP_PROP_POS_FRAMES`` (frame-exact for intra-coded MJPG; for
+    inter-coded video OpenCV's FFmpeg backend decodes from the previous key frame, which is slow:
+    prefer extracted frames such as SAR-RARP50's ``rgb/`` for training).
+    """
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        self.lock = threading.Lock()
         self.open: OrderedDict[Path, list[Any]] = OrderedDict()  # path -> [capture, next index]
 
     def read(self, path: Path, index: int) -> np.ndarray:
         if self.pid != os.getpid():  # forked into a DataLoader worker: never share captures
-            self.__init__()
+            self.pid, self.lock, self.open = os.getpid(), threading.Lock(), OrderedDict()
+        with self.lock:
+            return self._read(path, index)
+
+    def _read(self, path: Path, index: int) -> np.ndarray:
         entry = self.open.pop(path, None)
         if entry is None:
             if not path.is_file():
@@ -235,22 +247,24 @@ def video_frame_count(path: Path) -> int:
     return count
 
 
+@functools.lru_cache(maxsize=256)
+def video_size(path: Path) -> tuple[int, int]:
+    """(H, W) of a video's frames from OpenCV's properties (cached per path)."""
+    capture = cv2.VideoCapture(str(path))
+    try:
+        if not capture.isOpened():
+            raise DataError(f"{path}: OpenCV cannot open the video; re-encode or replace it")
+        return int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)), int(
+            capture.get(cv2.CAP_PROP_FRAME_WIDTH)
+        )
+    finally:
+        capture.release()
+
+
 def frame_file_size(ref: FrameRef) -> tuple[int, int]:
     """(H, W) of an image file from its header, or of a video from OpenCV's properties."""
     if ref.video_frame is not None:
-        capture = cv2.VideoCapture(str(ref.path))
-        try:
-            if not capture.isOpened():
-                raise DataError(
-                    f"{ref.path}: OpenCV cannot open the video; re-encode or replace it"
-                )
-            size = (
-                int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)),
-                int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)),
-            )
-        finally:
-            capture.release()
-        return size
+        return video_size(ref.path)
     try:
         with Image.open(ref.path) as image:
             width, height = image.size

@@ -34,7 +34,7 @@ from rich.progress import track
 from rich.table import Table
 
 from fedst.config import ConfigError, build
-from fedst.data._io import UnifiedLabelSource, format_counts
+from fedst.data._io import UnifiedLabelSource, format_counts, natural_key, read_image_any
 from fedst.data.base import (
     CLASS_NAMES,
     IGNORE_INDEX,
@@ -92,6 +92,10 @@ class SiteReport:
     resolutions: Counter = field(default_factory=Counter)
     class_pixels: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.int64))
     frames_read: int = 0
+    label_formats: Counter = field(default_factory=Counter)
+    """Stored form of the sampled label files: "grey", "RGB", "RGBA" (what is on disk)."""
+    raw_values: set[str] = field(default_factory=set)
+    """Raw values (grey) or colours (RGB) seen in the sampled label files."""
     binary: bool = False
     problems: list[Problem] = field(default_factory=list)
 
@@ -150,18 +154,43 @@ def check_site(
 ) -> SiteReport:
     """Open site ``name`` through the registry and check it; every problem lands in the report."""
     report = SiteReport(name, spec.backend, spec.root, roles)
+    warnings = _WarningCollector()
+    data_logger = logging.getLogger("fedst.data")
+    data_logger.addHandler(warnings)
+    try:
+        _check_site(report, spec, max_frames, show_progress)
+    finally:
+        data_logger.removeHandler(warnings)
+    for message in warnings.messages:
+        report.warning(spec.root, message)
+    return report
+
+
+class _WarningCollector(logging.Handler):
+    """Collects the backends' logged warnings (e.g. a skipped video) for the report."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _check_site(report: SiteReport, spec: SiteSpec, max_frames: int, show_progress: bool) -> None:
+    name, roles = report.name, report.roles
     try:
         source = open_site(spec.backend, Path(spec.root), name, **spec.options)
     except (DataError, ConfigError, TypeError, OSError) as err:
         report.error(spec.root, f"cannot open the site: {err}")
-        return report
+        return
     report.binary = source.binary
     videos: dict[str, list[VideoRecord]] = {}
     for split in SPLITS:
         try:
             videos[split] = source.videos(split)
         except (DataError, OSError) as err:
-            needed = split in required_splits(roles) or not roles
+            needed = split in required_splits(roles)
             report.problems.append(
                 Problem("error" if needed else "warning", spec.root, f"split {split}: {err}")
             )
@@ -180,7 +209,6 @@ def check_site(
         )
     for video, position in samples:
         _check_sample(report, source, video.frames[position], video.labels[position])
-    return report
 
 
 def _check_required_splits(report: SiteReport) -> None:
@@ -260,6 +288,7 @@ def _check_sample(report: SiteReport, source: SiteSource, frame: FrameRef, label
         report.error(label.path, str(err))
         return
     report.frames_read += 1
+    _record_raw_label(report, label)
     allowed = {0, 1, IGNORE_INDEX} if source.binary else {*range(len(CLASS_NAMES)), IGNORE_INDEX}
     counts = np.bincount(mask.ravel(), minlength=256)
     bad = sorted(set(np.flatnonzero(counts).tolist()) - allowed)
@@ -272,6 +301,20 @@ def _check_sample(report: SiteReport, source: SiteSource, frame: FrameRef, label
             f"{image.shape[1]}x{image.shape[0]} of {frame.path} (WxH)",
         )
     report.class_pixels += counts
+
+
+def _record_raw_label(report: SiteReport, label: LabelRef) -> None:
+    """Note how a single-file label is stored (grey / RGB / RGBA) and its raw values."""
+    if not label.path.is_file() or label.path.suffix.lower() != ".png":
+        return  # combined instrument folders, COCO files: nothing single to describe
+    raw = read_image_any(label.path)
+    if raw.ndim == 2:
+        report.label_formats["grey"] += 1
+        report.raw_values.update(str(int(v)) for v in np.flatnonzero(np.bincount(raw.ravel())))
+        return
+    report.label_formats["RGBA" if raw.shape[2] == 4 else "RGB"] += 1
+    colours = np.unique(raw[:, :, :3].reshape(-1, 3), axis=0)
+    report.raw_values.update(str(tuple(int(c) for c in colour)) for colour in colours)
 
 
 def print_reports(reports: list[SiteReport], console: Console) -> None:
@@ -313,6 +356,10 @@ def print_reports(reports: list[SiteReport], console: Console) -> None:
             print(f"[{r.name}] {p.severity.upper()}: {p.file}: {p.message}")
         if r.frames_read:
             print(f"[{r.name}] read {r.frames_read} labelled frame(s) from {r.root}")
+        if r.label_formats:
+            formats = ", ".join(f"{k} {n}" for k, n in r.label_formats.most_common())
+            values = sorted(r.raw_values, key=natural_key)
+            print(f"[{r.name}] label files: {formats}; raw values: {', '.join(values)}")
 
 
 def parse_arguments(argv: Sequence[str]) -> dict[str, str]:

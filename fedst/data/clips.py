@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import multiprocessing
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -58,6 +59,11 @@ TIME_TOLERANCE_S = 1e-6
 SINGLE_FRAME_MODES = ("repeat", "single")
 MAX_REPORTED_PROBLEMS = 20
 AUG_SEED_HIGH = 2**31 - 1
+WORKER_START_METHOD = "forkserver"
+"""How DataLoader workers start. Not "fork": a worker forked from a process whose OpenCV thread
+pool has run hangs in its first cv2 call (seen here: cv2.setNumThreads blocked forever)."""
+WORKER_PRELOAD = ("torch", "cv2", "albumentations", "fedst.data.clips", "fedst.data.generic")
+"""Modules the fork server imports once, so a worker starts in ~0.5 s instead of importing them."""
 Batch = tuple[torch.Tensor, torch.Tensor, list[str]]
 
 
@@ -158,7 +164,12 @@ def build_augmentation(augment: AugmentConfig, num_frames: int) -> A.Compose:
 
 class ClipDataset(Dataset):
     """One sample per labelled frame of ``split``: ``(clip [T, 3, H, W] float, mask [H, W] long,
-    sample_id)``, ``sample_id = "<site>/<video_id>/<position of the frame in the video>"``.
+    sample_id)`` with ``sample_id = "<site>/<video_id>/<position>"``, the current frame being
+    ``video.frames[position]`` (see :meth:`sample_ref`).
+
+    The clip is already normalised: resized to ``clip.image_size``, scaled to [0, 1], minus
+    :data:`IMAGENET_MEAN`, divided by :data:`IMAGENET_STD`; the current frame is the last. The
+    mask holds 0..3 (0..1 when ``binary``) and 255 = ignore.
 
     Items may be indexed by ``index`` or by ``(index, aug_seed)`` (what the samplers of this module
     pass); with a plain index the augmentation seed comes from torch's global RNG.
@@ -193,8 +204,8 @@ class ClipDataset(Dataset):
         self._augment = (
             build_augmentation(augment, self.clip_length) if augment and augment.enabled else None
         )
-        self._mean = np.array(IMAGENET_MEAN, dtype=np.float32) * 255
-        self._inv_std = 1 / (np.array(IMAGENET_STD, dtype=np.float32) * 255)
+        self._mean = (np.array(IMAGENET_MEAN, dtype=np.float32) * 255).reshape(3, 1, 1)
+        self._inv_std = (1 / (np.array(IMAGENET_STD, dtype=np.float32) * 255)).reshape(3, 1, 1)
         if validate:
             self.validate()
 
@@ -233,8 +244,9 @@ class ClipDataset(Dataset):
         label = cv2.resize(label, (width, height), interpolation=cv2.INTER_NEAREST)
         if self._augment is not None:
             clip, label = self._apply_augmentation(clip, label, aug_seed)
-        stacked = (np.stack(clip).astype(np.float32) - self._mean) * self._inv_std  # [T, H, W, 3]
-        clip_tensor = torch.from_numpy(stacked).permute(0, 3, 1, 2).contiguous()  # [T, 3, H, W]
+        channels_first = np.ascontiguousarray(np.stack(clip).transpose(0, 3, 1, 2))  # [T, 3, H, W]
+        normalised = (channels_first.astype(np.float32) - self._mean) * self._inv_std
+        clip_tensor = torch.from_numpy(normalised)  # [T, 3, H, W] float32
         mask_tensor = torch.from_numpy(label.astype(np.int64))  # [H, W]
         return clip_tensor, mask_tensor, f"{self.site_name}/{video.video_id}/{position}"
 
@@ -332,6 +344,15 @@ def collate_clips(samples: Sequence[tuple[torch.Tensor, torch.Tensor, str]]) -> 
     return torch.stack(clips), torch.stack(masks), list(sample_ids)
 
 
+def _worker_context(num_workers: int) -> multiprocessing.context.BaseContext | None:
+    """The start method of DataLoader workers (None: no workers, load in this process)."""
+    if num_workers == 0:
+        return None
+    context = multiprocessing.get_context(WORKER_START_METHOD)
+    context.set_forkserver_preload(list(WORKER_PRELOAD))
+    return context
+
+
 def _seed_worker(worker_id: int) -> None:
     """Seed numpy/random in a DataLoader worker from torch's per-worker seed; one cv2 thread."""
     worker_seed = torch.initial_seed() % 2**32
@@ -355,6 +376,7 @@ def make_loader(
         batch_size=batch_size,
         sampler=_EpochSampler(len(dataset), seed, shuffle),
         num_workers=num_workers,
+        multiprocessing_context=_worker_context(num_workers),
         drop_last=drop_last,
         collate_fn=collate_clips,
         persistent_workers=num_workers > 0,
@@ -413,6 +435,7 @@ class BatchStream:
                 self.dataset,
                 batch_sampler=_ResumableBatchSampler(self, self.epoch, self.position),
                 num_workers=self.num_workers,
+                multiprocessing_context=_worker_context(self.num_workers),
                 collate_fn=collate_clips,
                 pin_memory=torch.cuda.is_available(),
                 worker_init_fn=_seed_worker,

@@ -270,6 +270,9 @@ def _find_sequences(base: Path, excluded: list[Path]) -> dict[int, Path]:
             continue
         number = int(match.group(1))
         if number in found:
-            raise DataError(f"sequence seq_{number} found twice: {found[number]} and {folder}")
+            raise DataError(
+                f"sequence seq_{number} found twice: {found[number]} and {folder}; keep one, or if "
+                "one is the test set set the option test_dir to its folder"
+            )
         found[number] = folder
     return dict(sorted(found.items()))

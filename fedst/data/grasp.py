@@ -253,12 +253,12 @@ class GraspSource(UnifiedLabelSource):
 
 
 class _CocoIndex:
-    """A COCO file's images, annotations per image and category ids."""
+    """A COCO file's images, annotations per image and categories (id -> name)."""
 
     def __init__(self, path: Path) -> None:
         try:
             data = json.loads(path.read_text())
-            self.categories = {int(c["id"]) for c in data["categories"]}
+            self.categories = {int(c["id"]): str(c.get("name", "")) for c in data["categories"]}
             self.images = {int(i["id"]): i for i in data["images"]}
             annotations = data["annotations"]
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
@@ -269,7 +269,7 @@ class _CocoIndex:
         self.by_image: dict[int, list[dict[str, Any]]] = {}
         for annotation in annotations:
             self.by_image.setdefault(int(annotation["image_id"]), []).append(annotation)
-        log.info("%s: categories %s", path, sorted(self.categories))
+        log.info("%s: categories (id: name) %s", path, dict(sorted(self.categories.items())))
 
     def decode(self, image_id: int, ref: LabelRef) -> DecodedLabel:
         if image_id not in self.images:

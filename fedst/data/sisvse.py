@@ -64,7 +64,7 @@ class SisvseSource(UnifiedLabelSource):
         root: Path,
         name: str,
         *,
-        surgery_type: str = "synthetic",
+        surgery_type: str = "gastrectomy",
         sets: list[str] | tuple[str, ...] = DEFAULT_SETS,
         on_unknown_label: str = "error",
         **unknown_options: Any,
