@@ -25,8 +25,12 @@ BUDGET_GB = 4.0
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--keep", type=Path, default=None, help="run directory root to keep (default: temp)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="run directory root to keep (default: temp)"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides passed to the demo")
     args = parser.parse_args()
     runs = args.keep or Path(tempfile.mkdtemp(prefix="fedst_bench_demo_"))
@@ -38,7 +42,9 @@ def main() -> None:
     peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2  # KiB -> GiB
     print(f"demo exit code: {completed.returncode}")
     print(f"demo wall time: {seconds:.0f} s (budget {BUDGET_S} s, ratio {seconds / BUDGET_S:.2f})")
-    print(f"demo peak RSS: {peak_gb:.2f} GB (budget {BUDGET_GB} GB, ratio {peak_gb / BUDGET_GB:.2f})")
+    print(
+        f"demo peak RSS: {peak_gb:.2f} GB (budget {BUDGET_GB} GB, ratio {peak_gb / BUDGET_GB:.2f})"
+    )
     print(f"runs: {runs}")
     sys.exit(completed.returncode)
 
