@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedst.config import to_dict
 from fedst.experiment import ExperimentConfig, experiment_from_dict
 
-RUNTIME_KEYS = ("engine", "resume", "progress", "run", "site", "sites")
+RUNTIME_KEYS = ("engine", "resume", "progress")
 """Top-level keys that steer the entry point, not the experiment."""
 
 
@@ -70,6 +70,7 @@ def setup_logging(run_dir: Path | None = None) -> None:
         handlers=handlers,
         force=True,
     )
+    logging.getLogger("flwr").propagate = False  # Flower logs through its own handler already
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

@@ -58,7 +58,7 @@ def run_training(
             from flwr.simulation import run_simulation
         except ImportError as err:  # pragma: no cover - depends on the optional extra
             raise RuntimeError(
-                "engine=ray needs Flower's simulation extra: pip install 'flwr[simulation]==1.41.0'"
+                "engine=ray needs Flower's simulation extra: .venv/bin/pip install -e '.[simulation]'"
             ) from err
         run_simulation(
             server_app=server_app,

@@ -43,7 +43,13 @@ def _site_for(message: Message, context: Context) -> tuple[Site, ConfigRecord]:
     state_dir = Path(str(context.node_config.get("state-dir", site_state_dir(run_dir, name))))
     key = (str(state_dir), name, cfg.fingerprint())
     if key not in _SITES:
-        _SITES[key] = Site(name, cfg, state_dir, resolve_device(cfg.train.device))
+        _SITES[key] = Site(
+            name,
+            cfg,
+            state_dir,
+            resolve_device(cfg.train.device),
+            progress=bool(config.get("progress", False)),
+        )
     return _SITES[key], config
 
 

@@ -41,24 +41,71 @@ def make_server_app(cfg: ExperimentConfig, run_dir: Path, progress: bool = True)
     return app
 
 
-def _instruction(
+def _broadcast(
     grid: Grid,
-    node_id: int,
+    nodes: list[int],
     kind: str,
     arrays: ArrayRecord,
     config: dict[str, Any],
     server_round: int,
-) -> Message:
-    content = RecordDict({"arrays": arrays, "config": ConfigRecord(config)})
-    return Message(content, dst_node_id=node_id, message_type=kind, group_id=str(server_round))
-
-
-def _check_replies(replies: list[Message], expected: int, what: str) -> None:
+) -> list[Message]:
+    """Send the same arrays and config to every node and return the replies; a site's failure
+    becomes a FederationError carrying the site's own error text."""
+    messages = [
+        Message(
+            RecordDict({"arrays": arrays, "config": ConfigRecord(config)}),
+            dst_node_id=node,
+            message_type=kind,
+            group_id=str(server_round),
+        )
+        for node in nodes
+    ]
+    replies = list(grid.send_and_receive(messages))
     errors = [r.error.reason for r in replies if r.has_error()]
     if errors:
-        raise FederationError(f"{len(errors)} site(s) failed during {what}:\n" + "\n".join(errors))
-    if len(replies) != expected:
-        raise FederationError(f"{what}: expected {expected} replies, got {len(replies)}")
+        raise FederationError(
+            f"{len(errors)} site(s) failed during {kind} of round {server_round}:\n"
+            + "\n".join(errors)
+        )
+    if len(replies) != len(nodes):
+        raise FederationError(
+            f"{kind} round {server_round}: {len(replies)} of {len(nodes)} replies"
+        )
+    return replies
+
+
+def _train_payload(server: FederationServer, cfg: ExperimentConfig, server_round: int) -> dict:
+    """Round 1: the server's full initial model v_g^0; later: gamma_g (nothing without communication)."""
+    if server_round == 1:
+        return server.initial_payload()
+    return server.shared_payload() if cfg.method.communicate else {}
+
+
+def _log_training_reply(
+    runlog: RunLog, reply: Message, down: ArrayRecord, server_round: int, iterations: int
+) -> None:
+    site, up, metrics = _site_of(reply), reply.content["arrays"], reply.content["metrics"]
+    runlog.write(
+        "comm",
+        {
+            "round": server_round,
+            "site": site,
+            "download_bytes": down.count_bytes(),
+            "upload_bytes": up.count_bytes(),
+            "download_param_bytes": _param_bytes(down),
+            "upload_param_bytes": _param_bytes(up),
+        },
+    )
+    runlog.write(
+        "train",
+        {
+            "round": server_round,
+            "site": site,
+            "iterations": iterations,
+            "loss": float(metrics["train-loss"]),
+            "seconds": float(metrics["seconds"]),
+        },
+    )
 
 
 def _site_of(reply: Message) -> str:
@@ -85,13 +132,15 @@ def run_federation(
 
     strategy = FedMedian() if cfg.method.aggregation == "fedmedian" else FedAvg()
     nodes = sorted(grid.get_node_ids())
-    expected = len(cfg.data.federation)
-    if len(nodes) != expected:
-        raise FederationError(f"{len(nodes)} nodes connected, the federation has {expected} sites")
+    if len(nodes) != len(cfg.data.federation):
+        raise FederationError(
+            f"{len(nodes)} nodes connected, the federation has {len(cfg.data.federation)} sites"
+        )
     base_config = {
         "experiment": cfg.to_json(),
         "run-dir": str(run_dir),
         "local-iters": cfg.train.local_iters,
+        "progress": progress,
     }
 
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
@@ -104,43 +153,11 @@ def run_federation(
     ):
         started = time.perf_counter()
         # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
-        payload = server.initial_payload() if server_round == 1 else server.shared_payload()
-        if not cfg.method.communicate and server_round > 1:
-            payload = {}
-        down = ArrayRecord(payload)
         config = {**base_config, "server-round": server_round}
-        replies = list(
-            grid.send_and_receive(
-                [
-                    _instruction(grid, n, MessageType.TRAIN, down, config, server_round)
-                    for n in nodes
-                ]
-            )
-        )
-        _check_replies(replies, expected, f"training round {server_round}")
+        down = ArrayRecord(_train_payload(server, cfg, server_round))
+        replies = _broadcast(grid, nodes, MessageType.TRAIN, down, config, server_round)
         for reply in replies:
-            up = reply.content["arrays"]
-            runlog.write(
-                "comm",
-                {
-                    "round": server_round,
-                    "site": _site_of(reply),
-                    "download_bytes": down.count_bytes(),
-                    "upload_bytes": up.count_bytes(),
-                    "download_param_bytes": _param_bytes(down),
-                    "upload_param_bytes": _param_bytes(up),
-                },
-            )
-            runlog.write(
-                "train",
-                {
-                    "round": server_round,
-                    "site": _site_of(reply),
-                    "loss": float(reply.content["metrics"]["train-loss"]),
-                    "seconds": float(reply.content["metrics"]["seconds"]),
-                    "iterations": cfg.train.local_iters,
-                },
-            )
+            _log_training_reply(runlog, reply, down, server_round, cfg.train.local_iters)
         # -- aggregation + server step (lines 8-12) -------------------------------------------------
         if cfg.method.communicate:
             aggregated, _ = strategy.aggregate_train(server_round, replies)
@@ -152,15 +169,7 @@ def run_federation(
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
             shared = ArrayRecord(server.shared_payload() if cfg.method.communicate else {})
-            replies = list(
-                grid.send_and_receive(
-                    [
-                        _instruction(grid, n, MessageType.EVALUATE, shared, config, server_round)
-                        for n in nodes
-                    ]
-                )
-            )
-            _check_replies(replies, expected, f"evaluation round {server_round}")
+            replies = _broadcast(grid, nodes, MessageType.EVALUATE, shared, config, server_round)
             for reply in replies:
                 row = _metrics_row(reply, server_round)
                 runlog.write("metrics", row)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from fedst.data.clips import BatchStream
 from fedst.experiment import ExperimentConfig
@@ -101,7 +102,13 @@ class Site:
         use_amp = self.cfg.train.amp and self.device.type == "cuda"
         self.model.train()
         started, losses = time.perf_counter(), []
-        for iteration in range(local_iters):
+        iterations = tqdm(
+            range(local_iters),
+            desc=f"site {self.name} round {server_round}",
+            disable=not self.progress,
+            leave=False,
+        )
+        for iteration in iterations:
             clips, masks, _ = self.stream.next_batch()
             clips, masks = (
                 clips.to(self.device),
