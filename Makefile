@@ -9,10 +9,10 @@ export FLWR_TELEMETRY_ENABLED := 0
 
 venv: $(STAMP)
 
+# torch is installed first, pinned, so no other requirement can pull a different build.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch first, pinned, so no other requirement can pull a different build
 	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@rm -f $(VENV)/.installed-*
@@ -33,7 +33,7 @@ demo: venv
 	$(BIN)/python -m fedst.demo
 
 bench: venv
-	$(BIN)/python bench/model.py
+	$(BIN)/python -m bench.model
 	$(BIN)/python bench/demo.py
 
 clean-venv:
