@@ -30,16 +30,22 @@ def _row(label: str, summary: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--sites", nargs="*", default=None, help="default: the run's out-of-federation sites")
+    parser.add_argument(
+        "--sites", nargs="*", default=None, help="default: the run's out-of-federation sites"
+    )
     args = parser.parse_args()
     for run_dir in args.runs:
         cfg = load_config(run_dir)
         device = resolve_device(cfg.train.device)
         indicators = build_indicators(cfg)
         models = {"average": averaged_model(cfg, run_dir, device)}
-        models.update({f"site {s}": personalized_model(cfg, run_dir, s, device) for s in cfg.data.federation})
+        models.update(
+            {f"site {s}": personalized_model(cfg, run_dir, s, device) for s in cfg.data.federation}
+        )
         for site in args.sites or cfg.data.out_of_federation:
             data = open_site_data(cfg, site, ("test",))
             print(f"{run_dir} [{cfg.method.name}] on {site}:")
