@@ -19,6 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from fedst import report
 from fedst.cli import register_resolvers, setup_logging, split_config
 from fedst.training import load_config, run_training
 
@@ -36,10 +37,9 @@ def main(cfg: DictConfig) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir)
-    final = run_training(
-        experiment, run_dir, engine=runtime["engine"], progress=runtime["progress"]
-    )
-    log.info("final: %s", final)
+    run_training(experiment, run_dir, engine=runtime["engine"], progress=runtime["progress"])
+    print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
+    print(f"run directory: {run_dir}")
 
 
 if __name__ == "__main__":

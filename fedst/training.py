@@ -16,6 +16,7 @@ from flwr.app import Context, RecordDict
 from omegaconf import OmegaConf
 
 from fedst.app.client_app import app as client_app
+from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import make_server_app
 from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device
@@ -50,9 +51,13 @@ def run_training(
     if engine == "inprocess":
         nodes = [{"partition-id": i, "num-partitions": num_sites} for i in range(num_sites)]
         grid = InProcessGrid(client_app, nodes)
-        server_app(
-            grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
-        )
+        try:
+            server_app(
+                grid,
+                Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+            )
+        finally:
+            release_sites()  # the sites' models, optimizers and data of this run
     elif engine == "ray":
         try:
             from flwr.simulation import run_simulation

@@ -279,13 +279,10 @@ def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_r
                 raise RuntimeError("power cut")
         return original(self, received, server_round, local_iters)
 
-    site_module_sites = __import__("fedst.app.client_app", fromlist=["_SITES"])._SITES
-    site_module_sites.clear()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(site_module.Site, "train_round", crash_in_round_two)
         with pytest.raises(server_app.FederationError, match="power cut"):
             run_training(cfg, tmp_path / "resumed", progress=False)
-    site_module_sites.clear()  # a new process: nothing cached
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert resumed["sites"] == uninterrupted["sites"]
     assert resumed["out_of_federation"] == uninterrupted["out_of_federation"]
@@ -325,3 +322,43 @@ def test_a_nan_loss_stops_the_run_with_a_clear_message_and_keeps_the_last_checkp
             run_training(cfg, tmp_path / "run", progress=False)
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "server.pt", weights_only=False)
     assert checkpoint["round"] == 1
+
+
+# -- the real entry points ----------------------------------------------------------------------
+
+
+def test_train_fed_and_eval_outfed_run_from_the_command_line(tiny_root, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
+    run_dir = tmp_path / "cli_run"
+    train = subprocess.run(
+        [
+            sys.executable,
+            "train_fed.py",
+            "experiment=tiny",
+            f"data.root={tiny_root}",
+            "method=fedavg",
+            f"hydra.run.dir={run_dir}",
+            "progress=false",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert train.returncode == 0, train.stderr[-2000:]
+    assert "| fedavg |" in train.stdout and (run_dir / "final.json").is_file()
+    evaluate = subprocess.run(
+        [sys.executable, "eval_outfed.py", f"run={run_dir}", "sites=[E]", "progress=false"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert evaluate.returncode == 0, evaluate.stderr[-2000:]
+    assert evaluate.stdout.startswith("E: Dice") and (run_dir / "outfed_E.json").is_file()

@@ -24,6 +24,11 @@ _SITES: dict[tuple[str, str, str], Site] = {}
 optimizer are built once per process, not once per message. State on disk stays authoritative."""
 
 
+def release_sites() -> None:
+    """Drop this process's live Site objects (the in-process engine calls it when a run ends)."""
+    _SITES.clear()
+
+
 def _site_name(cfg: ExperimentConfig, context: Context) -> str:
     if "site-name" in context.node_config:
         return str(context.node_config["site-name"])
