@@ -32,6 +32,8 @@ class MethodConfig:
     """Label used in run names and result tables."""
     personalization: str = "encoder_query"
     """Partition preset (fedst.model.partition.PRESETS): which tensors stay at the site (rho)."""
+    personal_patterns: tuple[str, ...] = ()
+    """Extra regexes of state-dict keys kept private, added to the preset (e.g. "^decoder\\.head")."""
     personalize_channel_selection: bool = True
     """Keep the channel-selection / prompt modules private (FedST: yes)."""
     temporal: bool = True
@@ -50,6 +52,12 @@ class MethodConfig:
     """False: every site trains alone (the 'Local' baseline); nothing travels."""
 
     def __post_init__(self) -> None:
+        from fedst.model.partition import PRESETS
+
+        if self.personalization not in PRESETS:
+            raise ConfigError(
+                f"method.personalization={self.personalization!r}; choose one of {sorted(PRESETS)}"
+            )
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"method.aggregation={self.aggregation!r}; choose {AGGREGATIONS}")
         if self.indicator not in INDICATOR_KINDS:

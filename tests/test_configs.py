@@ -109,3 +109,17 @@ def test_the_demo_is_explicit_about_what_it_cannot_have_here():
     assert (
         cfg.method.indicator == "onehot"
     )  # no CLIP weights here: Table VII's one-hot row, explicitly
+
+
+def test_personalization_is_a_preset_plus_optional_patterns_from_the_config():
+    from fedst.federation.components import build_model, partition_of
+
+    base, _ = compose_experiment(["experiment=tiny"])
+    extended, _ = compose_experiment(
+        ["experiment=tiny", "method.personal_patterns=['^decoder.head.']"]
+    )
+    model = build_model(base)
+    added = set(partition_of(model, extended).personal) - set(partition_of(model, base).personal)
+    assert added == {"decoder.head.weight", "decoder.head.bias"}
+    with pytest.raises(ConfigError, match="personalization"):
+        compose_experiment(["method.personalization=queries"])

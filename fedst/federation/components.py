@@ -19,7 +19,7 @@ from fedst.data.clips import ClipDataset
 from fedst.experiment import ExperimentConfig
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import FedSTNet, build_network
-from fedst.model.partition import PRESETS, Partition, split_state
+from fedst.model.partition import PRESETS, Partition, PartitionRules, split_state
 
 
 def seed_everything(*parts: int) -> None:
@@ -38,9 +38,11 @@ def build_model(cfg: ExperimentConfig) -> FedSTNet:
 
 def partition_of(model: nn.Module, cfg: ExperimentConfig) -> Partition:
     """Which state-dict keys stay at the site (rho), travel (gamma) or are fixed buffers."""
+    preset = PRESETS[cfg.method.personalization]
+    rules = PartitionRules((*preset.personal, *cfg.method.personal_patterns))
     return split_state(
         model,
-        PRESETS[cfg.method.personalization],
+        rules,
         personalize_channel_selection=cfg.method.personalize_channel_selection,
     )
 
