@@ -19,6 +19,7 @@ from fedst.app.client_app import app as client_app
 from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import make_server_app
+from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device
 from fedst.federation.run_io import atomic_write_text, read_jsonl
 
@@ -45,6 +46,10 @@ def run_training(
     cfg: ExperimentConfig, run_dir: Path, engine: str = "inprocess", progress: bool = True
 ) -> dict[str, Any]:
     """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run."""
+    if (
+        cfg.data.procedural is not None
+    ):  # the embedded benchmark: generate it once, where configured
+        generate(Path(cfg.data.root or "."), seed=0, preset=cfg.data.procedural, progress=progress)
     save_config(cfg, run_dir)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     num_sites = len(cfg.data.federation)

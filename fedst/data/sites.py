@@ -45,12 +45,17 @@ class DataConfig:
     """The server's synthetic dataset for SERQ, or None."""
     root: str | None = None
     """Optional common dataset root that site entries may refer to as ${data.root}."""
+    procedural: str | None = None
+    """Preset of the embedded procedural benchmark held in ``root`` (tiny | demo | full); training
+    generates it there when missing. None for real data, which is never generated."""
 
     def __post_init__(self) -> None:
         named = [*self.federation, *self.out_of_federation, *([self.server] if self.server else [])]
         missing = [s for s in named if s not in self.sites]
         if missing:
             raise ConfigError(f"data config names site(s) {missing} without an entry under 'sites'")
+        if self.procedural is not None and not self.root:
+            raise ConfigError("data.procedural is set but data.root is not: say where to generate it")
 
     def open(self, name: str) -> SiteSource:
         """The SiteSource of site ``name``."""
