@@ -333,32 +333,23 @@ def test_train_fed_and_eval_outfed_run_from_the_command_line(tiny_root, tmp_path
     import sys
 
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
+
+    def run(script: str, *args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, script, *args, "progress=false"]
+        done = subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done
+
     run_dir = tmp_path / "cli_run"
-    train = subprocess.run(
-        [
-            sys.executable,
-            "train_fed.py",
-            "experiment=tiny",
-            f"data.root={tiny_root}",
-            "method=fedavg",
-            f"hydra.run.dir={run_dir}",
-            "progress=false",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
+    train = run(
+        "train_fed.py",
+        "experiment=tiny",
+        f"data.root={tiny_root}",
+        "method=fedavg",
+        f"hydra.run.dir={run_dir}",
     )
-    assert train.returncode == 0, train.stderr[-2000:]
     assert "| fedavg |" in train.stdout and (run_dir / "final.json").is_file()
-    evaluate = subprocess.run(
-        [sys.executable, "eval_outfed.py", f"run={run_dir}", "sites=[E]", "progress=false"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert evaluate.returncode == 0, evaluate.stderr[-2000:]
+    evaluate = run("eval_outfed.py", f"run={run_dir}", "sites=[E]")
     assert evaluate.stdout.startswith("E: Dice") and (run_dir / "outfed_E.json").is_file()
