@@ -21,7 +21,6 @@ from fedst import plots, report
 from fedst.cli import compose_experiment, setup_logging
 from fedst.data.preview import write_previews
 from fedst.data.procedural import generate
-from fedst.experiment import ExperimentConfig
 from fedst.training import finalize_run, load_config, run_training
 
 log = logging.getLogger("fedst.demo")
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             ["experiment=demo", f"method={method}", f"seed={args.seed}", *args.overrides]
         )
         run_dir = args.runs / f"{method}_s{args.seed}"
-        if (run_dir / "final.json").exists() and _same_config(run_dir, cfg):
+        if (run_dir / "final.json").exists() and load_config(run_dir) == cfg:
             log.info("%s: finished run found in %s; refreshing its evaluation", method, run_dir)
             finalize_run(cfg, run_dir)
         else:
@@ -82,10 +81,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"       {run_dir / 'plots'}/{{learning_curves,communication,qualitative}}.png")
     print(f"benchmark preview: {previews[0].parent}")
     print(f"demo finished in {time.perf_counter() - started:.0f} s")
-
-
-def _same_config(run_dir: Path, cfg: ExperimentConfig) -> bool:
-    return load_config(run_dir) == cfg
 
 
 if __name__ == "__main__":

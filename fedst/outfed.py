@@ -12,28 +12,29 @@ this step, which is the only time private parameters leave a site.
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
 import torch
 
-from fedst.experiment import ExperimentConfig
+from fedst.experiment import ExperimentConfig, site_state_dir
 from fedst.federation.components import (
     build_indicators,
     build_model,
     load_subset,
     open_site_data,
-    partition_of,
 )
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
 from fedst.federation.server import SERVER_CHECKPOINT
+from fedst.federation.site import site_state_file
 from fedst.model.network import FedSTNet
 
 log = logging.getLogger(__name__)
 
 
 def _site_state(run_dir: Path, site: str, server_round: int) -> dict:
-    path = run_dir / "sites" / site / f"state_r{server_round:04d}.pt"
+    path = site_state_file(site_state_dir(run_dir, site), server_round)
     if not path.exists():
         raise FileNotFoundError(
             f"{path} is missing: site {site} has no saved state for round {server_round}"
@@ -41,52 +42,60 @@ def _site_state(run_dir: Path, site: str, server_round: int) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def completed_round(run_dir: Path) -> int:
+def _server_checkpoint(run_dir: Path) -> dict:
+    """The run's server checkpoint (read once per file version: it also holds the SERQ state)."""
     path = run_dir / SERVER_CHECKPOINT
     if not path.exists():
         raise FileNotFoundError(
             f"{path} is missing: {run_dir} is not a (started) FedST run directory"
         )
-    return int(torch.load(path, map_location="cpu", weights_only=False)["round"])
+    return _read_checkpoint(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_checkpoint(path: str, mtime_ns: int) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _site_model(
+    cfg: ExperimentConfig, checkpoint: dict, personal: dict, device: torch.device
+) -> FedSTNet:
+    """gamma_g from the server checkpoint (when the method communicates) U the given rho."""
+    model = build_model(cfg)
+    if cfg.method.communicate:
+        load_subset(model, {k: checkpoint["global_model"][k] for k in checkpoint["shared_keys"]})
+    load_subset(model, personal)
+    return model.to(device)
 
 
 def personalized_model(
     cfg: ExperimentConfig, run_dir: Path, site: str, device: torch.device
 ) -> FedSTNet:
     """v_k = gamma_g U rho_k of a federated site after the run's last completed round."""
-    server_round = completed_round(run_dir)
-    model = build_model(cfg)
-    checkpoint = torch.load(run_dir / SERVER_CHECKPOINT, map_location="cpu", weights_only=False)
-    if cfg.method.communicate:
-        load_subset(model, {k: checkpoint["global_model"][k] for k in checkpoint["shared_keys"]})
-    load_subset(model, _site_state(run_dir, site, server_round)["personal"])
-    return model.to(device)
+    checkpoint = _server_checkpoint(run_dir)
+    personal = _site_state(run_dir, site, checkpoint["round"])["personal"]
+    return _site_model(cfg, checkpoint, personal, device)
 
 
 def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> FedSTNet:
     """Sample-count-weighted average of all federated site models (personal parts included)."""
-    server_round = completed_round(run_dir)
-    states, weights = [], []
-    for site in cfg.data.federation:
-        state = _site_state(run_dir, site, server_round)
-        states.append(state["personal"])
-        weights.append(float(state["num_examples"]))
-    model = personalized_model(cfg, run_dir, cfg.data.federation[0], device)
+    checkpoint = _server_checkpoint(run_dir)
+    states = [_site_state(run_dir, s, checkpoint["round"]) for s in cfg.data.federation]
+    weights = [float(state["num_examples"]) for state in states]
     total = sum(weights)
     averaged = {
-        key: sum(w / total * s[key].double() for w, s in zip(weights, states, strict=True)).float()
-        for key in states[0]
+        key: sum(
+            w / total * s["personal"][key].double() for w, s in zip(weights, states, strict=True)
+        ).float()
+        for key in states[0]["personal"]
     }
-    load_subset(model, averaged)
-    partition = partition_of(model, cfg)
     log.info(
-        "out-of-federation model: %d shared + %d averaged personal tensors over %s (weights %s)",
-        len(partition.shared),
+        "out-of-federation model: %d averaged personal tensors over %s (weights %s)",
         len(averaged),
         list(cfg.data.federation),
         weights,
     )
-    return model
+    return _site_model(cfg, checkpoint, averaged, device)
 
 
 def evaluate_out_of_federation(

@@ -15,13 +15,17 @@ from typing import Any
 from flwr.app import Context, RecordDict
 from omegaconf import OmegaConf
 
+from fedst import plots, report
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import make_server_app
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device
+from fedst.federation.components import build_indicators, open_site_data
+from fedst.federation.evaluation import evaluate_model
 from fedst.federation.run_io import atomic_write_text, read_jsonl
+from fedst.outfed import evaluate_out_of_federation, personalized_model
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +50,7 @@ def run_training(
     cfg: ExperimentConfig, run_dir: Path, engine: str = "inprocess", progress: bool = True
 ) -> dict[str, Any]:
     """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run."""
-    if (
-        cfg.data.procedural is not None
-    ):  # the embedded benchmark: generate it once, where configured
+    if cfg.data.procedural is not None:  # the embedded benchmark: generated once, where configured
         generate(Path(cfg.data.root or "."), seed=0, preset=cfg.data.procedural, progress=progress)
     save_config(cfg, run_dir)
     server_app = make_server_app(cfg, run_dir, progress=progress)
@@ -85,11 +87,6 @@ def finalize_run(
     cfg: ExperimentConfig, run_dir: Path, progress: bool = False, qualitative: int = 2
 ) -> dict[str, Any]:
     """Out-of-federation evaluation, final.json, tables (markdown + CSV) and plots."""
-    from fedst import plots, report
-    from fedst.federation.components import build_indicators, open_site_data
-    from fedst.federation.evaluation import evaluate_model
-    from fedst.outfed import evaluate_out_of_federation, personalized_model
-
     device = resolve_device(cfg.train.device)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     last_round = max((r["round"] for r in metrics), default=0)

@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device, site_state_dir
+from fedst.federation.components import state_subset
 from fedst.federation.site import Site
 
 app = ClientApp()
@@ -63,9 +64,7 @@ def train(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     received = message.content["arrays"].to_torch_state_dict()
     result = site.train_round(received, int(config["server-round"]), int(config["local-iters"]))
-    context.state["personal"] = ArrayRecord(
-        {k: v for k, v in site.model.state_dict().items() if k in set(site.partition.personal)}
-    )
+    context.state["personal"] = ArrayRecord(state_subset(site.model, site.partition.personal))
     metrics = MetricRecord(
         {
             "num-examples": result.num_examples,

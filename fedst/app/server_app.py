@@ -82,17 +82,17 @@ def _train_payload(server: FederationServer, cfg: ExperimentConfig, server_round
 
 
 def _log_training_reply(
-    runlog: RunLog, reply: Message, down: ArrayRecord, server_round: int, iterations: int
+    runlog: RunLog, reply: Message, down_sizes: dict[str, int], server_round: int, iterations: int
 ) -> None:
+    """One comm row (``down_sizes`` measured once per round) and one train row per reply."""
     site, up, metrics = _site_of(reply), reply.content["arrays"], reply.content["metrics"]
     runlog.write(
         "comm",
         {
             "round": server_round,
             "site": site,
-            "download_bytes": down.count_bytes(),
+            **down_sizes,
             "upload_bytes": up.count_bytes(),
-            "download_param_bytes": _param_bytes(down),
             "upload_param_bytes": _param_bytes(up),
         },
     )
@@ -156,8 +156,12 @@ def run_federation(
         config = {**base_config, "server-round": server_round}
         down = ArrayRecord(_train_payload(server, cfg, server_round))
         replies = _broadcast(grid, nodes, MessageType.TRAIN, down, config, server_round)
+        down_sizes = {
+            "download_bytes": down.count_bytes(),
+            "download_param_bytes": _param_bytes(down),
+        }
         for reply in replies:
-            _log_training_reply(runlog, reply, down, server_round, cfg.train.local_iters)
+            _log_training_reply(runlog, reply, down_sizes, server_round, cfg.train.local_iters)
         # -- aggregation + server step (lines 8-12) -------------------------------------------------
         if cfg.method.communicate:
             aggregated, _ = strategy.aggregate_train(server_round, replies)

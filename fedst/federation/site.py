@@ -38,6 +38,11 @@ from fedst.federation.run_io import atomic_torch_save
 log = logging.getLogger(__name__)
 
 
+def site_state_file(state_dir: Path, server_round: int) -> Path:
+    """Where a site keeps its private state after ``server_round``."""
+    return state_dir / f"state_r{server_round:04d}.pt"
+
+
 class NonFiniteLossError(RuntimeError):
     """A training loss became NaN or infinite; the run stops and keeps its last good checkpoint."""
 
@@ -158,7 +163,7 @@ class Site:
 
     # -- private state on disk -----------------------------------------------------------------
     def state_path(self, server_round: int) -> Path:
-        return self.state_dir / f"state_r{server_round:04d}.pt"
+        return site_state_file(self.state_dir, server_round)
 
     def save(self, server_round: int) -> None:
         """Persist rho_k, optimizer moments and data order after ``server_round`` (keeps two)."""
