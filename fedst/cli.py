@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from fedst.config import to_dict
+from fedst.config import ConfigError, to_dict
 from fedst.experiment import ExperimentConfig, experiment_from_dict
 
 RUNTIME_KEYS = ("engine", "resume", "progress")
@@ -29,10 +30,28 @@ def register_resolvers() -> None:
       overridden from the command line (``method.serq=false``) while a typo is still an error.
     """
     if not OmegaConf.has_resolver("fedst.div"):
-        OmegaConf.register_new_resolver("fedst.div", lambda a, b: int(a) // int(b))
+        OmegaConf.register_new_resolver("fedst.div", _integer_division)
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=DEFAULTS_NODE, node=_experiment_defaults())
+
+
+def _integer_division(a: Any, b: Any) -> int:
+    """``${fedst.div:a,b}``: rounds = train.total_iters // train.local_iters."""
+    if not (_is_int(a) and _is_int(b) and int(b) >= 1):
+        raise ConfigError(
+            f"train.total_iters={a!r}, train.local_iters={b!r} (rounds = total_iters // "
+            "local_iters): both must be integers and train.local_iters >= 1"
+        )
+    return int(a) // int(b)
+
+
+def _is_int(value: Any) -> bool:
+    return (
+        (isinstance(value, int)
+        and not isinstance(value, bool))
+        or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
+    )
 
 
 def _experiment_defaults() -> dict[str, Any]:
@@ -52,7 +71,11 @@ def _experiment_defaults() -> dict[str, Any]:
 
 def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, dict[str, Any]]:
     """Resolve the Hydra config into (typed experiment, runtime options)."""
-    values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    try:
+        values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else err
+        raise ConfigError(f"config: {cause}") from err
     assert isinstance(values, dict)
     values.pop("hydra", None)
     runtime = {k: values.pop(k) for k in RUNTIME_KEYS if k in values}

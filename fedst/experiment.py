@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fedst.config import ConfigError, build, to_dict
+from fedst.config import ConfigError, build, require_at_least, require_positive, to_dict
 from fedst.data.clips import AugmentConfig, ClipConfig
 from fedst.data.sites import DataConfig
 from fedst.model.network import NetworkConfig
@@ -97,11 +97,21 @@ class TrainConfig:
     """Gradient clipping norm (None: off)."""
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or self.local_iters < 1:
+        require_at_least("train.local_iters", self.local_iters, 1)
+        if self.rounds < 1:
             raise ConfigError(
                 f"train.rounds={self.rounds}, train.local_iters={self.local_iters}: both must be "
                 f">= 1 (rounds = total_iters // local_iters; raise train.total_iters)"
             )
+        require_at_least("train.total_iters", self.total_iters, 1)
+        require_at_least("train.batch_size", self.batch_size, 1)
+        require_positive("train.lr", self.lr)
+        require_at_least("train.weight_decay", self.weight_decay, 0)
+        require_at_least("train.lambda_dice", self.lambda_dice, 0)
+        require_at_least("train.eval_every", self.eval_every, 1, "evaluate every k >= 1 rounds")
+        require_at_least("train.eval_max_frames", self.eval_max_frames, 1, "or null for all")
+        require_at_least("train.num_workers", self.num_workers, 0)
+        require_positive("train.max_grad_norm", self.max_grad_norm, "or null for no clipping")
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,16 @@ class SerqConfig:
     """mu of the feature bank's moving average (Eq. 10)."""
     feature_stage: int = 3
     """Encoder stage (0-3) whose features F are quantified."""
+
+    def __post_init__(self) -> None:
+        require_at_least("serq.pretrain_iters", self.pretrain_iters, 0)
+        require_at_least("serq.batches_per_round", self.batches_per_round, 1)
+        require_at_least("serq.batch_size", self.batch_size, 1)
+        require_positive("serq.lr", self.lr)
+        if not 0 <= self.ema_mu <= 1:
+            raise ConfigError(f"serq.ema_mu={self.ema_mu!r}: must be in [0, 1]")
+        if self.feature_stage not in range(4):
+            raise ConfigError(f"serq.feature_stage={self.feature_stage!r}: choose 0, 1, 2 or 3")
 
 
 @dataclass(frozen=True)
@@ -148,6 +168,9 @@ class ExperimentConfig:
     clip: ClipConfig = field(default_factory=ClipConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     indicator: IndicatorConfig = field(default_factory=IndicatorConfig)
+
+    def __post_init__(self) -> None:
+        require_at_least("seed", self.seed, 0, "seeds are non-negative integers")
 
     # -- derived values (computed once, logged with the run) ------------------------------------
     def network_config(self) -> NetworkConfig:

@@ -50,6 +50,19 @@ class DataConfig:
     generates it there when missing. None for real data, which is never generated."""
 
     def __post_init__(self) -> None:
+        if not self.federation:
+            raise ConfigError(
+                f"data.federation={list(self.federation)}: list at least one site of "
+                f"{sorted(self.sites)}"
+            )
+        for key in ("federation", "out_of_federation"):
+            names = getattr(self, key)
+            repeated = sorted({s for s in names if names.count(s) > 1})
+            if repeated:
+                raise ConfigError(
+                    f"data.{key}={list(names)}: site(s) {repeated} listed more than once; "
+                    "list each site once"
+                )
         named = [*self.federation, *self.out_of_federation, *([self.server] if self.server else [])]
         missing = [s for s in named if s not in self.sites]
         if missing:
