@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig, site_state_dir
 from fedst.federation.components import (
     build_indicators,
@@ -49,7 +50,13 @@ def _server_checkpoint(run_dir: Path) -> dict:
         raise FileNotFoundError(
             f"{path} is missing: {run_dir} is not a (started) FedST run directory"
         )
-    return _read_checkpoint(str(path), path.stat().st_mtime_ns)
+    checkpoint = _read_checkpoint(str(path), path.stat().st_mtime_ns)
+    if checkpoint["round"] < 1:
+        raise FileNotFoundError(
+            f"no completed round in {run_dir}: the run stopped before round 1 finished, so no site "
+            f"model exists yet; continue it with python train_fed.py resume={run_dir}"
+        )
+    return checkpoint
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,6 +114,12 @@ def evaluate_out_of_federation(
     progress: bool = False,
 ) -> dict[str, EvaluationResult]:
     """Score the averaged model on each out-of-federation site's test split, prompted as that site."""
+    unknown = [s for s in sites or () if s not in cfg.data.sites]
+    if unknown:
+        raise ConfigError(
+            f"sites={list(sites or ())}: {unknown} not configured in {run_dir}; known sites: "
+            f"{sorted(cfg.data.sites)} (out of federation: {list(cfg.data.out_of_federation)})"
+        )
     model = averaged_model(cfg, run_dir, device)
     indicators = build_indicators(cfg)
     results = {}

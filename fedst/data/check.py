@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
@@ -128,8 +130,13 @@ def load_data_config(spec: str) -> DataConfig:
             f"data config {spec!r}: {path} not found; give a name in {CONFIG_DIR} "
             "or a path to a .yaml file"
         )
-    wrapped = OmegaConf.create({"data": OmegaConf.load(path)})  # resolves ${data.root}
-    values = OmegaConf.to_container(wrapped, resolve=True)["data"]
+    try:
+        wrapped = OmegaConf.create({"data": OmegaConf.load(path)})  # resolves ${data.root}
+        values = OmegaConf.to_container(wrapped, resolve=True)["data"]
+    except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as err:
+        raise ConfigError(f"data config {path}: not a valid YAML mapping ({err})") from err
+    if not isinstance(values, dict):
+        raise ConfigError(f"data config {path}: expected a YAML mapping, found {values!r}")
     return build(DataConfig, values, where=f"data ({path})")
 
 

@@ -134,7 +134,14 @@ class GenericLayoutSource(SiteSource):
         path = self.site_root / "splits" / f"{split}.txt"
         if not path.is_file():
             raise DataError(f"{path}: missing split file; write one video_id per line")
-        video_ids = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save the split "
+                "file as UTF-8 with one video_id per line"
+            ) from err
+        video_ids = [line.strip() for line in text.splitlines() if line.strip()]
         if not video_ids:
             raise DataError(f"{path}: split file is empty; list at least one video_id")
         duplicates = sorted({v for v in video_ids if video_ids.count(v) > 1})
