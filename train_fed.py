@@ -37,7 +37,13 @@ def main(cfg: DictConfig) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(run_dir)
     log.info("run directory: %s", run_dir)
-    run_training(experiment, run_dir, engine=runtime["engine"], progress=runtime["progress"])
+    run_training(
+        experiment,
+        run_dir,
+        engine=runtime["engine"],
+        progress=runtime["progress"],
+        regenerate=runtime["regenerate"],
+    )
     print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
     print(f"run directory: {run_dir}")
 

@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 from fedst.config import ConfigError, to_dict
 from fedst.experiment import ExperimentConfig, experiment_from_dict
 
-RUNTIME_KEYS = ("engine", "resume", "progress")
+RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate")
 """Top-level keys that steer the entry point, not the experiment."""
 
 
@@ -47,10 +47,8 @@ def _integer_division(a: Any, b: Any) -> int:
 
 
 def _is_int(value: Any) -> bool:
-    return (
-        (isinstance(value, int)
-        and not isinstance(value, bool))
-        or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, str) and value.strip().lstrip("-").isdigit()
     )
 
 

@@ -20,7 +20,7 @@ from fedst.app.client_app import app as client_app
 from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import make_server_app
-from fedst.data.procedural import generate
+from fedst.data.procedural import GENERATOR_VERSION, SITES, generate
 from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device
 from fedst.federation.components import build_indicators, open_site_data
 from fedst.federation.evaluation import evaluate_model
@@ -47,12 +47,19 @@ def load_config(run_dir: Path) -> ExperimentConfig:
 
 
 def run_training(
-    cfg: ExperimentConfig, run_dir: Path, engine: str = "inprocess", progress: bool = True
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    engine: str = "inprocess",
+    progress: bool = True,
+    regenerate: bool = False,
 ) -> dict[str, Any]:
-    """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run."""
-    if cfg.data.procedural is not None:  # the embedded benchmark: generated once, where configured
-        generate(Path(cfg.data.root or "."), seed=0, preset=cfg.data.procedural, progress=progress)
+    """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run.
+
+    The embedded benchmark (``data.procedural``) is generated where its site folders are absent;
+    a generated site that differs from the config stops the run (``regenerate``: rewrite it)."""
     save_config(cfg, run_dir)
+    if cfg.data.procedural is not None:
+        prepare_benchmark(cfg, run_dir, regenerate=regenerate, progress=progress)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     num_sites = len(cfg.data.federation)
     if engine == "inprocess":
@@ -81,6 +88,29 @@ def run_training(
     else:
         raise ValueError(f"engine={engine!r}; choose one of {ENGINES}")
     return finalize_run(cfg, run_dir, progress=progress)
+
+
+BENCHMARK_SEED = 0
+"""Seed of the embedded procedural benchmark (one fixed benchmark; the run's seed varies training)."""
+
+
+def prepare_benchmark(
+    cfg: ExperimentConfig, run_dir: Path, regenerate: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Generate the configured procedural benchmark where absent and record which one the run
+    used (seed, preset, generator version per site) in ``<run>/benchmark.json``."""
+    root = Path(cfg.data.root or ".")
+    names = list(SITES)
+    generate(root, BENCHMARK_SEED, str(cfg.data.procedural), force=regenerate, progress=progress)
+    record = {
+        "root": str(root),
+        "seed": BENCHMARK_SEED,
+        "preset": cfg.data.procedural,
+        "generator_version": GENERATOR_VERSION,
+        "sites": {n: json.loads((root / n / "meta.json").read_text())["generator"] for n in names},
+    }
+    atomic_write_text(json.dumps(record, indent=2, sort_keys=True), run_dir / "benchmark.json")
+    return record
 
 
 def finalize_run(
@@ -131,6 +161,8 @@ def finalize_run(
         "upload_mb_per_round": _mean_mb(comm, "upload_param_bytes"),
         "download_mb_per_round": _mean_mb(steady, "download_param_bytes"),
     }
+    if (run_dir / "benchmark.json").is_file():  # which procedural benchmark the numbers are on
+        final["benchmark"] = json.loads((run_dir / "benchmark.json").read_text())
     atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / "final.json")
     runs = report.load_runs([run_dir])
     report.write_tables(runs, run_dir / "tables")

@@ -214,7 +214,8 @@ def test_up_to_date_sites_are_skipped_and_incomplete_ones_regenerated(tmp_path: 
     counts = generate(tmp_path, seed=0, preset=PRESET, sites=["E"], workers=1, progress=False)
     assert counts["E"]["generated"] and counts["E"]["labelled"]["test"] == 12
     assert not generate(tmp_path, 0, PRESET, ["E"], workers=1, progress=False)["E"]["generated"]
-    (tmp_path / "E" / "meta.json").unlink()  # as after an interrupted run
+    (tmp_path / "E" / "meta.json").unlink()  # as after an interrupted run: marker, no meta
+    (tmp_path / "E" / ".generating").touch()
     assert generate(tmp_path, 0, PRESET, ["E"], workers=1, progress=False)["E"]["generated"]
     redo = generate(tmp_path, 0, PRESET, ["E"], force=True, workers=1, progress=False)
     assert redo["E"]["generated"]

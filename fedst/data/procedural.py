@@ -54,8 +54,9 @@ shared 2-core machine): tiny 0.7 s (180 frames/s) and demo 8.0 s (138 frames/s) 
 ~6; demo took 25 s at load ~8. Full (18440 frames) was not run; E + grasp of full (503 frames at
 256 x 320) took 11.9 s (42 frames/s), so full takes roughly 7-8 minutes.
 
-Bump :data:`GENERATOR_VERSION` whenever the rendering changes: existing sites are skipped only
-when their meta.json matches (seed, preset, version).
+Bump :data:`GENERATOR_VERSION` whenever the rendering changes. Existing sites are never deleted
+silently: a site whose meta.json matches (seed, preset, version) is skipped, one that differs stops
+generation with the difference named (``--force`` / ``regenerate=true`` regenerates on purpose).
 """
 
 from __future__ import annotations
@@ -998,11 +999,29 @@ def _meta(site: str, preset: Preset, seed: int) -> dict:
     }
 
 
-def _is_current(site_dir: Path, meta: dict) -> bool:
-    """True when ``site_dir`` holds a complete site written with the same generator settings."""
+INCOMPLETE_MARKER = ".generating"
+"""Written into a site folder before its first file and removed after its meta.json: a folder that
+holds it is an interrupted generation, the only folder without meta.json the generator rewrites."""
+
+
+def _needs_generation(site_dir: Path, meta: dict, force: bool) -> bool:
+    """Whether to (re)write ``site_dir``; never touches a folder the generator did not write.
+
+    Absent or empty folder, or an interrupted generation (:data:`INCOMPLETE_MARKER`): yes. A
+    complete site with the same (seed, preset, version) and meta: no. A generated site that
+    differs: a DataError naming the difference, unless ``force`` (regenerate on purpose). A folder
+    with other content (no meta.json, or a meta.json without the generator's key): a DataError.
+    """
     path = site_dir / "meta.json"
+    if not site_dir.exists() or (site_dir / INCOMPLETE_MARKER).exists():
+        return True
     if not path.is_file():
-        return False
+        if not any(site_dir.iterdir()):
+            return True
+        raise DataError(
+            f"{site_dir}: folder exists without meta.json and was not left by an interrupted "
+            "generation; refusing to write into it: move it away or choose another root / --out"
+        )
     try:
         existing = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -1012,7 +1031,40 @@ def _is_current(site_dir: Path, meta: dict) -> bool:
             f"{path}: this site folder was not written by the procedural generator "
             f"(no 'generator' key); refusing to overwrite it: choose another --out"
         )
-    return existing == meta
+    if force:
+        logger.warning(
+            "site %s: regenerating on request (%s)",
+            site_dir,
+            _differences(existing, meta) or "same settings",
+        )
+        return True
+    if existing == meta:
+        return False
+    raise DataError(
+        f"{site_dir} holds a generated site that differs from the one asked for: "
+        f"{_differences(existing, meta)}. Nothing was changed. Point data.root / --out at another "
+        "folder, or regenerate on purpose (this deletes its videos/ and splits/) with "
+        "regenerate=true (train_fed.py) or --force (python -m fedst.data.procedural)"
+    )
+
+
+def _differences(existing: dict, wanted: dict) -> str:
+    """``key: found X, wanted Y`` for every differing meta.json key (generator keys flattened)."""
+
+    def flat(meta: dict) -> dict:
+        out = {k: v for k, v in meta.items() if k != "generator"}
+        generator = meta.get("generator")
+        if isinstance(generator, dict):
+            out.update({f"generator.{k}": v for k, v in generator.items()})
+        return out
+
+    found, asked = flat(existing), flat(wanted)
+    keys = sorted(set(found) | set(asked))
+    return "; ".join(
+        f"{k}: found {found.get(k)!r}, wanted {asked.get(k)!r}"
+        for k in keys
+        if found.get(k) != asked.get(k)
+    )
 
 
 def _count(site_dir: Path) -> dict:
@@ -1042,8 +1094,10 @@ def generate(
 ) -> dict[str, dict]:
     """Write ``sites`` (default: all of :data:`SITES`) of ``preset`` under ``out``.
 
-    A site whose meta.json matches (seed, preset, version) is skipped unless ``force``; an
-    incomplete site (no meta.json) is regenerated. Returns per site: ``videos`` and ``labelled``
+    Only absent sites and interrupted generations are written. A site whose meta.json matches
+    (seed, preset, version) is skipped; one that differs is a DataError naming the difference
+    unless ``force`` (which regenerates every named site, deleting its videos/ and splits/); a
+    folder the generator did not write is never touched. Returns per site: ``videos`` and ``labelled``
     frame counts per split, total ``frames`` and whether it was ``generated`` in this call.
     """
     names = list(SITES) if sites is None else list(sites)
@@ -1053,9 +1107,11 @@ def generate(
     tasks, todo = [], []
     for site in names:
         site_dir = out / site
-        if not force and _is_current(site_dir, _meta(site, spec, seed)):
+        if not _needs_generation(site_dir, _meta(site, spec, seed), force):
             logger.info("site %s: up to date in %s, skipped", site, site_dir)
             continue
+        site_dir.mkdir(parents=True, exist_ok=True)
+        (site_dir / INCOMPLETE_MARKER).touch()
         (site_dir / "meta.json").unlink(missing_ok=True)
         for sub in ("videos", "splits"):
             shutil.rmtree(site_dir / sub, ignore_errors=True)
@@ -1082,6 +1138,7 @@ def generate(
         tmp = site_dir / "meta.json.tmp"
         tmp.write_text(json.dumps(_meta(site, spec, seed), indent=2) + "\n")
         os.replace(tmp, site_dir / "meta.json")
+        (site_dir / INCOMPLETE_MARKER).unlink()
     result = {}
     for site in names:
         result[site] = _count(out / site) | {"generated": site in todo}
@@ -1095,7 +1152,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="benchmark seed")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="demo", help="size preset")
     parser.add_argument("--sites", default=None, help=f"comma-separated subset of {list(SITES)}")
-    parser.add_argument("--force", action="store_true", help="regenerate up-to-date sites too")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="regenerate existing generated sites (deletes their videos/ and splits/)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="processes rendering videos")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
