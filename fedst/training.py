@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import make_server_app
 from fedst.data.procedural import GENERATOR_VERSION, SITES, generate
+from fedst.data.validation import validate_experiment_data
 from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device
 from fedst.federation.components import build_indicators, open_site_data
 from fedst.federation.evaluation import evaluate_model
@@ -60,6 +62,7 @@ def run_training(
     save_config(cfg, run_dir)
     if cfg.data.procedural is not None:
         prepare_benchmark(cfg, run_dir, regenerate=regenerate, progress=progress)
+    validate_data(cfg)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     num_sites = len(cfg.data.federation)
     if engine == "inprocess":
@@ -88,6 +91,18 @@ def run_training(
     else:
         raise ValueError(f"engine={engine!r}; choose one of {ENGINES}")
     return finalize_run(cfg, run_dir, progress=progress)
+
+
+def validate_data(cfg: ExperimentConfig) -> None:
+    """Validate every site the run uses (federation, out-of-federation, the server's set when
+    SERQ runs) before anything trains; one DataError lists every problem (cached once passed)."""
+    data = cfg.data
+    sites = [*data.federation, *data.out_of_federation]
+    if cfg.method.serq and data.server:
+        sites.append(data.server)
+    started = time.perf_counter()
+    validate_experiment_data(data, cfg.clip_config(), sites)
+    log.info("data of %d site(s) validated in %.1f s", len(sites), time.perf_counter() - started)
 
 
 BENCHMARK_SEED = 0

@@ -12,6 +12,7 @@ Unified labels: 0 background, 1 shaft, 2 wrist, 3 jaw, 255 ignore. A binary site
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,28 @@ SPLITS = ("train", "val", "test")
 
 class DataError(ValueError):
     """Bad input on disk. The message names the file, the value found and what to do."""
+
+
+MIN_FPS = 0.1
+"""Lowest accepted frame rate (one frame per 10 s): below it clip frames 0.2 s apart cannot exist."""
+MAX_FPS = 1000.0
+"""Highest accepted frame rate. Surgical video is recorded at 25-60 fps (high-speed cameras: a few
+hundred); a larger value is a typo or a unit error and would make every clip repeat one frame."""
+
+
+def check_fps(value: object, where: str) -> float:
+    """``value`` as a frame rate in [MIN_FPS, MAX_FPS], else a DataError naming ``where``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not MIN_FPS <= value <= MAX_FPS
+    ):
+        raise DataError(
+            f"{where}: fps must be a finite number in [{MIN_FPS}, {MAX_FPS}] (frames per "
+            f"second of the source video), found {value!r}"
+        )
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -61,6 +84,8 @@ class VideoRecord:
             raise DataError(
                 f"video {self.video_id!r}: {len(self.times)} times for {len(self.frames)} frames"
             )
+        if not all(math.isfinite(t) for t in self.times):
+            raise DataError(f"video {self.video_id!r}: frame times are not all finite numbers")
         if any(b <= a for a, b in zip(self.times, self.times[1:], strict=False)):
             raise DataError(f"video {self.video_id!r}: frame times are not strictly increasing")
 

@@ -47,8 +47,10 @@ from fedst.data.base import (
     SiteSource,
     VideoRecord,
 )
+from fedst.data.clips import ClipConfig
 from fedst.data.registry import open_site
 from fedst.data.sites import DataConfig, SiteSpec
+from fedst.data.validation import required_splits, site_roles, split_problems
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +58,6 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
 DEFAULT_MAX_FRAMES = 50
 """Labelled frames read per site by default."""
 ARGUMENTS = ("data", "site", "max_frames")
-REQUIRED_SPLITS = {
-    "federation": ("train", "test"),
-    "out_of_federation": ("test",),
-    "server": ("train",),
-}
-"""Splits a site must have, by its role in the data config."""
 MISSING_FILES_SHOWN = 5
 
 
@@ -140,22 +136,6 @@ def load_data_config(spec: str) -> DataConfig:
     return build(DataConfig, values, where=f"data ({path})")
 
 
-def site_roles(config: DataConfig, name: str) -> tuple[str, ...]:
-    roles = []
-    if name in config.federation:
-        roles.append("federation")
-    if name in config.out_of_federation:
-        roles.append("out_of_federation")
-    if name == config.server:
-        roles.append("server")
-    return tuple(roles)
-
-
-def required_splits(roles: tuple[str, ...]) -> set[str]:
-    """The splits a site with these roles must have labelled frames in."""
-    return {split for role in roles for split in REQUIRED_SPLITS[role]}
-
-
 def check_site(
     name: str, spec: SiteSpec, roles: tuple[str, ...], max_frames: int, show_progress: bool
 ) -> SiteReport:
@@ -209,6 +189,7 @@ def _check_site(report: SiteReport, spec: SiteSpec, max_frames: int, show_progre
     _check_required_splits(report)
     report.clip_fps = _clip_fps([v for records in videos.values() for v in records])
     _check_frame_files(report, videos)
+    _validate_splits(report, source, videos)
     samples = _sample_labels(videos, max_frames)
     if show_progress and samples:
         samples = track(
@@ -236,12 +217,33 @@ def _clip_fps(records: list[VideoRecord]) -> float | None:
     return float(1.0 / np.median(gaps)) if gaps.size else None
 
 
+def _validate_splits(
+    report: SiteReport, source: SiteSource, videos: dict[str, list[VideoRecord]]
+) -> None:
+    """The validation train_fed.py runs before training (fedst/data/validation.py), on every split
+    with labels and the paper's clips (ClipConfig defaults): an error in a split the site's role
+    needs, a warning in another split."""
+    needed = required_splits(report.roles) if report.roles else list(SPLITS)
+    for split in SPLITS:
+        if not any(v.labels for v in videos[split]):
+            continue
+        problems, _ = split_problems(source, split, ClipConfig())
+        severity = "error" if split in needed else "warning"
+        for problem in problems:
+            file, _, message = problem.partition(": ")
+            report.problems.append(Problem(severity, file, f"{message} (split {split})"))
+
+
 def _check_frame_files(report: SiteReport, videos: dict[str, list[VideoRecord]]) -> None:
     paths = {f.path for records in videos.values() for v in records for f in v.frames}
     missing = sorted(p for p in paths if not p.is_file())
     if missing:
         shown = ", ".join(str(p) for p in missing[:MISSING_FILES_SHOWN])
-        report.error(missing[0], f"{len(missing)} listed frame file(s) missing: {shown}")
+        report.warning(
+            missing[0],
+            f"{len(missing)} listed frame file(s) missing: {shown} (an error below where a clip "
+            "uses one)",
+        )
 
 
 def _sample_labels(
@@ -265,49 +267,27 @@ def _sample_labels(
 
 
 def _check_sample(report: SiteReport, source: SiteSource, frame: FrameRef, label: LabelRef) -> None:
+    """Statistics of one labelled frame (resolution, class pixels, raw label values) and the
+    warning for unknown values mapped to 255; errors come from :func:`_validate_splits`."""
     try:
         image = source.read_frame(frame)
-    except (DataError, OSError) as err:
-        report.error(frame.path, str(err))
-        return
-    report.resolutions[f"{image.shape[1]}x{image.shape[0]}"] += 1
-    try:
         if isinstance(source, UnifiedLabelSource):
             decoded = source.decode_label(label)
-            if decoded.unknown:
-                severity = "error" if source.on_unknown_label == "error" else "warning"
-                report.problems.append(
-                    Problem(
-                        severity,
-                        str(label.path),
-                        f"unknown label value(s) {format_counts(decoded.unknown)} (value: pixels)"
-                        + (
-                            " mapped to 255 (on_unknown_label: ignore)"
-                            if severity == "warning"
-                            else "; set on_unknown_label: ignore to map them to 255"
-                        ),
-                    )
+            if decoded.unknown and source.on_unknown_label != "error":
+                report.warning(
+                    label.path,
+                    f"unknown label value(s) {format_counts(decoded.unknown)} (value: pixels) "
+                    "mapped to 255 (on_unknown_label: ignore)",
                 )
             mask = decoded.label
         else:
             mask = source.read_label(label)
-    except (DataError, OSError) as err:
-        report.error(label.path, str(err))
-        return
+    except (DataError, OSError):
+        return  # reported by the validation
+    report.resolutions[f"{image.shape[1]}x{image.shape[0]}"] += 1
     report.frames_read += 1
     _record_raw_label(report, label)
-    allowed = {0, 1, IGNORE_INDEX} if source.binary else {*range(len(CLASS_NAMES)), IGNORE_INDEX}
-    counts = np.bincount(mask.ravel(), minlength=256)
-    bad = sorted(set(np.flatnonzero(counts).tolist()) - allowed)
-    if bad:
-        report.error(label.path, f"label values {bad} outside {sorted(allowed)}")
-    if mask.shape != image.shape[:2]:
-        report.error(
-            label.path,
-            f"size mismatch: label {mask.shape[1]}x{mask.shape[0]} vs frame "
-            f"{image.shape[1]}x{image.shape[0]} of {frame.path} (WxH)",
-        )
-    report.class_pixels += counts
+    report.class_pixels += np.bincount(mask.ravel(), minlength=256)
 
 
 def _record_raw_label(report: SiteReport, label: LabelRef) -> None:

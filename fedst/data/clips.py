@@ -23,10 +23,8 @@ from __future__ import annotations
 import bisect
 import logging
 import multiprocessing
-import os
 import random
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from fedst.data.base import IGNORE_INDEX, NUM_CLASSES, DataError, SiteSource, VideoRecord
+from fedst.data.base import IGNORE_INDEX, DataError, SiteSource, VideoRecord
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -57,7 +55,6 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 TIME_TOLERANCE_S = 1e-6
 SINGLE_FRAME_MODES = ("repeat", "single")
-MAX_REPORTED_PROBLEMS = 20
 AUG_SEED_HIGH = 2**31 - 1
 WORKER_START_METHOD = "forkserver"
 """How DataLoader workers start. Not "fork": a worker forked from a process whose OpenCV thread
@@ -217,16 +214,17 @@ class ClipDataset(Dataset):
         video_index, position = self.samples[index]
         return self.videos[video_index], position
 
+    def clip_positions(self, video: VideoRecord, position: int) -> list[int]:
+        """Positions in ``video.frames`` of the clip ending at ``position`` (oldest first)."""
+        if self.clip_length == 1:
+            return [position]
+        return clip_frame_positions(video.times, position, self.clip_length, self.clip.interval_s)
+
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
         """``(clip [T, 3, H, W] float32 normalised, mask [H, W] int64, sample_id)``."""
         index, aug_seed = item if isinstance(item, tuple) else (item, None)
         video, position = self.sample_ref(int(index))
-        if self.clip_length == 1:
-            positions = [position]
-        else:
-            positions = clip_frame_positions(
-                video.times, position, self.clip_length, self.clip.interval_s
-            )
+        positions = self.clip_positions(video, position)
         label_ref = video.labels[position]
         label = self.source.read_label(label_ref)
         frames = {p: self.source.read_frame(video.frames[p]) for p in set(positions)}
@@ -260,56 +258,33 @@ class ClipDataset(Dataset):
         out = self._augment(image=clip[-1], mask=label, **targets)
         return [out[f"frame_{i}"] for i in range(1, len(clip))] + [out["image"]], out["mask"]
 
-    def validate(self, num_threads: int | None = None) -> None:
-        """Read every label once: values in classes + ignore and frame size == mask size.
+    def problems(self) -> list[str]:
+        """Every problem of this split's files (see :mod:`fedst.data.validation`): each labelled
+        frame and each clip context frame decoded in full, each label read and compared with its
+        frame; results of files that passed are cached by path, size and mtime."""
+        from fedst.data.validation import ValidationCache, dataset_problems
 
-        Raises one DataError listing every problem found (first 20, then a count).
-        """
-        num_classes = 2 if self.binary else NUM_CLASSES
-        allowed = np.zeros(256, dtype=bool)
-        allowed[:num_classes] = True
-        allowed[IGNORE_INDEX] = True
-        frame_size = getattr(self.source, "frame_size", None)
+        cache = ValidationCache.for_site(self.source)
+        try:
+            return dataset_problems(self, cache)
+        finally:
+            cache.save()
 
-        def check(sample: tuple[int, int]) -> str | None:
-            video = self.videos[sample[0]]
-            frame_ref, label_ref = video.frames[sample[1]], video.labels[sample[1]]
-            try:
-                label = self.source.read_label(label_ref)
-                counts = np.bincount(label.ravel(), minlength=256)
-                bad_values = np.flatnonzero((counts > 0) & ~allowed)
-                if bad_values.size:
-                    return (
-                        f"{label_ref.path}: label value(s) {bad_values.tolist()} outside "
-                        f"0..{num_classes - 1} and {IGNORE_INDEX}"
-                    )
-                if frame_size is not None:
-                    size = tuple(frame_size(frame_ref))
-                else:
-                    size = self.source.read_frame(frame_ref).shape[:2]
-                if size != label.shape:
-                    return (
-                        f"{label_ref.path}: mask size {label.shape} differs from frame size "
-                        f"{size} of {frame_ref.path}"
-                    )
-            except DataError as err:
-                return str(err)
-            return None
+    def validate(self) -> None:
+        """Raise one DataError listing every problem of :meth:`problems` (first 20, then a count)."""
+        from fedst.data.validation import format_problems
 
-        threads = num_threads or min(4, os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            problems = [p for p in pool.map(check, self.samples) if p is not None]
+        problems = self.problems()
         if problems:
-            shown = problems[:MAX_REPORTED_PROBLEMS]
-            more = len(problems) - len(shown)
             raise DataError(
-                f"site {self.site_name!r} split {self.split!r}: {len(problems)} bad label(s) of "
-                f"{self.num_samples}:\n  "
-                + "\n  ".join(shown)
-                + (f"\n  ... and {more} more" if more else "")
+                format_problems(
+                    f"site {self.site_name!r} split {self.split!r}: {len(problems)} bad label(s) "
+                    f"of {self.num_samples} (labelled frames, clip frames and labels decoded):",
+                    problems,
+                )
             )
         logger.info(
-            "site %s split %s: validated %d labels", self.site_name, self.split, self.num_samples
+            "site %s split %s: validated %d samples", self.site_name, self.split, self.num_samples
         )
 
 

@@ -40,6 +40,7 @@ from fedst.data.base import (
     LabelRef,
     SiteSource,
     VideoRecord,
+    check_fps,
 )
 
 __all__ = ["FRAME_SUFFIXES", "REQUIRED_META_KEYS", "GenericLayoutSource"]
@@ -89,9 +90,7 @@ class GenericLayoutSource(SiteSource):
         missing = [key for key in REQUIRED_META_KEYS if key not in meta]
         if missing:
             raise DataError(f"{path}: missing key(s) {missing}; required: {REQUIRED_META_KEYS}")
-        fps = meta["fps"]
-        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0:
-            raise DataError(f"{path}: fps must be a positive number, found {fps!r}")
+        check_fps(meta["fps"], str(path))
         if not isinstance(meta.get("binary", False), bool):
             raise DataError(f"{path}: binary must be true or false, found {meta['binary']!r}")
         classes = meta["classes"]

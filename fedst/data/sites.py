@@ -68,7 +68,9 @@ class DataConfig:
         if missing:
             raise ConfigError(f"data config names site(s) {missing} without an entry under 'sites'")
         if self.procedural is not None and not self.root:
-            raise ConfigError("data.procedural is set but data.root is not: say where to generate it")
+            raise ConfigError(
+                "data.procedural is set but data.root is not: say where to generate it"
+            )
 
     def open(self, name: str) -> SiteSource:
         """The SiteSource of site ``name``."""
