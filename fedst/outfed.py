@@ -27,6 +27,7 @@ from fedst.federation.components import (
     open_site_data,
 )
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
+from fedst.federation.run_io import load_checkpoint
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site import site_state_file
 from fedst.model.network import FedSTNet
@@ -40,7 +41,7 @@ def _site_state(run_dir: Path, site: str, server_round: int) -> dict:
         raise FileNotFoundError(
             f"{path} is missing: site {site} has no saved state for round {server_round}"
         )
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return load_checkpoint(path)
 
 
 def _server_checkpoint(run_dir: Path) -> dict:
@@ -61,7 +62,7 @@ def _server_checkpoint(run_dir: Path) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def _read_checkpoint(path: str, mtime_ns: int) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return load_checkpoint(Path(path))
 
 
 def _site_model(

@@ -7,6 +7,7 @@ metrics.jsonl               per-round evaluation rows (site, model, dice, iou, h
 train.jsonl                 per-round training rows (site, loss, seconds, iterations)
 comm.jsonl                  parameter bytes uploaded / downloaded per site per round
 checkpoints/server.pt       last completed round: global model, SERQ state, RNG (atomic)
+checkpoints/server.prev.pt  the round before (fallback when server.pt is damaged)
 sites/<site>/state_rNNNN.pt a site's private state after round N (written by the site)
 final.json, tables/, plots/ written at the end
 tensorboard/                scalars of all of the above
@@ -15,40 +16,134 @@ tensorboard/                scalars of all of the above
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+log = logging.getLogger(__name__)
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """Write ``obj`` with torch.save to a temporary file, then rename: readers never see half a file."""
+TMP_PATTERN = ".*.tmp"
+"""Temporary files of :func:`atomic_torch_save` / :func:`atomic_write_text` (``.<name>.<random>.tmp``)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or state file that cannot be read; the message names the file."""
+
+
+def atomic_torch_save(obj: Any, path: Path, keep_previous: Path | None = None) -> None:
+    """Write ``obj`` with torch.save to a temporary file, then rename: readers never see half a file.
+
+    ``keep_previous``: first make the current ``path`` (if any) available under this name too (a
+    hard link, or a copy where links are not supported), so the last two versions stay on disk.
+    A full disk is reported as ``no space left on device while writing <path>``.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(obj, tmp)
+        try:
+            torch.save(obj, tmp)
+        except (OSError, RuntimeError) as err:
+            raise _write_error(err, path) from err
+        if keep_previous is not None and path.exists():
+            _keep_copy(path, keep_previous)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
+def _keep_copy(path: Path, previous: Path) -> None:
+    """``previous`` := the current content of ``path``, atomically."""
+    fd, tmp = tempfile.mkstemp(dir=previous.parent, prefix=f".{previous.name}.", suffix=".tmp")
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, previous)
+    except OSError as err:
+        raise _write_error(err, previous) from err
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _write_error(err: BaseException, path: Path) -> BaseException:
+    """A full disk as an OSError naming ``path``; other errors unchanged."""
+    full = isinstance(err, OSError) and err.errno == errno.ENOSPC
+    if not full and "unexpected pos" in str(err):  # torch's zip writer hides ENOSPC this way
+        try:
+            full = shutil.disk_usage(path.parent).free < 1 << 20
+        except OSError:
+            full = False
+    if full:
+        return OSError(
+            errno.ENOSPC, f"no space left on device while writing {path}; free space and resume"
+        )
+    return err
+
+
+def load_checkpoint(path: Path, map_location: Any = "cpu") -> Any:
+    """torch.load of a file this run wrote; a damaged file is a CheckpointError naming it."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # torch/zip/pickle raise many types for a damaged file
+        raise CheckpointError(f"{path}: cannot read it ({type(err).__name__}: {err})") from err
+
+
+def remove_stale_tmp(folder: Path) -> list[Path]:
+    """Delete temporaries left in ``folder`` by a process killed while writing; logged."""
+    stale = sorted(folder.glob(TMP_PATTERN)) if folder.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+        log.info("removed stale temporary file %s", path)
+    return stale
+
+
 def atomic_write_text(text: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise _write_error(err, path) from err
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines log. A truncated LAST line (a process killed mid-write) is skipped
+    with a warning; a bad line elsewhere is a ValueError naming the file and line."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                log.warning("%s: last line %d is incomplete (%s); ignored", path, number, err)
+                continue
+            raise ValueError(f"{path}: line {number} is not valid JSON ({err})") from err
+    return rows
 
 
 class RunLog:
@@ -68,8 +163,11 @@ class RunLog:
 
     def write(self, stream: str, row: dict[str, Any]) -> None:
         path = self.run_dir / f"{stream}.jsonl"
-        with path.open("a") as handle:
-            handle.write(json.dumps(row, sort_keys=True) + "\n")
+        try:
+            with path.open("a") as handle:
+                handle.write(json.dumps(row, sort_keys=True) + "\n")
+        except OSError as err:
+            raise _write_error(err, path) from err
         if self._writer is not None and "round" in row:
             tag = "/".join(str(row[k]) for k in ("site", "model") if k in row)
             for key, value in row.items():

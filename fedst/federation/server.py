@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from fedst.data.clips import BatchStream, ClipDataset
-from fedst.experiment import ExperimentConfig
+from fedst.experiment import ExperimentConfig, site_state_dir
 from fedst.federation.components import (
     build_indicators,
     build_loss,
@@ -25,12 +25,54 @@ from fedst.federation.components import (
     seed_everything,
     state_subset,
 )
-from fedst.federation.run_io import atomic_torch_save
+from fedst.federation.run_io import (
+    CheckpointError,
+    atomic_torch_save,
+    load_checkpoint,
+    remove_stale_tmp,
+)
 from fedst.federation.serq import Serq, SerqRoundStats
+from fedst.federation.site import site_state_file
 
 log = logging.getLogger(__name__)
 
 SERVER_CHECKPOINT = "checkpoints/server.pt"
+SERVER_PREVIOUS = "checkpoints/server.prev.pt"
+"""The checkpoint of the round before SERVER_CHECKPOINT's: the fallback when the latest is damaged."""
+
+
+def load_server_checkpoint(
+    run_dir: Path, map_location: object = "cpu", sites: tuple[str, ...] = ()
+) -> dict:
+    """The newest usable server checkpoint: ``server.pt``, else ``server.prev.pt`` (logged).
+
+    A checkpoint of round N is usable when it reads and, for every site in ``sites`` whose state
+    folder is in the run directory (simulation), ``sites/<site>/state_rNNNN.pt`` of round N reads
+    too (sites keep two rounds, so round N-1 is the fallback when round N's state is damaged).
+    """
+    problems = []
+    for name in (SERVER_CHECKPOINT, SERVER_PREVIOUS):
+        path = run_dir / name
+        if not path.exists():
+            continue
+        try:
+            state = load_checkpoint(path, map_location)
+            for site in sites:
+                state_dir = site_state_dir(run_dir, site)
+                if state["round"] >= 1 and state_dir.is_dir():
+                    load_checkpoint(site_state_file(state_dir, state["round"]))
+        except (CheckpointError, FileNotFoundError) as err:
+            problems.append(str(err))
+            log.warning("cannot resume from %s: %s", path, err)
+            continue
+        if problems:
+            log.warning("falling back to %s (round %d)", path, state["round"])
+        return state
+    raise CheckpointError(
+        f"no usable server checkpoint in {run_dir / 'checkpoints'}: "
+        + ("; ".join(problems) or "none written")
+        + ". Start a new run."
+    )
 
 
 class FederationServer:
@@ -117,12 +159,14 @@ class FederationServer:
                 "extra": extra or {},
             },
             self.run_dir / SERVER_CHECKPOINT,
+            keep_previous=self.run_dir / SERVER_PREVIOUS,
         )
 
     def load(self) -> dict:
-        state = torch.load(
-            self.run_dir / SERVER_CHECKPOINT, map_location=self.device, weights_only=False
-        )
+        """Resume from the newest usable checkpoint (see :func:`load_server_checkpoint`)."""
+        remove_stale_tmp(self.run_dir / "checkpoints")
+        remove_stale_tmp(self.run_dir)
+        state = load_server_checkpoint(self.run_dir, self.device, self.cfg.data.federation)
         self.global_model.load_state_dict(state["global_model"])
         if self.serq is not None:
             self.serq.load_state_dict(state["serq"], self.global_model)

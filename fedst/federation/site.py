@@ -33,7 +33,12 @@ from fedst.federation.components import (
     state_subset,
 )
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
-from fedst.federation.run_io import atomic_torch_save
+from fedst.federation.run_io import (
+    CheckpointError,
+    atomic_torch_save,
+    load_checkpoint,
+    remove_stale_tmp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +95,7 @@ class Site:
             num_workers=cfg.train.num_workers,
         )
         self.completed_round = 0
+        remove_stale_tmp(state_dir)  # left by a site killed while saving
 
     @property
     def num_examples(self) -> int:
@@ -192,7 +198,13 @@ class Site:
                 f"site {self.name}: no saved state for round {server_round} at {path}; "
                 f"resume from the run's last completed round or start a new run"
             )
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        try:
+            state = load_checkpoint(path, self.device)
+        except CheckpointError as err:
+            raise CheckpointError(
+                f"site {self.name}: {err}. Its previous round is kept in "
+                f"{self.state_path(server_round - 1)}; resuming the run falls back to it"
+            ) from err
         load_subset(self.model, state["personal"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.stream.load_state_dict(state["stream"])
