@@ -6,6 +6,9 @@
     python train_fed.py experiment=paper data=paper       # the paper's settings on the real datasets
     python train_fed.py -m seed=0,1,2                     # several seeds; then python -m fedst.report <sweep dir>
     python train_fed.py resume=runs/demo/fedst_s0_...      # continue an interrupted run
+    python train_fed.py resume=runs/... train.device=cpu  # on resume only train.eval_every,
+                                                          # train.device, train.num_workers,
+                                                          # progress, engine may change
 
 Configs: configs/ (see configs/config.yaml). The run directory layout: fedst/federation/run_io.py.
 """
@@ -20,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from fedst import report
-from fedst.cli import register_resolvers, setup_logging, split_config
+from fedst.cli import register_resolvers, resume_experiment, setup_logging, split_config
 from fedst.training import load_config, run_training
 
 register_resolvers()
@@ -32,10 +35,13 @@ def main(cfg: DictConfig) -> None:
     experiment, runtime = split_config(cfg)
     if runtime.get("resume"):
         run_dir = Path(runtime["resume"])
-        experiment = load_config(run_dir)  # the interrupted run's own config, not today's defaults
+        setup_logging(run_dir)
+        # the interrupted run's own config, changed only by the overrides safe on resume
+        overrides = list(HydraConfig.get().overrides.task)
+        experiment = resume_experiment(load_config(run_dir), experiment, overrides)
     else:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-    setup_logging(run_dir)
+        setup_logging(run_dir)
     log.info("run directory: %s", run_dir)
     run_training(
         experiment,

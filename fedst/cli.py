@@ -16,6 +16,8 @@ from fedst.experiment import ExperimentConfig, experiment_from_dict
 RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate")
 """Top-level keys that steer the entry point, not the experiment."""
 
+log = logging.getLogger(__name__)
+
 
 DEFAULTS_NODE = "fedst_defaults"
 
@@ -78,6 +80,57 @@ def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, dict[str, Any]]:
     values.pop("hydra", None)
     runtime = {k: values.pop(k) for k in RUNTIME_KEYS if k in values}
     return experiment_from_dict(values), runtime
+
+
+RESUME_SAFE_KEYS = ("train.eval_every", "train.device", "train.num_workers")
+"""Experiment keys a resumed run accepts from the command line: they change when and where it
+computes (evaluation cadence, device, loader workers), not what it learns. The runtime keys
+(progress, engine, regenerate) are always accepted; anything else is refused on resume."""
+
+
+def resume_experiment(
+    saved: ExperimentConfig, composed: ExperimentConfig, overrides: list[str]
+) -> ExperimentConfig:
+    """The run's own ``saved`` config, changed only by the safe command-line ``overrides``.
+
+    ``composed`` is the experiment Hydra built from today's configs and the same overrides; the
+    values of the safe keys are taken from it (each change logged). An override of any other key
+    that would change the saved value is a ConfigError naming it.
+    """
+    saved_values, composed_values = _flatten(to_dict(saved)), _flatten(to_dict(composed))
+    refused, accepted = [], []
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in RUNTIME_KEYS or key.startswith("hydra.") or key == "hydra":
+            continue
+        if key in RESUME_SAFE_KEYS:
+            accepted.append(key)
+        elif key not in saved_values or saved_values[key] != composed_values.get(key):
+            refused.append(override)
+    if refused:
+        raise ConfigError(
+            f"resume: the run's own config is kept, so {refused} cannot be applied (it would "
+            f"change what the run learns). Accepted on resume: {list(RESUME_SAFE_KEYS)} and "
+            f"{list(RUNTIME_KEYS)}; start a new run to change anything else"
+        )
+    for key in dict.fromkeys(accepted):
+        section, name = key.split(".")
+        old, new = getattr(getattr(saved, section), name), getattr(getattr(composed, section), name)
+        if old != new:
+            log.info("resume: %s changed from %r to %r (command line)", key, old, new)
+            part = dataclasses.replace(getattr(saved, section), **{name: new})
+            saved = dataclasses.replace(saved, **{section: part})
+    return saved
+
+
+def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as ``{"a.b.c": value}``."""
+    if not isinstance(values, dict):
+        return {prefix: values}
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
 
 
 def setup_logging(run_dir: Path | None = None) -> None:

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from fedst.cli import compose_experiment
+from fedst.cli import compose_experiment, resume_experiment
 from fedst.config import ConfigError
+from fedst.training import save_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 BAD_VALUES = [
     # (override, key the message must name, accepted values it must state)
@@ -49,3 +59,44 @@ def test_good_values_of_every_type_still_build():
     )
     assert cfg.train.lr == 1e-4 and cfg.train.eval_max_frames is None
     assert cfg.clip.image_size == (32, 40) and cfg.data.federation == ("A", "B")
+
+
+# -- resume=<run>: safe overrides are applied and logged, others are refused by name ----------------
+
+
+def test_resume_applies_the_safe_overrides_and_logs_them(caplog):
+    saved, _ = compose_experiment(["experiment=tiny", "seed=3"])
+    overrides = ["train.eval_every=5", "train.num_workers=1", "progress=false", "resume=runs/x"]
+    composed, _ = compose_experiment(overrides)  # today's defaults + the command line
+    with caplog.at_level(logging.INFO):
+        resumed = resume_experiment(saved, composed, overrides)
+    assert resumed.train.eval_every == 5 and resumed.train.num_workers == 1
+    assert dataclasses.replace(resumed, train=saved.train) == saved  # nothing else changed
+    assert "train.eval_every changed from 1 to 5" in caplog.text
+
+
+def test_resume_refuses_overrides_that_change_what_the_run_learns():
+    saved, _ = compose_experiment(["experiment=tiny"])
+    overrides = ["train.lr=0.5", "method=fedavg", "train.device=cpu", "resume=runs/x"]
+    composed, _ = compose_experiment(["experiment=tiny", *overrides])
+    with pytest.raises(ConfigError) as caught:
+        resume_experiment(saved, composed, overrides)
+    message = str(caught.value)
+    assert "train.lr=0.5" in message and "method=fedavg" in message
+    assert "train.device=cpu" not in message.split("Accepted")[0]
+    assert "train.eval_every" in message  # the accepted keys are listed
+
+
+def test_train_fed_refuses_an_unsafe_override_on_resume(tmp_path):
+    cfg, _ = compose_experiment(["experiment=tiny"])
+    save_config(cfg, tmp_path / "run")
+    done = subprocess.run(
+        [sys.executable, "train_fed.py", f"resume={tmp_path / 'run'}", "train.lr=0.5"],
+        cwd=REPO,
+        env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "HYDRA_FULL_ERROR": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0 and "train.lr=0.5" in done.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
