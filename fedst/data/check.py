@@ -6,11 +6,14 @@
 ``data=<name>`` loads ``configs/data/<name>.yaml``; ``data=<file.yaml>`` loads that file. For each
 site (or only ``site=X``) the checker lists the videos, frames and labelled frames per split and the
 frame rate the clips will use (median spacing of the frame times), checks that every listed frame
-file exists, then reads a sample of labelled frames (at most ``max_frames`` per site, spread over
-the splits) for the resolution, the class pixel shares and the problems: unreadable files, frame /
-label size mismatches, unknown label values or colours with their pixel counts (reported even when
-the site maps them to 255 with ``on_unknown_label: ignore``), and empty splits the site's role
-needs (federation: train and test; out-of-federation: test; server: train).
+file exists, and runs the validation train_fed.py runs before training (fedst/data/validation.py,
+the same code, with the paper's clips: 4 frames 0.2 s apart): every labelled frame and every clip
+context frame decoded in full (truncated JPEG/PNG, frames under 8 px), every label read (values,
+unknown values or colours with their pixel counts, size against its frame). Problems in the splits
+the site's role needs (federation: train and test; out-of-federation: test; server: train) are
+errors, in other splits warnings. A sample of labelled frames (at most ``max_frames`` per site,
+spread over the splits) gives the resolution, the class pixel shares, the stored label formats and
+the unknown values a site maps to 255 with ``on_unknown_label: ignore`` (warnings).
 
 The exit status is 1 when a site cannot be used (any error), 2 for a bad command line or config,
 0 otherwise.

@@ -29,10 +29,10 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -285,7 +285,9 @@ def split_problems(source: SiteSource, split: str, clip: ClipConfig) -> tuple[li
     return dataset.problems(), len(dataset)
 
 
-def validate_experiment_data(data: DataConfig, clip: ClipConfig, sites: Any = None) -> None:
+def validate_experiment_data(
+    data: DataConfig, clip: ClipConfig, sites: Sequence[str] | None = None
+) -> None:
     """Validate every configured site (federated, out-of-federation, server) for its role before
     anything trains; raise ONE DataError listing every site's problems."""
     from fedst.data.registry import open_site
