@@ -88,6 +88,8 @@ class FederationServer:
         self.global_model = build_model(cfg).to(device)
         self.partition = partition_of(self.global_model, cfg)
         self.completed_round = 0
+        for folder in (run_dir / "checkpoints", run_dir):  # left by a process killed mid-write
+            remove_stale_tmp(folder)
         self.serq: Serq | None = None
         if cfg.method.serq:
             self.serq = self._build_serq()
@@ -164,8 +166,6 @@ class FederationServer:
 
     def load(self) -> dict:
         """Resume from the newest usable checkpoint (see :func:`load_server_checkpoint`)."""
-        remove_stale_tmp(self.run_dir / "checkpoints")
-        remove_stale_tmp(self.run_dir)
         state = load_server_checkpoint(self.run_dir, self.device, self.cfg.data.federation)
         self.global_model.load_state_dict(state["global_model"])
         if self.serq is not None:
