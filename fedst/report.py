@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from fedst.federation.run_io import read_jsonl
+
 __all__ = [
     "METRIC_LABELS",
     "RUN_FILES",
@@ -103,16 +105,11 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with path.open() as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise RunError(f"{path}:{line_no}: not valid JSON ({err.msg})") from err
-    return rows
+    """run_io.read_jsonl (a last line cut short by a killed writer is skipped with a warning)."""
+    try:
+        return read_jsonl(path)
+    except ValueError as err:
+        raise RunError(str(err)) from err
 
 
 def load_run(path: str | Path) -> dict:

@@ -140,7 +140,10 @@ def test_a_truncated_last_log_line_is_skipped_with_a_warning(tmp_path, caplog):
         assert read_jsonl(path) == [{"round": 1, "dice": 50.0}]
     assert f"{path}: last line 2 is incomplete" in caplog.text
     path.write_text('{"round": 1, "di\n{"round": 2, "dice": 50.0}\n')
-    with pytest.raises(ValueError, match=re.escape(f"{path}: line 1")):
+    with pytest.raises(ValueError, match=re.escape(f"{path}:1: not valid JSON")):
+        read_jsonl(path)
+    path.write_text('{"round": 1, "dice": 50.0}\n{"round": 2, "di\n')  # complete, but corrupt
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: not valid JSON")):
         read_jsonl(path)
 
 

@@ -127,11 +127,13 @@ def atomic_write_text(text: str, path: Path) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSON-lines log. A truncated LAST line (a process killed mid-write) is skipped
-    with a warning; a bad line elsewhere is a ValueError naming the file and line."""
+    """The rows of a JSON-lines log. A last line cut short by a process killed mid-write (no
+    final newline) is skipped with a warning; any other bad line is a ValueError naming the file
+    and line (``<path>:<line>: not valid JSON``)."""
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
+    text = path.read_text()
+    lines = text.splitlines()
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -139,10 +141,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as err:
-            if number == len(lines):
-                log.warning("%s: last line %d is incomplete (%s); ignored", path, number, err)
+            if number == len(lines) and not text.endswith("\n"):
+                log.warning("%s: last line %d is incomplete (%s); ignored", path, number, err.msg)
                 continue
-            raise ValueError(f"{path}: line {number} is not valid JSON ({err})") from err
+            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
     return rows
 
 
