@@ -141,3 +141,12 @@ def write_generic_site(
 def write_site(tmp_path: Path) -> Callable[..., WrittenSite]:
     """:func:`write_generic_site` at ``tmp_path``: ``write_site("D", videos={"v1": 6})``."""
     return partial(write_generic_site, tmp_path)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _validation_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory):
+    """Keep the data-validation cache (fedst/data/validation.py) out of the user's ~/.cache."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("FEDST_CACHE_DIR", str(tmp_path_factory.mktemp("fedst_cache")))
+    yield
+    patch.undo()
