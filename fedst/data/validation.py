@@ -90,10 +90,12 @@ class ValidationCache:
 
     @classmethod
     def for_site(cls, source: SiteSource) -> ValidationCache:
-        """The cache file of one site (by backend class, data folder and site name)."""
+        """The cache file of one site: by backend class, data folder, site name and the source's
+        scalar settings (options such as a crop change what a frame decodes to)."""
         root = getattr(source, "site_root", None) or getattr(source, "root", "")
+        settings = {k: v for k, v in vars(source).items() if isinstance(v, (str, int, float, bool))}
         ident = f"{type(source).__module__}.{type(source).__name__}|{Path(root).resolve()}|"
-        ident += source.name
+        ident += json.dumps(settings, sort_keys=True, default=str)
         digest = hashlib.sha1(ident.encode()).hexdigest()[:16]
         return cls(cache_dir() / "validation" / f"{source.name}-{digest}.json")
 
