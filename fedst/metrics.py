@@ -51,6 +51,7 @@ __all__ = [
     "METRIC_NAMES",
     "SegmentationMeter",
     "batch_metrics",
+    "format_score",
     "frame_metrics",
 ]
 
@@ -316,6 +317,12 @@ class SegmentationMeter:
                 row.update({m: values[m] * _scale(m) for m in METRIC_NAMES})
                 rows.append(row)
         return rows
+
+
+def format_score(value: float | None, digits: int = 2) -> str:
+    """A summary value for humans: "n/a" when it was not scored (``None``), else ``digits``
+    decimals."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def _scale(metric: str) -> float:

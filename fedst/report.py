@@ -43,6 +43,7 @@ __all__ = [
     "load_runs",
     "main",
     "outfed_table",
+    "per_class_table",
     "run_average",
     "site_names",
     "site_value",
@@ -401,6 +402,43 @@ def comparison_table(runs: Sequence[dict]) -> Table:
     return _build("comparison", title, runs, columns, values)
 
 
+def class_value(run: dict, section: str, site: str, class_name: str, metric: str) -> float | None:
+    """One run's final per-class ``metric``; ``None`` when absent or not scored."""
+    entry = run["final"].get(section, {}).get(site)
+    per_class = entry.get("per_class") if isinstance(entry, Mapping) else None
+    return _value(per_class.get(class_name) if isinstance(per_class, Mapping) else None, metric)
+
+
+def per_class_table(runs: Sequence[dict], metric: str = "dice") -> Table:
+    """``metric`` per part class of every site (federated, then out-of-federation).
+
+    A class absent from the ground truth and the prediction of every evaluated frame of a site is
+    not scored (``null`` in final.json); its cell shows "n/a", and a mean ± std covers only the
+    runs that scored it.
+    """
+    if metric not in METRIC_LABELS:
+        raise ValueError(f"unknown metric {metric!r}; choose from {list(METRIC_LABELS)}")
+    columns: list[Column] = []
+    values: list = []
+    for section in ("sites", "out_of_federation"):
+        for site in site_names(runs, section):
+            classes: dict[str, None] = {}
+            for run in runs:
+                entry = run["final"].get(section, {}).get(site)
+                if isinstance(entry, Mapping) and isinstance(entry.get("per_class"), Mapping):
+                    classes.update(dict.fromkeys(entry["per_class"]))
+            for name in classes:
+                columns.append(Column(f"{metric}_{site}_{name}", f"{site} {name}", metric))
+                values.append(
+                    lambda r, sec=section, s=site, c=name: class_value(r, sec, s, c, metric)
+                )
+    title = (
+        f"{METRIC_LABELS[metric]} per class (n/a: class not scored, absent from ground truth and "
+        f"prediction in every evaluated frame), {_std_note()}"
+    )
+    return _build(f"per_class_{metric}", title, runs, columns, values)
+
+
 def comm_table(runs: Sequence[dict]) -> Table:
     """Table IX layout: communication per round (MB, as written in final.json) and rounds run."""
     columns = [
@@ -425,7 +463,14 @@ def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     markdown: list[str] = []
-    for table in (sites_table(runs), outfed_table(runs), comparison_table(runs), comm_table(runs)):
+    tables = (
+        sites_table(runs),
+        outfed_table(runs),
+        comparison_table(runs),
+        per_class_table(runs),
+        comm_table(runs),
+    )
+    for table in tables:
         if not table.columns:
             log.info("no data for table %r; not written", table.name)
             continue

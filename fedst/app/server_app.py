@@ -22,6 +22,7 @@ from tqdm import tqdm
 from fedst.experiment import ExperimentConfig, resolve_device
 from fedst.federation.run_io import RunLog
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
+from fedst.metrics import METRIC_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -190,17 +191,23 @@ def _param_bytes(record: ArrayRecord) -> int:
 
 
 def _metrics_row(reply: Message, server_round: int) -> dict[str, Any]:
+    """One metrics.jsonl row from an evaluate reply, in the layout of SegmentationMeter.summary():
+    a metric the reply leaves out (not scored: the class was absent from ground truth and
+    prediction in every evaluated frame) is ``None`` (JSON null), never a number."""
     metrics = dict(reply.content["metrics"])
-    per_class: dict[str, dict[str, float]] = {}
+    per_class: dict[str, dict[str, float | int | None]] = {}
     for key in [k for k in metrics if "/" in k]:
         class_name, metric = key.split("/", 1)
         per_class.setdefault(class_name, {})[metric] = metrics.pop(key)
+    for values in per_class.values():
+        values["frames"] = int(values.get("frames", 0))
+        values.update({m: float(values[m]) if m in values else None for m in METRIC_NAMES})
     return {
         "round": server_round,
         "site": _site_of(reply),
         "split": "test",
         "model": "personal",
         "num_frames": int(metrics.pop("num-examples")),
-        **{k: float(v) for k, v in metrics.items()},
+        **{m: float(metrics[m]) if m in metrics else None for m in METRIC_NAMES},
         "per_class": per_class,
     }
