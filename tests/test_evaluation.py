@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import cv2
+import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -96,3 +97,45 @@ def test_a_site_without_jaw_is_evaluated_through_the_client_app_and_jaw_shows_un
     markdown_row = table.to_markdown().splitlines()[-1].split("|")
     headers = table.to_markdown().splitlines()[2].split("|")
     assert markdown_row[headers.index(" A jaw ")].strip() == "n/a"
+
+
+# -- distances at native label resolution -----------------------------------------------------------
+
+GT_ROW, SHIFT, COL0, COL1 = 5, 3, 4, 14  # at the network input (16 x 20); native is twice that
+
+
+class _LineModel(torch.nn.Module):
+    """Logits [B, 2, 16, 20]: class 1 (10) on input row GT_ROW + SHIFT, columns COL0..COL1; class 0
+    is 5 everywhere. Bilinear x2 upsampling turns the line into native rows 2r and 2r + 1."""
+
+    def forward(self, clips: torch.Tensor, indicator=None) -> torch.Tensor:
+        batch, _, _, height, width = clips.shape
+        logits = torch.zeros(batch, 4, height, width)
+        logits[:, 0] = 5.0
+        logits[:, 1, GT_ROW + SHIFT, COL0 : COL1 + 1] = 10.0
+        return logits
+
+
+def test_hd95_and_assd_are_in_native_label_pixels(tmp_path: Path):
+    """Native label 32 x 40: a 2-row band (rows 2g, 2g+1); prediction: the same band 2 * SHIFT rows
+    lower. Hand derivation: every edge pixel of one band is 2s - 1 (nearer row) or 2s (farther
+    row) from the other band, half and half, both directions. HD95 = 2s = 6 px, ASSD = 2s - 1/2 =
+    5.5 px. At the 16 x 20 network input the same geometry would give 3 and 3."""
+    from fedst.data.clips import ClipConfig, ClipDataset
+    from fedst.data.generic import GenericLayoutSource
+    from fedst.federation.evaluation import evaluate_model
+
+    written = write_generic_site(tmp_path, "N", videos={"v1": 2}, size=(32, 40))
+    label = np.zeros((32, 40), np.uint8)
+    label[2 * GT_ROW : 2 * GT_ROW + 2, 2 * COL0 : 2 * COL1 + 2] = 1
+    for path in written.masks["v1"].values():
+        cv2.imwrite(str(path), label)
+    dataset = ClipDataset(
+        GenericLayoutSource(tmp_path, "N"), "test", ClipConfig(num_frames=1, image_size=(16, 20))
+    )
+    result = evaluate_model(_LineModel(), dataset, None, torch.device("cpu"))
+    shaft = result.summary["per_class"]["shaft"]
+    assert shaft["frames"] == 2
+    assert shaft["dice"] == 0.0
+    assert shaft["hd95"] == pytest.approx(2 * SHIFT)
+    assert shaft["assd"] == pytest.approx(2 * SHIFT - 0.5)

@@ -206,6 +206,7 @@ class ClipDataset(Dataset):
         )
         self._mean = (np.array(IMAGENET_MEAN, dtype=np.float32) * 255).reshape(3, 1, 1)
         self._inv_std = (1 / (np.array(IMAGENET_STD, dtype=np.float32) * 255)).reshape(3, 1, 1)
+        self._index_of_id: dict[str, int] | None = None
         if validate:
             self.validate()
 
@@ -216,6 +217,21 @@ class ClipDataset(Dataset):
         """The video and the position of the current frame of sample ``index``."""
         video_index, position = self.samples[index]
         return self.videos[video_index], position
+
+    def sample_id(self, index: int) -> str:
+        """``"<site>/<video_id>/<position>"`` of sample ``index`` (as returned by ``__getitem__``)."""
+        video, position = self.sample_ref(index)
+        return f"{self.site_name}/{video.video_id}/{position}"
+
+    def native_label(self, sample_id: str) -> np.ndarray:
+        """The label of ``sample_id`` at the dataset's native resolution (uint8 [H0, W0], 255 =
+        ignore), not resized and not augmented: what distances are measured on (evaluation)."""
+        if self._index_of_id is None:
+            self._index_of_id = {self.sample_id(i): i for i in range(self.num_samples)}
+        if sample_id not in self._index_of_id:
+            raise KeyError(f"site {self.site_name!r} split {self.split!r} has no sample {sample_id!r}")
+        video, position = self.sample_ref(self._index_of_id[sample_id])
+        return self.source.read_label(video.labels[position])
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
         """``(clip [T, 3, H, W] float32 normalised, mask [H, W] int64, sample_id)``."""
@@ -248,7 +264,7 @@ class ClipDataset(Dataset):
         normalised = (channels_first.astype(np.float32) - self._mean) * self._inv_std
         clip_tensor = torch.from_numpy(normalised)  # [T, 3, H, W] float32
         mask_tensor = torch.from_numpy(label.astype(np.int64))  # [H, W]
-        return clip_tensor, mask_tensor, f"{self.site_name}/{video.video_id}/{position}"
+        return clip_tensor, mask_tensor, self.sample_id(int(index))
 
     def _apply_augmentation(
         self, clip: list[np.ndarray], label: np.ndarray, aug_seed: int | None
