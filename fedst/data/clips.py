@@ -223,14 +223,18 @@ class ClipDataset(Dataset):
         video, position = self.sample_ref(index)
         return f"{self.site_name}/{video.video_id}/{position}"
 
-    def native_label(self, sample_id: str) -> np.ndarray:
-        """The label of ``sample_id`` at the dataset's native resolution (uint8 [H0, W0], 255 =
-        ignore), not resized and not augmented: what distances are measured on (evaluation)."""
+    def index_of(self, sample_id: str) -> int:
+        """The index of the sample called ``sample_id`` (inverse of :meth:`sample_id`)."""
         if self._index_of_id is None:
             self._index_of_id = {self.sample_id(i): i for i in range(self.num_samples)}
         if sample_id not in self._index_of_id:
             raise KeyError(f"site {self.site_name!r} split {self.split!r} has no sample {sample_id!r}")
-        video, position = self.sample_ref(self._index_of_id[sample_id])
+        return self._index_of_id[sample_id]
+
+    def native_label(self, sample_id: str) -> np.ndarray:
+        """The label of ``sample_id`` at the dataset's native resolution (uint8 [H0, W0], 255 =
+        ignore), not resized and not augmented: what distances are measured on (evaluation)."""
+        video, position = self.sample_ref(self.index_of(sample_id))
         return self.source.read_label(video.labels[position])
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
