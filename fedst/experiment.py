@@ -23,6 +23,7 @@ from fedst.data.sites import DataConfig
 from fedst.model.network import NetworkConfig
 
 AGGREGATIONS = ("fedavg", "fedmedian")
+AGGREGATION_WEIGHTS = ("uniform", "samples")
 INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 
 
@@ -47,7 +48,10 @@ class MethodConfig:
     serq: bool = True
     """Server-side SERQ step with synthetic data (Sec. III-C)."""
     aggregation: str = "fedavg"
-    """fedavg (sample-count-weighted mean) | fedmedian (coordinate-wise median)."""
+    """fedavg (weighted mean, weights: ``aggregation_weights``) | fedmedian (coordinate-wise median)."""
+    aggregation_weights: str = "uniform"
+    """Site weights of the fedavg mean: uniform (1/K, FedST: Algorithm 1 line 8) | samples (n_k / n,
+    McMahan et al.'s FedAvg). fedmedian is unweighted and needs "uniform"."""
     communicate: bool = True
     """False: every site trains alone (the 'Local' baseline); nothing travels."""
 
@@ -60,6 +64,16 @@ class MethodConfig:
             )
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"method.aggregation={self.aggregation!r}; choose {AGGREGATIONS}")
+        if self.aggregation_weights not in AGGREGATION_WEIGHTS:
+            raise ConfigError(
+                f"method.aggregation_weights={self.aggregation_weights!r}; choose {AGGREGATION_WEIGHTS}"
+            )
+        if self.aggregation == "fedmedian" and self.aggregation_weights != "uniform":
+            raise ConfigError(
+                "method.aggregation=fedmedian is an unweighted median; set "
+                "method.aggregation_weights=uniform (got "
+                f"{self.aggregation_weights!r})"
+            )
         if self.indicator not in INDICATOR_KINDS:
             raise ConfigError(f"method.indicator={self.indicator!r}; choose {INDICATOR_KINDS}")
         if self.serq and not self.communicate:

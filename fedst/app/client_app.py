@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device, site_state_dir
+from fedst.federation.aggregation import UNIFORM_WEIGHT_KEY
 from fedst.federation.components import state_subset
 from fedst.federation.site import Site
 from fedst.metrics import METRIC_NAMES
@@ -69,6 +70,7 @@ def train(message: Message, context: Context) -> Message:
     metrics = MetricRecord(
         {
             "num-examples": result.num_examples,
+            UNIFORM_WEIGHT_KEY: 1,
             "train-loss": result.mean_loss,
             "seconds": result.seconds,
         }

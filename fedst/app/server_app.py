@@ -1,9 +1,9 @@
 """Flower ServerApp: the round loop of Algorithm 1 over any Grid (in-process, Ray, deployment).
 
 Each round: send gamma_g to every site (round 1: the full initial model v_g^0) -> sites train and
-reply with gamma_k -> Flower's FedAvg (sample-count-weighted) or FedMedian aggregates -> the
-server step (SERQ for FedST) -> every ``eval_every`` rounds the sites score their personalized
-models -> checkpoint. Only the ArrayRecord "arrays" carries parameters, and it only ever holds
+reply with gamma_k -> Flower's FedAvg (uniform or sample-count weights, see
+fedst/federation/aggregation.py) or FedMedian aggregates -> the server step (SERQ for FedST) ->
+every ``eval_every`` rounds the sites score their personalized models -> checkpoint. Only the ArrayRecord "arrays" carries parameters, and it only ever holds
 shared keys from the sites.
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, FedMedian
 from tqdm import tqdm
 
 from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.federation.aggregation import make_strategy
 from fedst.federation.run_io import RunLog
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.metrics import METRIC_NAMES
@@ -131,7 +131,7 @@ def run_federation(
             runlog.write("train", {"round": 0, "site": "server", "serq_pretrain_loss": pre_loss})
         server.save(0)
 
-    strategy = FedMedian() if cfg.method.aggregation == "fedmedian" else FedAvg()
+    strategy = make_strategy(cfg.method.aggregation, cfg.method.aggregation_weights)
     nodes = sorted(grid.get_node_ids())
     if len(nodes) != len(cfg.data.federation):
         raise FederationError(
