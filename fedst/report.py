@@ -48,6 +48,7 @@ __all__ = [
     "site_names",
     "site_value",
     "sites_table",
+    "timing_table",
     "write_tables",
 ]
 
@@ -117,7 +118,8 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def load_run(path: str | Path) -> dict:
-    """One run: {"path", "method", "seed", "experiment", "config", "final", "metrics", "comm"}.
+    """One run: {"path", "method", "seed", "experiment", "config", "final", "metrics", "comm",
+    "train"} ("train": rows of train.jsonl, empty when the run has none).
 
     Raises :class:`RunError` naming the first missing or unreadable file.
     """
@@ -150,6 +152,9 @@ def load_run(path: str | Path) -> dict:
         "final": final,
         "metrics": _read_jsonl(run_dir / "metrics.jsonl"),
         "comm": _read_jsonl(run_dir / "comm.jsonl"),
+        "train": _read_jsonl(run_dir / "train.jsonl")
+        if (run_dir / "train.jsonl").is_file()
+        else [],
     }
 
 
@@ -454,6 +459,52 @@ def comm_table(runs: Sequence[dict]) -> Table:
     return _build("comm", f"Communication (Table IX layout), {_std_note()}", runs, columns, values)
 
 
+def _mean_seconds(run: dict, site_is_server: bool, key: str) -> float | None:
+    """Mean of ``key`` over a run's train.jsonl rows of rounds >= 1 of the server or of the sites."""
+    values = [
+        float(row[key])
+        for row in run.get("train", [])
+        if row.get("round", 0) >= 1 and (row.get("site") == "server") == site_is_server
+        if row.get(key) is not None
+    ]
+    return float(np.mean(values)) if values else None
+
+
+def _serq_seconds(run: dict) -> float | None:
+    """Mean SERQ time per round (EQ + SC) of a run; None without SERQ timings."""
+    eq = _mean_seconds(run, True, "eq_seconds")
+    sc = _mean_seconds(run, True, "sc_seconds")
+    return None if eq is None or sc is None else eq + sc
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def timing_table(runs: Sequence[dict]) -> Table:
+    """Wall time per round from train.jsonl: the server's step (aggregation + SERQ) against one
+    site's local round (the mean over sites and rounds), and their ratio (the paper's server step
+    costs about 4.8x a site's round)."""
+    columns = [
+        Column("site_seconds", "Site round (s)"),
+        Column("aggregation_seconds", "Aggregation (s / round)", digits=3),
+        Column("serq_seconds", "SERQ EQ+SC (s / round)"),
+        Column("server_seconds", "Server step (s / round)"),
+        Column("serq_over_site", "SERQ / site round"),
+    ]
+    values = [
+        lambda r: _mean_seconds(r, False, "seconds"),
+        lambda r: _mean_seconds(r, True, "aggregation_seconds"),
+        _serq_seconds,
+        lambda r: _mean_seconds(r, True, "seconds"),
+        lambda r: _ratio(_serq_seconds(r), _mean_seconds(r, False, "seconds")),
+    ]
+    if not any(run.get("train") for run in runs):
+        return Table(name="timing", title="timing", columns=[])
+    title = f"Wall time per round (train.jsonl; rounds >= 1), {_std_note()}"
+    return _build("timing", title, runs, columns, values)
+
+
 def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
     """Write every table as ``<name>.md`` and ``<name>.csv`` plus ``tables.md`` with all of them.
 
@@ -469,6 +520,7 @@ def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
         comparison_table(runs),
         per_class_table(runs),
         comm_table(runs),
+        timing_table(runs),
     )
     for table in tables:
         if not table.columns:

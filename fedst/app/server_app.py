@@ -16,13 +16,13 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from tqdm import tqdm
 
 from fedst.experiment import ExperimentConfig, resolve_device
 from fedst.federation.aggregation import make_strategy
 from fedst.federation.run_io import RunLog
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.metrics import METRIC_NAMES
+from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +145,10 @@ def run_federation(
     }
 
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
-    for server_round in tqdm(
+    for server_round in progress_bar(
         rounds,
         desc=f"{cfg.method.name} rounds",
-        disable=not progress,
+        enabled=progress,
         initial=server.completed_round,
         total=cfg.train.rounds,
     ):
@@ -165,12 +165,22 @@ def run_federation(
             _log_training_reply(runlog, reply, down_sizes, server_round, cfg.train.local_iters)
         # -- aggregation + server step (lines 8-12) -------------------------------------------------
         if cfg.method.communicate:
+            step_started = time.perf_counter()
             aggregated, _ = strategy.aggregate_train(server_round, replies)
+            aggregation_seconds = time.perf_counter() - step_started
             stats = server.server_step(
                 aggregated.to_torch_state_dict() if aggregated else {}, server_round
             )
-            if stats is not None:
-                runlog.write("train", {"round": server_round, "site": "server", **vars(stats)})
+            runlog.write(
+                "train",
+                {
+                    "round": server_round,
+                    "site": "server",
+                    "aggregation_seconds": aggregation_seconds,
+                    "seconds": time.perf_counter() - step_started,  # aggregation + server step
+                    **(vars(stats) if stats is not None else {}),
+                },
+            )
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
             shared = ArrayRecord(server.shared_payload() if cfg.method.communicate else {})
@@ -180,7 +190,12 @@ def run_federation(
                 runlog.write("metrics", row)
                 last_metrics[row["site"]] = row
         server.save(server_round, extra={"last_metrics": last_metrics})
-        log.info("round %d done in %.1f s", server_round, time.perf_counter() - started)
+        log.info(  # the one line per round of a non-terminal log (fedst/progress.py)
+            "round %d/%d done in %.1f s",
+            server_round,
+            cfg.train.rounds,
+            time.perf_counter() - started,
+        )
     runlog.close()
     return last_metrics
 

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Subset
-from tqdm import tqdm
 
 from fedst.data.clips import IMAGENET_MEAN, IMAGENET_STD, ClipDataset
 from fedst.metrics import SegmentationMeter
+from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ def evaluate_model(
     meter = SegmentationMeter(binary_target=dataset.binary)
     examples: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
     ind = indicator.to(device) if indicator is not None else None
-    for clips, masks, ids in tqdm(
-        loader, desc=f"eval {dataset.site_name}", disable=not progress, leave=False
+    for clips, masks, ids in progress_bar(
+        loader, desc=f"eval {dataset.site_name}", enabled=progress, leave=False
     ):
         logits = model(clips.to(device), ind)  # [B, C, H, W]
         preds = logits.argmax(1).cpu()  # [B, H, W], network input size (overlays)

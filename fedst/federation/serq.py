@@ -36,15 +36,16 @@ batch_size`` of the N synthetic samples per round, i.e. every N / (B x b) rounds
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.experiment import SerqConfig
 from fedst.model.losses import SegmentationLoss
+from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ class SerqRoundStats:
     """Mean L_g over the round's batches (Eq. 12)."""
     sc_feature_gap: float
     """Mean ||F_g - (F_sy - D_sy)||^2 / N_e."""
+    eq_seconds: float = 0.0
+    """Wall time of the EQ step (drawing and loading the round's batches included)."""
+    sc_seconds: float = 0.0
+    """Wall time of the SC step."""
 
 
 class Serq:
@@ -117,7 +122,9 @@ class Serq:
         """Train v_pre on the synthetic set with L_seg; returns the mean loss of the last 10 steps."""
         self.synthetic_model.train()
         tail: list[float] = []
-        for _ in tqdm(range(iters), desc="SERQ pre-training", disable=not progress, leave=False):
+        for _ in progress_bar(
+            range(iters), desc="SERQ pre-training", enabled=progress, leave=False
+        ):
             images, masks, _ = self.stream.next_batch()
             logits, _ = self._forward(self.synthetic_model, images.to(self.device))
             loss = self.loss_fn(logits, masks.to(self.device))
@@ -193,11 +200,20 @@ class Serq:
 
     def step(self, global_model: nn.Module) -> SerqRoundStats:
         """One round of SERQ on the freshly aggregated global model (Algorithm 1, lines 10-11)."""
+        started = time.perf_counter()
         batches = self._draw_batches()
         canonical = [self.canonical_view(list(ids)) for _, _, ids in batches]
         eq_loss, eq_gap = self.explicit_quantification(global_model, canonical)
+        eq_done = time.perf_counter()
         sc_loss, sc_gap = self.synchronize_convergence(global_model, batches)
-        return SerqRoundStats(eq_loss, eq_gap, sc_loss, sc_gap)
+        return SerqRoundStats(
+            eq_loss,
+            eq_gap,
+            sc_loss,
+            sc_gap,
+            eq_seconds=eq_done - started,
+            sc_seconds=time.perf_counter() - eq_done,
+        )
 
     # -- checkpointing -------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from fedst.data.clips import BatchStream
 from fedst.experiment import ExperimentConfig
@@ -34,6 +33,7 @@ from fedst.federation.components import (
 )
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
 from fedst.federation.run_io import atomic_torch_save
+from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,10 @@ class Site:
         use_amp = self.cfg.train.amp and self.device.type == "cuda"
         self.model.train()
         started, losses = time.perf_counter(), []
-        iterations = tqdm(
+        iterations = progress_bar(
             range(local_iters),
             desc=f"site {self.name} round {server_round}",
-            disable=not self.progress,
+            enabled=self.progress,
             leave=False,
         )
         for iteration in iterations:
