@@ -20,6 +20,7 @@ import torch
 from fedst.config import ConfigError, build, to_dict
 from fedst.data.clips import AugmentConfig, ClipConfig
 from fedst.data.sites import DataConfig
+from fedst.model.indicators import DEFAULT_CLIP_MODEL, DEFAULT_CLIP_PRETRAINED
 from fedst.model.network import NetworkConfig
 
 AGGREGATIONS = ("fedavg", "fedmedian")
@@ -140,10 +141,11 @@ class SerqConfig:
 
 @dataclass(frozen=True)
 class IndicatorConfig:
-    clip_model: str = "ViT-B-32"
-    """open_clip model name for the text tower."""
-    clip_pretrained: str = "openai"
-    """open_clip pretrained tag ('none' = random weights, tests only)."""
+    clip_model: str = DEFAULT_CLIP_MODEL
+    """open_clip model name for the text tower (ViT-B-32)."""
+    clip_pretrained: str = DEFAULT_CLIP_PRETRAINED
+    """open_clip pretrained tag (openai; 'none' = random weights, tests only). Training and the
+    cache builder (``python -m fedst.weights ... --prepare``) both read this one value."""
     cache_dir: str = "weights/clip_cache"
     """Where text embeddings are cached (computed once)."""
     dim: int = 512
