@@ -3,8 +3,8 @@
 Each round: send gamma_g to every site (round 1: the full initial model v_g^0) -> sites train and
 reply with gamma_k -> Flower's FedAvg (uniform or sample-count weights, see
 fedst/federation/aggregation.py) or FedMedian aggregates -> the server step (SERQ for FedST) ->
-every ``eval_every`` rounds the sites score their personalized models -> checkpoint. Only the ArrayRecord "arrays" carries parameters, and it only ever holds
-shared keys from the sites.
+every ``eval_every`` rounds the sites score their personalized models -> checkpoint. Only the
+ArrayRecord "arrays" carries parameters, and it only ever holds shared keys from the sites.
 """
 
 from __future__ import annotations

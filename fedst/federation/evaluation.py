@@ -76,7 +76,8 @@ def evaluate_model(
     keep_examples: int = 0,
     progress: bool = False,
 ) -> EvaluationResult:
-    """Predict every test clip's current frame and score it against its label.
+    """Predict every test clip's current frame and score it against its label at native
+    resolution (:func:`score_at_native_resolution`).
 
     For a binary site (GraSP) every predicted part class counts as instrument (paper Sec. IV-D1).
     """
