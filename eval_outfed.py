@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedst import report
 from fedst.cli import register_resolvers, setup_logging
 from fedst.experiment import resolve_device
+from fedst.metrics import format_score
 from fedst.outfed import evaluate_out_of_federation
 from fedst.training import finalize_run, load_config
 
@@ -54,7 +55,8 @@ def main(cfg: DictConfig) -> None:
     out.write_text(json.dumps(summary, indent=2, sort_keys=True, default=float))
     for site, values in summary.items():
         print(
-            f"{site}: Dice {values['dice']:.2f}  IoU {values['iou']:.2f}  HD95 {values['hd95']:.1f}  ASSD {values['assd']:.1f}"
+            f"{site}: Dice {format_score(values['dice'])}  IoU {format_score(values['iou'])}  "
+            f"HD95 {format_score(values['hd95'], 1)}  ASSD {format_score(values['assd'], 1)}"
         )
     print(f"written: {out}")
 

@@ -2,7 +2,7 @@
 
     python train_fed.py                                   # FedST, demo experiment, sites A-D in-process
     python train_fed.py method=fedavg
-    python train_fed.py +ablation=table4_ts_only seed=1
+    python train_fed.py +ablation=table4_row2_ts seed=1
     python train_fed.py experiment=paper data=paper       # the paper's settings on the real datasets
     python train_fed.py -m seed=0,1,2                     # several seeds; then python -m fedst.report <sweep dir>
     python train_fed.py resume=runs/demo/fedst_s0_...      # continue an interrupted run

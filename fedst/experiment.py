@@ -20,9 +20,11 @@ import torch
 from fedst.config import ConfigError, build, require_at_least, require_positive, to_dict
 from fedst.data.clips import AugmentConfig, ClipConfig
 from fedst.data.sites import DataConfig
+from fedst.model.indicators import DEFAULT_CLIP_MODEL, DEFAULT_CLIP_PRETRAINED
 from fedst.model.network import NetworkConfig
 
 AGGREGATIONS = ("fedavg", "fedmedian")
+AGGREGATION_WEIGHTS = ("uniform", "samples")
 INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 
 
@@ -47,7 +49,10 @@ class MethodConfig:
     serq: bool = True
     """Server-side SERQ step with synthetic data (Sec. III-C)."""
     aggregation: str = "fedavg"
-    """fedavg (sample-count-weighted mean) | fedmedian (coordinate-wise median)."""
+    """fedavg (weighted mean, weights: ``aggregation_weights``) | fedmedian (coordinate-wise median)."""
+    aggregation_weights: str = "uniform"
+    """Site weights of the fedavg mean: uniform (1/K, FedST: Algorithm 1 line 8) | samples (n_k / n,
+    McMahan et al.'s FedAvg). fedmedian is unweighted and needs "uniform"."""
     communicate: bool = True
     """False: every site trains alone (the 'Local' baseline); nothing travels."""
 
@@ -60,6 +65,16 @@ class MethodConfig:
             )
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"method.aggregation={self.aggregation!r}; choose {AGGREGATIONS}")
+        if self.aggregation_weights not in AGGREGATION_WEIGHTS:
+            raise ConfigError(
+                f"method.aggregation_weights={self.aggregation_weights!r}; choose {AGGREGATION_WEIGHTS}"
+            )
+        if self.aggregation == "fedmedian" and self.aggregation_weights != "uniform":
+            raise ConfigError(
+                "method.aggregation=fedmedian is an unweighted median; set "
+                "method.aggregation_weights=uniform (got "
+                f"{self.aggregation_weights!r})"
+            )
         if self.indicator not in INDICATOR_KINDS:
             raise ConfigError(f"method.indicator={self.indicator!r}; choose {INDICATOR_KINDS}")
         if self.serq and not self.communicate:
@@ -146,10 +161,11 @@ class SerqConfig:
 
 @dataclass(frozen=True)
 class IndicatorConfig:
-    clip_model: str = "ViT-B-32"
-    """open_clip model name for the text tower."""
-    clip_pretrained: str = "openai"
-    """open_clip pretrained tag ('none' = random weights, tests only)."""
+    clip_model: str = DEFAULT_CLIP_MODEL
+    """open_clip model name for the text tower (ViT-B-32)."""
+    clip_pretrained: str = DEFAULT_CLIP_PRETRAINED
+    """open_clip pretrained tag (openai; 'none' = random weights, tests only). Training and the
+    cache builder (``python -m fedst.weights ... --prepare``) both read this one value."""
     cache_dir: str = "weights/clip_cache"
     """Where text embeddings are cached (computed once)."""
     dim: int = 512

@@ -25,7 +25,8 @@ Conventions (the paper does not state them; these are ours):
   ``get_edge_surface_distance`` and reduced both ways; the tests check equality with the two
   public MONAI functions.
 * **Units**: :func:`frame_metrics` returns Dice / IoU as fractions in [0, 1]; the meter's
-  ``summary()`` and ``per_frame()`` report them in percent. Distances are always in pixels.
+  ``summary()`` and ``per_frame()`` report them in percent. Distances are always in pixels of the
+  maps given; fedst.federation.evaluation passes maps at the native label resolution.
 * **Averaging** (``SegmentationMeter.summary``): per class, the mean over the frames where that
   class was scored; then the mean over the classes scored at least once. Averaging per class first
   keeps the small, rare jaw class as heavy as the shaft, and skipping frames where a class is
@@ -51,6 +52,7 @@ __all__ = [
     "METRIC_NAMES",
     "SegmentationMeter",
     "batch_metrics",
+    "format_score",
     "frame_metrics",
 ]
 
@@ -316,6 +318,12 @@ class SegmentationMeter:
                 row.update({m: values[m] * _scale(m) for m in METRIC_NAMES})
                 rows.append(row)
         return rows
+
+
+def format_score(value: float | None, digits: int = 2) -> str:
+    """A summary value for humans: "n/a" when it was not scored (``None``), else ``digits``
+    decimals."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def _scale(metric: str) -> float:

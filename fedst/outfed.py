@@ -30,6 +30,7 @@ from fedst.federation.evaluation import EvaluationResult, evaluate_model
 from fedst.federation.run_io import load_checkpoint
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site import site_state_file
+from fedst.metrics import format_score
 from fedst.model.network import FedSTNet
 
 log = logging.getLogger(__name__)
@@ -136,9 +137,9 @@ def evaluate_out_of_federation(
             progress=progress,
         )
         log.info(
-            "out-of-federation %s: Dice %.2f IoU %.2f",
+            "out-of-federation %s: Dice %s IoU %s",
             site,
-            results[site].summary["dice"],
-            results[site].summary["iou"],
+            format_score(results[site].summary["dice"]),
+            format_score(results[site].summary["iou"]),
         )
     return results

@@ -45,10 +45,12 @@ __all__ = [
     "load_runs",
     "main",
     "outfed_table",
+    "per_class_table",
     "run_average",
     "site_names",
     "site_value",
     "sites_table",
+    "timing_table",
     "write_tables",
 ]
 
@@ -113,7 +115,8 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def load_run(path: str | Path) -> dict:
-    """One run: {"path", "method", "seed", "experiment", "config", "final", "metrics", "comm"}.
+    """One run: {"path", "method", "seed", "experiment", "config", "final", "metrics", "comm",
+    "train"} ("train": rows of train.jsonl, empty when the run has none).
 
     Raises :class:`RunError` naming the first missing or unreadable file.
     """
@@ -146,6 +149,9 @@ def load_run(path: str | Path) -> dict:
         "final": final,
         "metrics": _read_jsonl(run_dir / "metrics.jsonl"),
         "comm": _read_jsonl(run_dir / "comm.jsonl"),
+        "train": _read_jsonl(run_dir / "train.jsonl")
+        if (run_dir / "train.jsonl").is_file()
+        else [],
     }
 
 
@@ -398,6 +404,43 @@ def comparison_table(runs: Sequence[dict]) -> Table:
     return _build("comparison", title, runs, columns, values)
 
 
+def class_value(run: dict, section: str, site: str, class_name: str, metric: str) -> float | None:
+    """One run's final per-class ``metric``; ``None`` when absent or not scored."""
+    entry = run["final"].get(section, {}).get(site)
+    per_class = entry.get("per_class") if isinstance(entry, Mapping) else None
+    return _value(per_class.get(class_name) if isinstance(per_class, Mapping) else None, metric)
+
+
+def per_class_table(runs: Sequence[dict], metric: str = "dice") -> Table:
+    """``metric`` per part class of every site (federated, then out-of-federation).
+
+    A class absent from the ground truth and the prediction of every evaluated frame of a site is
+    not scored (``null`` in final.json); its cell shows "n/a", and a mean ± std covers only the
+    runs that scored it.
+    """
+    if metric not in METRIC_LABELS:
+        raise ValueError(f"unknown metric {metric!r}; choose from {list(METRIC_LABELS)}")
+    columns: list[Column] = []
+    values: list = []
+    for section in ("sites", "out_of_federation"):
+        for site in site_names(runs, section):
+            classes: dict[str, None] = {}
+            for run in runs:
+                entry = run["final"].get(section, {}).get(site)
+                if isinstance(entry, Mapping) and isinstance(entry.get("per_class"), Mapping):
+                    classes.update(dict.fromkeys(entry["per_class"]))
+            for name in classes:
+                columns.append(Column(f"{metric}_{site}_{name}", f"{site} {name}", metric))
+                values.append(
+                    lambda r, sec=section, s=site, c=name: class_value(r, sec, s, c, metric)
+                )
+    title = (
+        f"{METRIC_LABELS[metric]} per class (n/a: class not scored, absent from ground truth and "
+        f"prediction in every evaluated frame), {_std_note()}"
+    )
+    return _build(f"per_class_{metric}", title, runs, columns, values)
+
+
 def comm_table(runs: Sequence[dict]) -> Table:
     """Table IX layout: communication per round (MB, as written in final.json) and rounds run."""
     columns = [
@@ -413,6 +456,52 @@ def comm_table(runs: Sequence[dict]) -> Table:
     return _build("comm", f"Communication (Table IX layout), {_std_note()}", runs, columns, values)
 
 
+def _mean_seconds(run: dict, site_is_server: bool, key: str) -> float | None:
+    """Mean of ``key`` over a run's train.jsonl rows of rounds >= 1 of the server or of the sites."""
+    values = [
+        float(row[key])
+        for row in run.get("train", [])
+        if row.get("round", 0) >= 1 and (row.get("site") == "server") == site_is_server
+        if row.get(key) is not None
+    ]
+    return float(np.mean(values)) if values else None
+
+
+def _serq_seconds(run: dict) -> float | None:
+    """Mean SERQ time per round (EQ + SC) of a run; None without SERQ timings."""
+    eq = _mean_seconds(run, True, "eq_seconds")
+    sc = _mean_seconds(run, True, "sc_seconds")
+    return None if eq is None or sc is None else eq + sc
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def timing_table(runs: Sequence[dict]) -> Table:
+    """Wall time per round from train.jsonl: the server's step (aggregation + SERQ) against one
+    site's local round (the mean over sites and rounds), and their ratio (the paper's server step
+    costs about 4.8x a site's round)."""
+    columns = [
+        Column("site_seconds", "Site round (s)"),
+        Column("aggregation_seconds", "Aggregation (s / round)", digits=3),
+        Column("serq_seconds", "SERQ EQ+SC (s / round)"),
+        Column("server_seconds", "Server step (s / round)"),
+        Column("serq_over_site", "SERQ / site round"),
+    ]
+    values = [
+        lambda r: _mean_seconds(r, False, "seconds"),
+        lambda r: _mean_seconds(r, True, "aggregation_seconds"),
+        _serq_seconds,
+        lambda r: _mean_seconds(r, True, "seconds"),
+        lambda r: _ratio(_serq_seconds(r), _mean_seconds(r, False, "seconds")),
+    ]
+    if not any(run.get("train") for run in runs):
+        return Table(name="timing", title="timing", columns=[])
+    title = f"Wall time per round (train.jsonl; rounds >= 1), {_std_note()}"
+    return _build("timing", title, runs, columns, values)
+
+
 def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
     """Write every table as ``<name>.md`` and ``<name>.csv`` plus ``tables.md`` with all of them.
 
@@ -422,7 +511,15 @@ def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     markdown: list[str] = []
-    for table in (sites_table(runs), outfed_table(runs), comparison_table(runs), comm_table(runs)):
+    tables = (
+        sites_table(runs),
+        outfed_table(runs),
+        comparison_table(runs),
+        per_class_table(runs),
+        comm_table(runs),
+        timing_table(runs),
+    )
+    for table in tables:
         if not table.columns:
             log.info("no data for table %r; not written", table.name)
             continue

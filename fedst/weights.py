@@ -1,24 +1,31 @@
-"""Which pretrained weights an experiment needs, and whether they are here (no network access).
+"""Which pretrained weights an experiment needs, whether they are here, and preparing them.
 
-    python -m fedst.weights                       # what experiment=paper needs
-    python -m fedst.weights experiment=demo method=fedst method.indicator=clip
+    python -m fedst.weights                                   # what experiment=paper needs
+    python -m fedst.weights experiment=paper --prepare        # also build its CLIP prompt cache
+    python -m fedst.weights experiment=demo method.indicator=clip
 
 Looks for the PVTv2 ImageNet checkpoint of the configured encoder (models/pvt/weights.py: the
 weights directory, $FEDST_WEIGHTS_DIR, the Hugging Face cache) and, when the method uses CLIP
-text indicators, for the cached embedding of every site prompt or else the open_clip checkpoint
-(fedst/model/indicators.py). Exit code 0 when everything the experiment needs is present, 1 otherwise.
+text indicators, for the cached embedding of the prompt of every site the experiment touches
+(federation, out-of-federation and server sites) or else the open_clip checkpoint
+(fedst/model/indicators.py). ``--prepare`` builds the missing embeddings with the code path
+training uses (fedst.federation.components.build_indicators: same model, tag, cache folder and
+prompts), so the cache it writes is the one training reads; without local or downloadable CLIP
+weights it says what is missing and how to provide it. Exit code 0 when everything the experiment
+needs is present, 1 otherwise.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import logging
 from pathlib import Path
 
 from fedst.cli import compose_experiment
 from fedst.experiment import ExperimentConfig
-from fedst.federation.components import site_order
-from fedst.model.indicators import clip_cache_path, site_prompt
+from fedst.federation.components import build_indicators, site_order
+from fedst.model.indicators import IndicatorUnavailableError, clip_cache_path, site_prompt
 from models.pvt.weights import (
     describe_weights,
     find_in_hf_cache,
@@ -73,16 +80,58 @@ def clip_status(cfg: ExperimentConfig) -> tuple[bool, str]:
     return False, (
         f"CLIP text indicators: {len(missing)} of {len(prompts)} prompts not cached in {cache} and no "
         f"checkpoint {local}/{ind.clip_model}_{ind.clip_pretrained}.(safetensors|bin|pt); run "
-        f"`python -m fedst.model.indicators` where CLIP is available and copy the cache file"
+        f"`python -m fedst.weights {' '.join(_overrides_hint(cfg))} --prepare` where CLIP is "
+        f"available (or add --prepare here once the checkpoint is in place) and copy the cache file"
     )
 
 
+def _overrides_hint(cfg: ExperimentConfig) -> list[str]:
+    return [f"experiment={cfg.name}"]
+
+
+def prepare_clip(cfg: ExperimentConfig) -> tuple[bool, str]:
+    """Build the CLIP prompt cache exactly as training will read it (build_indicators)."""
+    if not cfg.uses_indicator() or cfg.method.indicator != "clip":
+        return True, "prepare: the method uses no CLIP indicator; nothing to build"
+    try:
+        vectors = build_indicators(cfg)
+    except IndicatorUnavailableError as err:
+        return False, f"prepare: CLIP prompt cache not built. {err}"
+    ind = cfg.indicator
+    cache = clip_cache_path(Path(ind.cache_dir), ind.clip_model, ind.clip_pretrained)
+    return True, f"prepare: {len(vectors)} site prompts ({', '.join(vectors)}) cached in {cache}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedst.weights",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides as for train_fed.py (default experiment=paper)",
+    )
+    parser.add_argument(
+        "--prepare",
+        action="store_true",
+        help="build the CLIP text embeddings of every site prompt the experiment needs",
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    overrides = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    overrides = list(args.overrides)
     if not any(o.startswith("experiment=") for o in overrides):
         overrides.insert(0, "experiment=paper")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg, _ = compose_experiment(overrides)
-    results = [encoder_status(cfg), clip_status(cfg)]
+    results = [encoder_status(cfg)]
+    if args.prepare:
+        results.append(prepare_clip(cfg))
+    results.append(clip_status(cfg))
     for ok, line in results:
         print(f"[{'ok' if ok else 'MISSING'}] {line}")
     return 0 if all(ok for ok, _ in results) else 1

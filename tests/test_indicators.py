@@ -114,9 +114,9 @@ def test_missing_pretrained_clip_offline_raises_naming_the_fix(tmp_path, monkeyp
     with pytest.raises(IndicatorUnavailableError) as info:
         site_indicators("clip", SITES, cache_dir=tmp_path / "cache", weights_dir=tmp_path / "w")
     message = str(info.value)
-    assert str(tmp_path / "w" / "open_clip" / "ViT-B-32_laion2b_s34b_b79k.bin") in message
-    assert "laion/CLIP-ViT-B-32-laion2B-s34B-b79K" in message
-    assert "python -m fedst.model.indicators" in message
+    assert str(tmp_path / "w" / "open_clip" / "ViT-B-32_openai.bin") in message
+    assert "timm/vit_base_patch32_clip_224.openai" in message
+    assert "python -m fedst.weights experiment=<your experiment> --prepare" in message
     assert "indicator: onehot" in message
     assert not (tmp_path / "cache").exists()
 

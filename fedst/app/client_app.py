@@ -15,8 +15,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device, site_state_dir
+from fedst.federation.aggregation import UNIFORM_WEIGHT_KEY
 from fedst.federation.components import state_subset
 from fedst.federation.site import Site
+from fedst.metrics import METRIC_NAMES
 
 app = ClientApp()
 
@@ -68,6 +70,7 @@ def train(message: Message, context: Context) -> Message:
     metrics = MetricRecord(
         {
             "num-examples": result.num_examples,
+            UNIFORM_WEIGHT_KEY: 1,
             "train-loss": result.mean_loss,
             "seconds": result.seconds,
         }
@@ -82,17 +85,32 @@ def train(message: Message, context: Context) -> Message:
     return Message(content, reply_to=message)
 
 
+def evaluation_metrics(summary: dict) -> dict[str, int | float]:
+    """A meter summary as MetricRecord values: "num-examples", the overall metrics and
+    "<class>/<metric>" per class, plus "<class>/frames" (frames where the class was scored).
+
+    A value that was not scored (``None`` in the summary: a class absent from ground truth and
+    prediction in every evaluated frame) is left out, so it travels as absent, never as a number.
+    """
+    metrics: dict[str, int | float] = {"num-examples": int(summary["num_frames"])}
+    metrics.update({k: float(summary[k]) for k in METRIC_NAMES if summary[k] is not None})
+    for class_name, values in summary["per_class"].items():
+        metrics[f"{class_name}/frames"] = int(values["frames"])
+        metrics.update(
+            {f"{class_name}/{k}": float(values[k]) for k in METRIC_NAMES if values[k] is not None}
+        )
+    return metrics
+
+
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     received = message.content["arrays"].to_torch_state_dict()
     result = site.evaluate(received, int(config["server-round"]))
-    summary = result.summary
-    metrics = {"num-examples": int(summary["num_frames"])}
-    metrics.update({k: float(summary[k]) for k in ("dice", "iou", "hd95", "assd")})
-    for class_name, values in summary["per_class"].items():
-        metrics.update({f"{class_name}/{k}": float(v) for k, v in values.items()})
     content = RecordDict(
-        {"metrics": MetricRecord(metrics), "site": ConfigRecord({"site": site.name})}
+        {
+            "metrics": MetricRecord(evaluation_metrics(result.summary)),
+            "site": ConfigRecord({"site": site.name}),
+        }
     )
     return Message(content, reply_to=message)

@@ -1,10 +1,10 @@
 """Flower ServerApp: the round loop of Algorithm 1 over any Grid (in-process, Ray, deployment).
 
 Each round: send gamma_g to every site (round 1: the full initial model v_g^0) -> sites train and
-reply with gamma_k -> Flower's FedAvg (sample-count-weighted) or FedMedian aggregates -> the
-server step (SERQ for FedST) -> every ``eval_every`` rounds the sites score their personalized
-models -> checkpoint. Only the ArrayRecord "arrays" carries parameters, and it only ever holds
-shared keys from the sites.
+reply with gamma_k -> Flower's FedAvg (uniform or sample-count weights, see
+fedst/federation/aggregation.py) or FedMedian aggregates -> the server step (SERQ for FedST) ->
+every ``eval_every`` rounds the sites score their personalized models -> checkpoint. Only the
+ArrayRecord "arrays" carries parameters, and it only ever holds shared keys from the sites.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, FedMedian
-from tqdm import tqdm
 
 from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.federation.aggregation import make_strategy
 from fedst.federation.run_io import RunLog
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
+from fedst.metrics import METRIC_NAMES
+from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def run_federation(
             runlog.write("train", {"round": 0, "site": "server", "serq_pretrain_loss": pre_loss})
         server.save(0)
 
-    strategy = FedMedian() if cfg.method.aggregation == "fedmedian" else FedAvg()
+    strategy = make_strategy(cfg.method.aggregation, cfg.method.aggregation_weights)
     nodes = sorted(grid.get_node_ids())
     if len(nodes) != len(cfg.data.federation):
         raise FederationError(
@@ -144,10 +145,10 @@ def run_federation(
     }
 
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
-    for server_round in tqdm(
+    for server_round in progress_bar(
         rounds,
         desc=f"{cfg.method.name} rounds",
-        disable=not progress,
+        enabled=progress,
         initial=server.completed_round,
         total=cfg.train.rounds,
     ):
@@ -164,12 +165,22 @@ def run_federation(
             _log_training_reply(runlog, reply, down_sizes, server_round, cfg.train.local_iters)
         # -- aggregation + server step (lines 8-12) -------------------------------------------------
         if cfg.method.communicate:
+            step_started = time.perf_counter()
             aggregated, _ = strategy.aggregate_train(server_round, replies)
+            aggregation_seconds = time.perf_counter() - step_started
             stats = server.server_step(
                 aggregated.to_torch_state_dict() if aggregated else {}, server_round
             )
-            if stats is not None:
-                runlog.write("train", {"round": server_round, "site": "server", **vars(stats)})
+            runlog.write(
+                "train",
+                {
+                    "round": server_round,
+                    "site": "server",
+                    "aggregation_seconds": aggregation_seconds,
+                    "seconds": time.perf_counter() - step_started,  # aggregation + server step
+                    **(vars(stats) if stats is not None else {}),
+                },
+            )
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
             shared = ArrayRecord(server.shared_payload() if cfg.method.communicate else {})
@@ -179,7 +190,12 @@ def run_federation(
                 runlog.write("metrics", row)
                 last_metrics[row["site"]] = row
         server.save(server_round, extra={"last_metrics": last_metrics})
-        log.info("round %d done in %.1f s", server_round, time.perf_counter() - started)
+        log.info(  # the one line per round of a non-terminal log (fedst/progress.py)
+            "round %d/%d done in %.1f s",
+            server_round,
+            cfg.train.rounds,
+            time.perf_counter() - started,
+        )
     runlog.close()
     return last_metrics
 
@@ -190,17 +206,23 @@ def _param_bytes(record: ArrayRecord) -> int:
 
 
 def _metrics_row(reply: Message, server_round: int) -> dict[str, Any]:
+    """One metrics.jsonl row from an evaluate reply, in the layout of SegmentationMeter.summary():
+    a metric the reply leaves out (not scored: the class was absent from ground truth and
+    prediction in every evaluated frame) is ``None`` (JSON null), never a number."""
     metrics = dict(reply.content["metrics"])
-    per_class: dict[str, dict[str, float]] = {}
+    per_class: dict[str, dict[str, float | int | None]] = {}
     for key in [k for k in metrics if "/" in k]:
         class_name, metric = key.split("/", 1)
         per_class.setdefault(class_name, {})[metric] = metrics.pop(key)
+    for values in per_class.values():
+        values["frames"] = int(values.get("frames", 0))
+        values.update({m: float(values[m]) if m in values else None for m in METRIC_NAMES})
     return {
         "round": server_round,
         "site": _site_of(reply),
         "split": "test",
         "model": "personal",
         "num_frames": int(metrics.pop("num-examples")),
-        **{k: float(v) for k, v in metrics.items()},
+        **{m: float(metrics[m]) if m in metrics else None for m in METRIC_NAMES},
         "per_class": per_class,
     }

@@ -379,8 +379,13 @@ def parse_arguments(argv: Sequence[str]) -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Check the sites of a data config; the exit status says whether every site is usable."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(item in ("-h", "--help") for item in argv):
+        print(f"usage: python -m fedst.data.check [data=NAME|FILE.yaml] [site=NAME] [max_frames=N]")
+        print(__doc__)
+        return 0
     try:
-        args = parse_arguments(sys.argv[1:] if argv is None else argv)
+        args = parse_arguments(argv)
         config = load_data_config(args.get("data", "paper"))
         max_frames = int(args.get("max_frames", DEFAULT_MAX_FRAMES))
         names = [args["site"]] if "site" in args else list(config.sites)

@@ -203,6 +203,7 @@ class ClipDataset(Dataset):
         )
         self._mean = (np.array(IMAGENET_MEAN, dtype=np.float32) * 255).reshape(3, 1, 1)
         self._inv_std = (1 / (np.array(IMAGENET_STD, dtype=np.float32) * 255)).reshape(3, 1, 1)
+        self._index_of_id: dict[str, int] | None = None
         if validate:
             self.validate()
 
@@ -219,6 +220,25 @@ class ClipDataset(Dataset):
         if self.clip_length == 1:
             return [position]
         return clip_frame_positions(video.times, position, self.clip_length, self.clip.interval_s)
+
+    def sample_id(self, index: int) -> str:
+        """``"<site>/<video_id>/<position>"`` of sample ``index`` (as returned by ``__getitem__``)."""
+        video, position = self.sample_ref(index)
+        return f"{self.site_name}/{video.video_id}/{position}"
+
+    def index_of(self, sample_id: str) -> int:
+        """The index of the sample called ``sample_id`` (inverse of :meth:`sample_id`)."""
+        if self._index_of_id is None:
+            self._index_of_id = {self.sample_id(i): i for i in range(self.num_samples)}
+        if sample_id not in self._index_of_id:
+            raise KeyError(f"site {self.site_name!r} split {self.split!r} has no sample {sample_id!r}")
+        return self._index_of_id[sample_id]
+
+    def native_label(self, sample_id: str) -> np.ndarray:
+        """The label of ``sample_id`` at the dataset's native resolution (uint8 [H0, W0], 255 =
+        ignore), not resized and not augmented: what distances are measured on (evaluation)."""
+        video, position = self.sample_ref(self.index_of(sample_id))
+        return self.source.read_label(video.labels[position])
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
         """``(clip [T, 3, H, W] float32 normalised, mask [H, W] int64, sample_id)``."""
@@ -246,7 +266,7 @@ class ClipDataset(Dataset):
         normalised = (channels_first.astype(np.float32) - self._mean) * self._inv_std
         clip_tensor = torch.from_numpy(normalised)  # [T, 3, H, W] float32
         mask_tensor = torch.from_numpy(label.astype(np.int64))  # [H, W]
-        return clip_tensor, mask_tensor, f"{self.site_name}/{video.video_id}/{position}"
+        return clip_tensor, mask_tensor, self.sample_id(int(index))
 
     def _apply_augmentation(
         self, clip: list[np.ndarray], label: np.ndarray, aug_seed: int | None

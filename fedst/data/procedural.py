@@ -75,9 +75,9 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from tqdm import tqdm
 
 from fedst.data.base import CLASS_NAMES, IGNORE_INDEX, SPLITS, DataError
+from fedst.progress import progress_bar
 
 __all__ = [
     "FPS",
@@ -1120,7 +1120,7 @@ def generate(
         for split, ids in video_ids(site, spec).items():
             frames = size.split(split).frames
             tasks.extend((site_dir, site, preset, seed, v, frames, size.label_every) for v in ids)
-    bar = tqdm(total=len(tasks), desc=f"procedural {preset}", unit="video", disable=not progress)
+    bar = progress_bar(total=len(tasks), desc=f"procedural {preset}", unit="video", enabled=progress)
     if workers > 1 and len(tasks) > 1:
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             for _ in pool.imap_unordered(_write_video, tasks, chunksize=4):

@@ -4,7 +4,9 @@ Layout of a run directory (every file is written by the server process unless no
 ```
 config.json / config.yaml   resolved experiment config (config.yaml also holds Hydra's view)
 metrics.jsonl               per-round evaluation rows (site, model, dice, iou, hd95, assd, per_class)
-train.jsonl                 per-round training rows (site, loss, seconds, iterations)
+train.jsonl                 per-round training rows (site, loss, seconds, iterations); site "server":
+                            aggregation_seconds, seconds (aggregation + server step), SERQ losses,
+                            eq_seconds and sc_seconds
 comm.jsonl                  parameter bytes uploaded / downloaded per site per round
 checkpoints/server.pt       last completed round: global model, SERQ state, RNG (atomic)
 checkpoints/server.prev.pt  the round before (fallback when server.pt is damaged)

@@ -6,29 +6,46 @@ Server-only, on synthetic images (no temporal module). State:
 * ``domain_descriptor`` D_sy [C, h, w]: one learnable tensor for the synthetic domain at the
   chosen encoder stage (``SerqConfig.feature_stage``), initialised randomly (N(0, 0.02)).
 * ``feature_bank`` F_hat_g: per synthetic sample, the EMA (Eq. 10) of the global model's encoder
-  features at that stage. It is updated lazily, when a sample is drawn (first visit initialises it
-  to F_g), so each round costs only the batches SERQ trains on. Stored on CPU in float16: for
-  PVTv2-b0 at stage 3 that is 256 x H/32 x W/32 values per sample (5 KiB at 128x160; 160 KiB at
-  512x640, i.e. about 0.6 GB for SISVSE's 3600 images).
+  features at that stage, **of the sample's canonical (un-augmented) view**. It is updated lazily,
+  when a sample is drawn (first visit initialises it to F_g), so each round costs only the batches
+  SERQ trains on. Stored on CPU in float16: for PVTv2-b0 at stage 3 that is 256 x H/32 x W/32
+  values per sample (5 KiB at 128x160; 160 KiB at 512x640, i.e. about 0.6 GB for SISVSE's 3600
+  images).
 
-Each round (Algorithm 1, lines 10-11) draws ``batches_per_round`` synthetic batches, then
+Each round (Algorithm 1, lines 10-11) draws ``batches_per_round`` synthetic batches of
+``batch_size`` samples (augmented: rotation and scale, as all training in the paper), then
   EQ: global model fixed; train v_pre and D_sy on L_pre = L_seg + lambda2 * mean||F_sy - D_sy - F_hat_g||^2 (Eq. 11)
   SC: v_pre and D_sy fixed; train v_g on L_g = L_seg + lambda3 * mean||F_g - (F_sy - D_sy)||^2 (Eq. 12)
-both over the same batches, with Adam (lr 1e-4) whose moments persist across rounds.
+over the same samples, with Adam (lr 1e-4) whose moments persist across rounds.
+
+Views (design note). The bank is an average over rounds of one sample's features, so every term
+it enters must see one fixed view of that sample: EQ runs on the **canonical view** (the image
+and mask resized, never augmented; ``reference``), so F_g (bank update, Eq. 10) and F_sy (Eq. 11)
+are features of the same pixels, round after round. An augmented view would mix features of
+differently rotated / scaled images in one entry, an EQ target for pixels the model is not shown.
+SC compares F_g and F_sy - D_sy of one image at one instant and needs no bank, so it trains the
+global model on the **augmented** view (the paper's rotation and scale augmentation). Cost: the
+canonical view is read once more per sample (data loading only, no extra forward pass).
+
+Refresh rate. A bank entry is refreshed only when its sample is drawn: ``batches_per_round x
+batch_size`` of the N synthetic samples per round, i.e. every N / (B x b) rounds on average (demo:
+200 / (5 x 4) = every 10 rounds, 2 visits per entry in the 20-round demo; paper: 3600 / (100 x 2)
+= every 18 rounds for SISVSE's 3600 images (Table I), about 16-17 visits in 300 rounds).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
-from fedst.data.clips import BatchStream
+from fedst.data.clips import BatchStream, ClipDataset
 from fedst.experiment import SerqConfig
 from fedst.model.losses import SegmentationLoss
+from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +60,10 @@ class SerqRoundStats:
     """Mean L_g over the round's batches (Eq. 12)."""
     sc_feature_gap: float
     """Mean ||F_g - (F_sy - D_sy)||^2 / N_e."""
+    eq_seconds: float = 0.0
+    """Wall time of the EQ step (drawing and loading the round's batches included)."""
+    sc_seconds: float = 0.0
+    """Wall time of the SC step."""
 
 
 class Serq:
@@ -53,6 +74,7 @@ class Serq:
         cfg: SerqConfig,
         synthetic_model: nn.Module,
         stream: BatchStream,
+        reference: ClipDataset,
         indicator: torch.Tensor | None,
         loss_fn: SegmentationLoss,
         device: torch.device,
@@ -60,6 +82,8 @@ class Serq:
         self.cfg = cfg
         self.synthetic_model = synthetic_model
         self.stream = stream
+        self.reference = reference
+        """The synthetic set without augmentation: the canonical view of each sample (EQ, bank)."""
         self.indicator = indicator.to(device) if indicator is not None else None
         self.loss_fn = loss_fn
         self.device = device
@@ -85,14 +109,22 @@ class Serq:
         return torch.empty(feat.shape[1:], device=self.device)  # [c, h, w]
 
     def _draw_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+        """The round's ``batches_per_round`` augmented batches (images [B, T, 3, H, W], masks, ids)."""
         return [self.stream.next_batch() for _ in range(self.cfg.batches_per_round)]
+
+    def canonical_view(self, ids: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """The un-augmented (images [B, T, 3, H, W], masks [B, H, W], ids) of the samples ``ids``."""
+        samples = [self.reference[self.reference.index_of(sample_id)] for sample_id in ids]
+        return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples]), ids
 
     # -- synthetic pre-training of v_pre (Algorithm 1 input v_pre^0) ----------------------------
     def pretrain(self, iters: int, progress: bool = False) -> float:
         """Train v_pre on the synthetic set with L_seg; returns the mean loss of the last 10 steps."""
         self.synthetic_model.train()
         tail: list[float] = []
-        for _ in tqdm(range(iters), desc="SERQ pre-training", disable=not progress, leave=False):
+        for _ in progress_bar(
+            range(iters), desc="SERQ pre-training", enabled=progress, leave=False
+        ):
             images, masks, _ = self.stream.next_batch()
             logits, _ = self._forward(self.synthetic_model, images.to(self.device))
             loss = self.loss_fn(logits, masks.to(self.device))
@@ -108,7 +140,10 @@ class Serq:
     def update_feature_bank(
         self, global_model: nn.Module, images: torch.Tensor, ids: list[str]
     ) -> torch.Tensor:
-        """F_hat_g <- (1 - mu) F_hat_g + mu F_g for the batch's samples (Eq. 10); returns F_hat_g."""
+        """F_hat_g <- (1 - mu) F_hat_g + mu F_g for the batch's samples (Eq. 10); returns F_hat_g.
+
+        ``images`` must be the canonical views of ``ids`` (:meth:`canonical_view`).
+        """
         global_model.eval()
         _, feat_global = self._forward(global_model, images)
         mu = self.cfg.ema_mu
@@ -123,7 +158,10 @@ class Serq:
         return torch.stack(rows).to(self.device, torch.float32)
 
     def explicit_quantification(self, global_model: nn.Module, batches) -> tuple[float, float]:
-        """EQ step: update v_pre and D_sy with the global model fixed (Eq. 11)."""
+        """EQ step: update v_pre and D_sy with the global model fixed (Eq. 11).
+
+        ``batches``: canonical views (:meth:`canonical_view`), the view the bank holds.
+        """
         self.synthetic_model.train()
         total, gap_total = 0.0, 0.0
         for images, masks, ids in batches:
@@ -162,10 +200,20 @@ class Serq:
 
     def step(self, global_model: nn.Module) -> SerqRoundStats:
         """One round of SERQ on the freshly aggregated global model (Algorithm 1, lines 10-11)."""
+        started = time.perf_counter()
         batches = self._draw_batches()
-        eq_loss, eq_gap = self.explicit_quantification(global_model, batches)
+        canonical = [self.canonical_view(list(ids)) for _, _, ids in batches]
+        eq_loss, eq_gap = self.explicit_quantification(global_model, canonical)
+        eq_done = time.perf_counter()
         sc_loss, sc_gap = self.synchronize_convergence(global_model, batches)
-        return SerqRoundStats(eq_loss, eq_gap, sc_loss, sc_gap)
+        return SerqRoundStats(
+            eq_loss,
+            eq_gap,
+            sc_loss,
+            sc_gap,
+            eq_seconds=eq_done - started,
+            sc_seconds=time.perf_counter() - eq_done,
+        )
 
     # -- checkpointing -------------------------------------------------------------------------
     def state_dict(self) -> dict:

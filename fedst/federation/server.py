@@ -108,6 +108,7 @@ class FederationServer:
             cfg.serq,
             synthetic_model=copy.deepcopy(self.global_model),
             stream=stream,
+            reference=ClipDataset(source, "train", clip, None, validate=False),
             indicator=build_indicators(cfg).get(cfg.data.server),
             loss_fn=build_loss(cfg),
             device=self.device,

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from fedst.data.clips import BatchStream
 from fedst.experiment import ExperimentConfig
@@ -39,6 +38,7 @@ from fedst.federation.run_io import (
     load_checkpoint,
     remove_stale_tmp,
 )
+from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +113,10 @@ class Site:
         use_amp = self.cfg.train.amp and self.device.type == "cuda"
         self.model.train()
         started, losses = time.perf_counter(), []
-        iterations = tqdm(
+        iterations = progress_bar(
             range(local_iters),
             desc=f"site {self.name} round {server_round}",
-            disable=not self.progress,
+            enabled=self.progress,
             leave=False,
         )
         for iteration in iterations:

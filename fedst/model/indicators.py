@@ -22,7 +22,11 @@ $FEDST_WEIGHTS_DIR, else weights/, as for the encoder; or the Hugging Face cache
 (HF_HUB_OFFLINE=1, or the hub does not answer a 3 s connection probe),
 :class:`IndicatorUnavailableError` says how to provide them. No other kind is ever substituted.
 
-CLI (run on a machine with internet, then copy the cache file):
+Provisioning: ``python -m fedst.weights experiment=paper --prepare`` embeds the prompt of every
+site the experiment touches (federation, out-of-federation and server sites) with the experiment's
+own model, tag and cache folder, i.e. writes exactly the cache training reads, and reports what is
+still missing. Run it where the CLIP weights are (or can be downloaded), then copy the cache file.
+The lower-level CLI below embeds an explicit list of sites (defaults: the ones above):
 ``python -m fedst.model.indicators --sites A:nephrectomy B:nephrectomy --out weights/clip_cache``
 """
 
@@ -58,7 +62,9 @@ INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 PROMPT_TEMPLATE = "This is the Local site {site} model and the surgery type is {surgery_type}"
 GAUSSIAN_SIGMA = 0.1
 DEFAULT_CLIP_MODEL = "ViT-B-32"
-DEFAULT_CLIP_PRETRAINED = "laion2b_s34b_b79k"
+"""The open_clip text tower of the CLIP indicator: the one definition (IndicatorConfig uses it)."""
+DEFAULT_CLIP_PRETRAINED = "openai"
+"""Its pretrained tag (OpenAI's CLIP weights): the one definition (IndicatorConfig uses it)."""
 DEFAULT_CACHE_DIR = Path("weights/clip_cache")
 HUB_PROBE_TIMEOUT_S = 3.0
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -240,8 +246,9 @@ def _resolve_clip_checkpoint(
     fix = (
         f"Put the open_clip checkpoint for {clip_model} / {clip_pretrained} (hub id "
         f"{cfg.get('hf_hub') or cfg.get('url')}) at {expected}, or copy a precomputed cache file "
-        f"{cache_path.name} made with `python -m fedst.model.indicators --sites NAME:SURGERY ... "
-        f"--out {cache_path.parent}` on a machine with internet into {cache_path.parent}, "
+        f"{cache_path.name} into {cache_path.parent}, made on a machine with internet by "
+        f"`python -m fedst.weights experiment=<your experiment> --prepare` (or "
+        f"`python -m fedst.model.indicators --sites NAME:SURGERY_TYPE ...`), "
         f"or use `indicator: onehot`. Missing prompts: {list(prompts)}"
     )
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):

@@ -1,0 +1,121 @@
+"""Specification of aggregation weights: FedST averages gamma uniformly (Algorithm 1, line 8),
+the FedAvg baseline by sample count, and every site reply carries what both need."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from fedst.app.client_app import app as client_app
+from fedst.app.client_app import release_sites
+from fedst.app.inprocess import InProcessGrid
+from fedst.cli import compose_experiment
+from fedst.config import ConfigError
+from fedst.federation.aggregation import make_strategy
+from tests.conftest import write_generic_site
+
+# three sites: gamma values and training-sample counts
+GAMMAS = [np.array([1.0, 10.0]), np.array([2.0, 0.0]), np.array([6.0, 2.0])]
+SAMPLES = [1, 1, 2]
+UNIFORM_MEAN = [(1 + 2 + 6) / 3, (10 + 0 + 2) / 3]  # [3.0, 4.0]
+SAMPLE_MEAN = [(1 * 1 + 2 * 1 + 6 * 2) / 4, (10 * 1 + 0 * 1 + 2 * 2) / 4]  # [3.75, 3.5]
+
+
+def _site_reply(gamma: np.ndarray, num_examples: int) -> Message:
+    """A train reply with the metrics every ClientApp reply carries."""
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({"w": torch.tensor(gamma)}),
+            "metrics": MetricRecord(
+                {"num-examples": num_examples, "uniform-weight": 1, "train-loss": 0.5}
+            ),
+            "site": ConfigRecord({"site": "X"}),
+        }
+    )
+    InProcessGrid(client_app, [])  # sets Flower's task identity for building messages
+    instruction = Message(RecordDict(), dst_node_id=1, message_type="train", group_id="1")
+    instruction.metadata.__dict__["_message_id"] = "m"
+    return Message(content, reply_to=instruction)
+
+
+def _aggregate(method_overrides: list[str]) -> np.ndarray:
+    cfg, _ = compose_experiment(["experiment=tiny", *method_overrides])
+    strategy = make_strategy(cfg.method.aggregation, cfg.method.aggregation_weights)
+    replies = [_site_reply(g, n) for g, n in zip(GAMMAS, SAMPLES, strict=True)]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    return arrays["w"].numpy()
+
+
+def test_fedst_averages_gamma_uniformly_as_algorithm_1_line_8():
+    np.testing.assert_allclose(_aggregate(["method=fedst"]), UNIFORM_MEAN)
+
+
+def test_the_fedavg_baseline_weights_gamma_by_sample_count():
+    np.testing.assert_allclose(_aggregate(["method=fedavg"]), SAMPLE_MEAN)
+
+
+def test_the_weighting_is_a_config_value():
+    np.testing.assert_allclose(
+        _aggregate(["method=fedst", "method.aggregation_weights=samples"]), SAMPLE_MEAN
+    )
+    np.testing.assert_allclose(
+        _aggregate(["method=fedavg", "method.aggregation_weights=uniform"]), UNIFORM_MEAN
+    )
+
+
+def test_a_weighted_median_is_refused():
+    with pytest.raises(ConfigError, match="aggregation_weights=uniform"):
+        compose_experiment(["method.aggregation=fedmedian", "method.aggregation_weights=samples"])
+
+
+class _TinyModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(4, 1, 1))
+
+    def forward(self, clips: torch.Tensor, indicator=None) -> torch.Tensor:
+        batch, _, _, height, width = clips.shape
+        return self.bias.expand(batch, 4, height, width)  # [B, 4, H, W]
+
+
+def test_a_site_train_reply_carries_both_weight_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    write_generic_site(tmp_path, "A", videos={"v1": 3}, size=(32, 40))
+    cfg, _ = compose_experiment(
+        [
+            "experiment=tiny",
+            f"data.root={tmp_path}",
+            "data.procedural=null",
+            "data.federation=[A]",
+            "data.out_of_federation=[]",
+            "data.server=null",
+            "method=fedavg",  # nothing personalized: the tiny model's one tensor is shared
+        ]
+    )
+    monkeypatch.setattr("fedst.federation.site.build_model", lambda _cfg: _TinyModel())
+    grid = InProcessGrid(client_app, [{"partition-id": 0}])
+    config = {
+        "experiment": cfg.to_json(),
+        "run-dir": str(tmp_path / "run"),
+        "server-round": 1,
+        "local-iters": 1,
+    }
+    message = Message(
+        RecordDict({"arrays": ArrayRecord({}), "config": ConfigRecord(config)}),
+        dst_node_id=1,
+        message_type=MessageType.TRAIN,
+        group_id="1",
+    )
+    try:
+        (reply,) = grid.send_and_receive([message])
+    finally:
+        release_sites()
+    assert not reply.has_error(), reply.error.reason
+    metrics = reply.content["metrics"]
+    assert metrics["uniform-weight"] == 1
+    assert metrics["num-examples"] == 3  # the site's training frames

@@ -1,0 +1,96 @@
+"""Specifications of what a run writes about itself: a log readable in a file (no progress bars
+into a non-terminal, one line per round) and the server step's timing in train.jsonl / the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedst import report
+
+REPO = Path(__file__).resolve().parents[1]
+ROUNDS = 2  # configs/experiment/tiny.yaml
+
+
+@pytest.fixture(scope="module")
+def tiny_cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """train_fed.py on the tiny preset with progress on and stderr captured (not a terminal)."""
+    tmp = tmp_path_factory.mktemp("cli")
+    run_dir = tmp / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "train_fed.py",
+            "experiment=tiny",
+            f"data.root={tmp / 'tiny'}",
+            f"hydra.run.dir={run_dir}",
+            "progress=true",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir, done.stderr
+
+
+def test_no_progress_bar_is_written_into_a_non_terminal(tiny_cli_run):
+    _, stderr = tiny_cli_run
+    assert "\r" not in stderr
+    assert "it/s" not in stderr and "s/it" not in stderr  # no tqdm status line either
+
+
+def test_a_non_terminal_log_has_one_line_per_round(tiny_cli_run):
+    _, stderr = tiny_cli_run
+    lines = re.findall(r"round (\d+)/(\d+) done in [\d.]+ s", stderr)
+    assert lines == [(str(r), str(ROUNDS)) for r in range(1, ROUNDS + 1)]
+
+
+def test_train_log_times_the_aggregation_and_serq_steps_of_every_round(tiny_cli_run):
+    run_dir, _ = tiny_cli_run
+    rows = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
+    server = {r["round"]: r for r in rows if r["site"] == "server" and r["round"] >= 1}
+    assert sorted(server) == list(range(1, ROUNDS + 1))
+    for row in server.values():
+        assert row["eq_seconds"] > 0 and row["sc_seconds"] > 0 and row["aggregation_seconds"] > 0
+        parts = row["aggregation_seconds"] + row["eq_seconds"] + row["sc_seconds"]
+        assert parts <= row["seconds"]  # the step's total covers its parts
+    table = report.timing_table(report.load_runs([run_dir]))
+    assert [c.key for c in table.columns][-1] == "serq_over_site"
+    assert table.rows["fedst"][-1] is not None
+
+
+def _run(seed: int, train_rows: list[dict]) -> dict:
+    return {"method": "fedst", "seed": seed, "experiment": "x", "final": {}, "train": train_rows}
+
+
+def test_the_report_gives_serq_time_per_round_over_the_mean_site_round():
+    rows = [
+        {"round": 0, "site": "server", "serq_pretrain_loss": 1.0},  # pre-training: not a round
+        {"round": 1, "site": "A", "seconds": 2.0},
+        {"round": 1, "site": "B", "seconds": 4.0},
+        {"round": 1, "site": "server", "seconds": 7.5, "aggregation_seconds": 0.5,
+         "eq_seconds": 3.0, "sc_seconds": 3.0},
+        {"round": 2, "site": "A", "seconds": 2.0},
+        {"round": 2, "site": "B", "seconds": 4.0},
+        {"round": 2, "site": "server", "seconds": 11.5, "aggregation_seconds": 0.5,
+         "eq_seconds": 5.0, "sc_seconds": 5.0},
+    ]  # fmt: skip
+    table = report.timing_table([_run(0, rows)])
+    cells = dict(zip([c.key for c in table.columns], table.rows["fedst"], strict=True))
+    # by hand: sites (2 + 4 + 2 + 4) / 4 = 3 s; SERQ (6 + 10) / 2 = 8 s; server (7.5 + 11.5) / 2
+    assert cells["site_seconds"].mean == pytest.approx(3.0)
+    assert cells["serq_seconds"].mean == pytest.approx(8.0)
+    assert cells["server_seconds"].mean == pytest.approx(9.5)
+    assert cells["aggregation_seconds"].mean == pytest.approx(0.5)
+    assert cells["serq_over_site"].mean == pytest.approx(8.0 / 3.0)
