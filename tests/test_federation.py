@@ -16,6 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from hydra import compose, initialize_config_dir
 
+from fedst import outfed
 from fedst.app import server_app
 from fedst.app.inprocess import InProcessGrid
 from fedst.cli import register_resolvers, split_config
@@ -108,6 +109,7 @@ def fedst_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
         patch.setattr(InProcessGrid, "__init__", recording_init)
         patch.setattr(site_module, "build_model", with_integer_buffer)
         patch.setattr(server_module, "build_model", with_integer_buffer)
+        patch.setattr(outfed, "build_model", with_integer_buffer)
         patch.setattr(site_module.Site, "__init__", site_init)
         patch.setattr(site_module.Site, "train_round", recording_train_round)
         final = run_training(cfg, run_dir, progress=False)
