@@ -70,17 +70,26 @@ class SiteRound:
 
 
 @pytest.fixture(scope="module")
-def fedst_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
+def after_training() -> dict[tuple[str, int], SiteRound]:
+    """(site, round) -> the site's live private tensors and buffer after its local training in
+    ``fedst_run`` (filled by that fixture)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def fedst_run(
+    tiny_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    after_training: dict[tuple[str, int], SiteRound],
+):
     """A 2-round FedST run (SERQ on) with every message that crossed the grid recorded.
 
     Every party's model also carries an int64 buffer (INTEGER_BUFFER): 0 at the server,
-    ``site_counter(index)`` at each site; ``after_training[(site, round)]`` records the site's live
-    private tensors and buffer after each local round.
+    ``site_counter(index)`` at each site.
     """
     cfg = experiment(tiny_root)
     run_dir = tmp_path_factory.mktemp("runs") / "fedst"
     messages: list[tuple[str, Message]] = []
-    after_training: dict[tuple[str, int], SiteRound] = {}
     original_grid_init = InProcessGrid.__init__
     original_site_init = site_module.Site.__init__
     original_train_round = site_module.Site.train_round
@@ -113,11 +122,11 @@ def fedst_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
         patch.setattr(site_module.Site, "__init__", site_init)
         patch.setattr(site_module.Site, "train_round", recording_train_round)
         final = run_training(cfg, run_dir, progress=False)
-    return cfg, run_dir, final, messages, after_training
+    return cfg, run_dir, final, messages
 
 
 def test_a_two_round_federation_writes_every_output(fedst_run):
-    _, run_dir, final, _, _ = fedst_run
+    _, run_dir, final, _ = fedst_run
     for name in (
         "config.yaml",
         "config.json",
@@ -142,7 +151,7 @@ def test_a_two_round_federation_writes_every_output(fedst_run):
 
 
 def test_only_shared_parameters_ever_leave_a_site(fedst_run):
-    cfg, _, _, messages, _ = fedst_run
+    cfg, _, _, messages = fedst_run
     partition = partition_of(build_model(cfg), cfg)
     shared, personal = set(partition.shared), set(partition.personal)
     assert personal, "FedST must keep something private"
@@ -164,7 +173,7 @@ def test_only_shared_parameters_ever_leave_a_site(fedst_run):
 
 
 def test_no_image_or_mask_data_crosses_the_grid(fedst_run):
-    cfg, _, _, messages, _ = fedst_run
+    cfg, _, _, messages = fedst_run
     height, width = cfg.clip.image_size
     model_keys = set(build_model(cfg).state_dict())
     for _, message in messages:
@@ -174,8 +183,8 @@ def test_no_image_or_mask_data_crosses_the_grid(fedst_run):
                 assert tuple(array.shape[-2:]) != (height, width)
 
 
-def test_each_sites_private_state_after_a_round_is_on_its_disk(fedst_run):
-    cfg, run_dir, _, _, after_training = fedst_run
+def test_each_sites_private_state_after_a_round_is_on_its_disk(fedst_run, after_training):
+    cfg, run_dir, _, _ = fedst_run
     personal = set(partition_of(build_model(cfg), cfg).personal)
     for site in cfg.data.federation:
         state = torch.load(run_dir / "sites" / site / "state_r0002.pt", weights_only=False)
@@ -189,7 +198,7 @@ def test_each_sites_private_state_after_a_round_is_on_its_disk(fedst_run):
 
 
 def test_every_site_weights_its_upload_by_its_number_of_training_samples(fedst_run):
-    cfg, _, _, messages, _ = fedst_run
+    cfg, _, _, messages = fedst_run
     train_sizes = {s: len(open_site_data(cfg, s, ("train",)).train) for s in cfg.data.federation}
     assert len(set(train_sizes.values())) > 1  # otherwise any constant weight would pass
     replies = [m for d, m in messages if d == "up" and m.metadata.message_type == "train"]
@@ -203,7 +212,7 @@ def test_every_site_weights_its_upload_by_its_number_of_training_samples(fedst_r
 def test_fedst_uploads_exactly_what_fedavg_would_minus_the_personalized_tensors(
     fedst_run, tiny_root
 ):
-    cfg, run_dir, final, messages, _ = fedst_run
+    cfg, run_dir, final, messages = fedst_run
     model = build_model(cfg)
     state = model.state_dict()
     # What method=fedavg's partition sends for the same network: every float tensor.
@@ -221,8 +230,8 @@ def test_fedst_uploads_exactly_what_fedavg_would_minus_the_personalized_tensors(
     assert final["upload_mb_per_round"] == pytest.approx((fedavg_bytes - saved) / 1e6)
 
 
-def test_an_integer_buffer_never_travels_and_is_never_averaged(fedst_run):
-    cfg, run_dir, _, messages, after_training = fedst_run
+def test_an_integer_buffer_never_travels_and_is_never_averaged(fedst_run, after_training):
+    cfg, run_dir, _, messages = fedst_run
     for _, message in messages:
         for record in message.content.array_records.values():
             assert INTEGER_BUFFER not in record
