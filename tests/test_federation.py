@@ -261,8 +261,8 @@ def test_the_server_aggregates_the_shared_tensors_the_sites_send(
     cfg = experiment(
         tiny_root, "method.serq=false", "train.total_iters=2", f"method.aggregation={aggregation}"
     )
-    initial = build_model(cfg).state_dict()
-    partition = partition_of(build_model(cfg), cfg)
+    model = build_model(cfg)
+    initial, partition = model.state_dict(), partition_of(model, cfg)
     constant = {1: 0.0, 2: 1.0, 3: 2.0, 4: 7.0}  # node id -> c_k
     examples = {1: 1, 2: 2, 3: 3, 4: 4}  # node id -> n_k
 
@@ -292,15 +292,21 @@ def test_the_server_aggregates_the_shared_tensors_the_sites_send(
         assert torch.equal(global_model[key], initial[key]), key
 
 
-def test_the_server_step_never_reaches_a_sites_private_parameters(tiny_root, tmp_path):
+# -- SERQ ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def serq_server(tiny_root, tmp_path):
+    cfg = experiment(tiny_root, "serq.batches_per_round=1", "augment.enabled=false")
+    return FederationServer(cfg, tmp_path, torch.device("cpu"))
+
+
+def test_the_server_step_never_reaches_a_sites_private_parameters(serq_server, tmp_path):
     """With SERQ on, SC (Eq. 12) trains all of v_g, the server's own rho_g included. What must
     hold (Algorithm 1): line 9, v_g = gamma_g^{t+1} U rho_g^t enters SERQ; line 12, only gamma_g
     is distributed; so a site's rho_k after the server step is the one it trained itself."""
-    cfg = experiment(tiny_root)
-    assert cfg.method.serq
-    cpu = torch.device("cpu")
-    server = FederationServer(cfg, tmp_path, cpu)
-    server.initialize()
+    server, cpu = serq_server, torch.device("cpu")
+    cfg = server.cfg
     shared, personal = server.partition.shared, server.partition.personal
     site_dir = tmp_path / "sites" / "A"
     gamma_a = Site("A", cfg, site_dir, cpu).train_round(server.initial_payload(), 1, 1).shared
@@ -332,15 +338,6 @@ def test_the_server_step_never_reaches_a_sites_private_parameters(tiny_root, tmp
         assert not torch.equal(rho_a[key], rho_g_after[key]), key
     for key in shared:
         assert torch.equal(restarted.model.state_dict()[key], payload[key]), key
-
-
-# -- SERQ ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def serq_server(tiny_root, tmp_path):
-    cfg = experiment(tiny_root, "serq.batches_per_round=1", "augment.enabled=false")
-    return FederationServer(cfg, tmp_path, torch.device("cpu"))
 
 
 def eq_objective(serq, global_model, batch) -> float:
