@@ -197,7 +197,7 @@ def test_each_sites_private_state_after_a_round_is_on_its_disk(fedst_run, after_
     assert any(not torch.equal(a[k], b[k]) for k in personal)  # each site saved its own rho_k
 
 
-def test_every_site_weights_its_upload_by_its_number_of_training_samples(fedst_run):
+def test_every_site_reports_its_number_of_training_samples_as_num_examples(fedst_run):
     cfg, _, _, messages = fedst_run
     train_sizes = {s: len(open_site_data(cfg, s, ("train",)).train) for s in cfg.data.federation}
     assert len(set(train_sizes.values())) > 1  # otherwise any constant weight would pass
@@ -205,7 +205,7 @@ def test_every_site_weights_its_upload_by_its_number_of_training_samples(fedst_r
     assert len(replies) == 2 * len(train_sizes)
     for reply in replies:
         site = reply.content["site"]["site"]
-        weight = reply.content["metrics"]["num-examples"]  # the key FedAvg() weights by
+        weight = reply.content["metrics"]["num-examples"]  # n_k, FedAvg's sample weight
         assert isinstance(weight, int) and weight == train_sizes[site], site
 
 
@@ -257,9 +257,14 @@ def test_the_server_aggregates_the_shared_tensors_the_sites_send(
     tiny_root, tmp_path, aggregation, expected
 ):
     """Constructed site replies (site k sends the constant c_k in every shared tensor and
-    num-examples n_k) through the real ServerApp loop; the server's v_g must hold the hand value."""
+    num-examples n_k) through the real ServerApp loop; the server's v_g must hold the hand value.
+    The FedAvg baseline's (sample-count) weighting, with the encoder queries kept private."""
     cfg = experiment(
-        tiny_root, "method.serq=false", "train.total_iters=2", f"method.aggregation={aggregation}"
+        tiny_root,
+        "method=fedavg",
+        "method.personalization=encoder_query",
+        "train.total_iters=2",
+        f"method.aggregation={aggregation}",
     )
     model = build_model(cfg)
     initial, partition = model.state_dict(), partition_of(model, cfg)
