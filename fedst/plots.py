@@ -1,5 +1,7 @@
 """Figures: learning curves (paper Fig. 5), communication, per-site comparison bars, and
-qualitative overlays (Figs. 3/4). Matplotlib with the Agg backend; every function returns the PNG.
+qualitative overlays (Figs. 3/4). Matplotlib with the Agg backend; each ``*_figure`` function
+builds the matplotlib Figure (tests read its data) and the matching ``plot_*`` / ``qualitative_grid``
+writes it as a PNG and returns the path.
 
 Class colours (Okabe-Ito, colour-blind safe) are fixed so that figures of different runs compare:
 shaft blue, wrist green, jaw orange; the binary "instrument" class (GraSP) is yellow. Background
@@ -29,11 +31,15 @@ from fedst.report import (
 __all__ = [
     "BINARY_COLORS",
     "PART_COLORS",
+    "communication_figure",
+    "comparison_figure",
     "learning_curves",
+    "learning_curves_figure",
     "overlay_masks",
     "plot_communication",
     "plot_comparison",
     "plot_learning_curves",
+    "qualitative_figure",
     "qualitative_grid",
 ]
 
@@ -128,6 +134,15 @@ def plot_learning_curves(
     metric: str = "dice",
     model: str | None = None,
 ) -> Path:
+    """Write :func:`learning_curves_figure` to ``out_png``."""
+    return _save(learning_curves_figure(metrics_rows, metric, model), out_png)
+
+
+def learning_curves_figure(
+    metrics_rows: MetricRows | Mapping[str, MetricRows],
+    metric: str = "dice",
+    model: str | None = None,
+) -> Figure:
     """Test ``metric`` vs communication round (paper Fig. 5): "Average", then a panel per site.
 
     ``metrics_rows``: rows of metrics.jsonl, or {label: rows} to overlay methods; several seeds
@@ -164,12 +179,17 @@ def plot_learning_curves(
                 handles.append(handle)
                 labels.append(label)
     axes[0].legend(handles, labels, fontsize=8)
-    return _save(fig, out_png)
+    return fig
 
 
 def plot_communication(
     comm_rows: Sequence[Mapping], out_png: str | Path, title: str | None = None
 ) -> Path:
+    """Write :func:`communication_figure` to ``out_png``."""
+    return _save(communication_figure(comm_rows, title), out_png)
+
+
+def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None) -> Figure:
     """Upload and download MB (10^6 bytes) per round, stacked by site (rows of comm.jsonl).
 
     Stacking keeps sites that send identical amounts visible; the top edge is the round's total.
@@ -195,10 +215,15 @@ def plot_communication(
         ax.set_ylim(0, max(float(megabytes.sum(axis=0).max()), 1e-9) * 1.25)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, ncol=min(len(sites), 4), loc="upper left")
-    return _save(fig, out_png)
+    return fig
 
 
 def plot_comparison(runs: Sequence[dict], out_png: str | Path, metric: str = "dice") -> Path:
+    """Write :func:`comparison_figure` to ``out_png``."""
+    return _save(comparison_figure(runs, metric), out_png)
+
+
+def comparison_figure(runs: Sequence[dict], metric: str = "dice") -> Figure:
     """Bars of final ``metric`` per site (federated, Avg., out-of-federation) per method, ±std."""
     sites = site_names(runs, "sites")
     outfed = site_names(runs, "out_of_federation")
@@ -232,7 +257,7 @@ def plot_comparison(runs: Sequence[dict], out_png: str | Path, metric: str = "di
     )
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, ncol=min(len(groups), 4))
-    return _save(fig, out_png)
+    return fig
 
 
 def overlay_masks(
@@ -278,6 +303,11 @@ def qualitative_grid(
     binary: bool = False,
     alpha: float = 0.5,
 ) -> Path:
+    """Write :func:`qualitative_figure` to ``out_png``."""
+    return _save(qualitative_figure(rows, binary, alpha), out_png)
+
+
+def qualitative_figure(rows: Sequence[tuple], binary: bool = False, alpha: float = 0.5) -> Figure:
     """Figs. 3/4: a row per (title, image, gt, {method: pred}); columns image, GT, each method.
 
     image: RGB uint8 [H, W, 3]; gt, pred: class maps [H, W]. A row may carry a fifth element, a
@@ -328,4 +358,4 @@ def qualitative_grid(
     ]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.3 / (cell * height / width * len(rows) + 0.6), 1, 1))
-    return _save(fig, out_png)
+    return fig

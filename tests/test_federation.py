@@ -8,24 +8,25 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAvg, FedMedian
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from hydra import compose, initialize_config_dir
 
+from fedst import outfed
 from fedst.app import server_app
-from fedst.app.client_app import app as client_app
 from fedst.app.inprocess import InProcessGrid
 from fedst.cli import register_resolvers, split_config
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
+from fedst.federation import server as server_module
 from fedst.federation import site as site_module
-from fedst.federation.components import build_model, partition_of
+from fedst.federation.components import build_model, open_site_data, partition_of, state_subset
 from fedst.federation.server import FederationServer
+from fedst.federation.site import Site
 from fedst.training import run_training
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,19 +53,74 @@ def read_jsonl(path: Path) -> list[dict]:
 # -- one tiny federation, inspected from every side ------------------------------------------------
 
 
+INTEGER_BUFFER = "site_counter"
+"""An int64 buffer the fixture's models carry (FedSTNet has none): it must never travel."""
+
+
+def site_counter(index: int) -> int:
+    return 100 + index
+
+
+@dataclass
+class SiteRound:
+    """What one site's live model held right after its local training of one round."""
+
+    personal: dict[str, torch.Tensor]
+    counter: torch.Tensor
+
+
 @pytest.fixture(scope="module")
-def fedst_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
-    """A 2-round FedST run with every message that crossed the grid recorded."""
+def after_training() -> dict[tuple[str, int], SiteRound]:
+    """(site, round) -> the site's live private tensors and buffer after its local training in
+    ``fedst_run`` (filled by that fixture)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def fedst_run(
+    tiny_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    after_training: dict[tuple[str, int], SiteRound],
+):
+    """A 2-round FedST run (SERQ on) with every message that crossed the grid recorded.
+
+    Every party's model also carries an int64 buffer (INTEGER_BUFFER): 0 at the server,
+    ``site_counter(index)`` at each site.
+    """
     cfg = experiment(tiny_root)
     run_dir = tmp_path_factory.mktemp("runs") / "fedst"
     messages: list[tuple[str, Message]] = []
-    original = InProcessGrid.__init__
+    original_grid_init = InProcessGrid.__init__
+    original_site_init = site_module.Site.__init__
+    original_train_round = site_module.Site.train_round
 
     def recording_init(self, *args, **kwargs):
-        original(self, *args, **kwargs, observer=lambda d, m: messages.append((d, m)))
+        original_grid_init(self, *args, **kwargs, observer=lambda d, m: messages.append((d, m)))
+
+    def with_integer_buffer(config):
+        model = build_model(config)
+        model.register_buffer(INTEGER_BUFFER, torch.zeros(3, dtype=torch.int64))
+        return model
+
+    def site_init(self, *args, **kwargs):
+        original_site_init(self, *args, **kwargs)
+        getattr(self.model, INTEGER_BUFFER).fill_(site_counter(self.index))
+
+    def recording_train_round(self, received, server_round, local_iters):
+        result = original_train_round(self, received, server_round, local_iters)
+        after_training[(self.name, server_round)] = SiteRound(
+            personal=state_subset(self.model, self.partition.personal),
+            counter=getattr(self.model, INTEGER_BUFFER).clone(),
+        )
+        return result
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(InProcessGrid, "__init__", recording_init)
+        patch.setattr(site_module, "build_model", with_integer_buffer)
+        patch.setattr(server_module, "build_model", with_integer_buffer)
+        patch.setattr(outfed, "build_model", with_integer_buffer)
+        patch.setattr(site_module.Site, "__init__", site_init)
+        patch.setattr(site_module.Site, "train_round", recording_train_round)
         final = run_training(cfg, run_dir, progress=False)
     return cfg, run_dir, final, messages
 
@@ -127,75 +183,118 @@ def test_no_image_or_mask_data_crosses_the_grid(fedst_run):
                 assert tuple(array.shape[-2:]) != (height, width)
 
 
-def test_site_state_persists_in_context_and_on_disk(fedst_run):
+def test_each_sites_private_state_after_a_round_is_on_its_disk(fedst_run, after_training):
     cfg, run_dir, _, _ = fedst_run
-    state = torch.load(run_dir / "sites" / "A" / "state_r0002.pt", weights_only=False)
-    partition = partition_of(build_model(cfg), cfg)
-    assert set(state["personal"]) == set(partition.personal)
-    assert state["round"] == 2 and state["num_examples"] > 0
+    personal = set(partition_of(build_model(cfg), cfg).personal)
+    for site in cfg.data.federation:
+        state = torch.load(run_dir / "sites" / site / "state_r0002.pt", weights_only=False)
+        assert state["round"] == 2 and state["site"] == site
+        assert set(state["personal"]) == personal
+        live = after_training[(site, 2)].personal
+        for key in personal:
+            assert torch.equal(state["personal"][key], live[key]), (site, key)
+    a, b = (after_training[(s, 2)].personal for s in cfg.data.federation[:2])
+    assert any(not torch.equal(a[k], b[k]) for k in personal)  # each site saved its own rho_k
 
 
-def test_fedst_uploads_less_than_fedavg_would(fedst_run):
-    cfg, _, final, _ = fedst_run
+def test_every_site_reports_its_number_of_training_samples_as_num_examples(fedst_run):
+    cfg, _, _, messages = fedst_run
+    train_sizes = {s: len(open_site_data(cfg, s, ("train",)).train) for s in cfg.data.federation}
+    assert len(set(train_sizes.values())) > 1  # otherwise any constant weight would pass
+    replies = [m for d, m in messages if d == "up" and m.metadata.message_type == "train"]
+    assert len(replies) == 2 * len(train_sizes)
+    for reply in replies:
+        site = reply.content["site"]["site"]
+        weight = reply.content["metrics"]["num-examples"]  # n_k, FedAvg's sample weight
+        assert isinstance(weight, int) and weight == train_sizes[site], site
+
+
+def test_fedst_uploads_exactly_what_fedavg_would_minus_the_personalized_tensors(
+    fedst_run, tiny_root
+):
+    cfg, run_dir, final, messages = fedst_run
     model = build_model(cfg)
-    whole = sum(
-        v.numel() * v.element_size() for v in model.state_dict().values() if v.is_floating_point()
-    )
-    assert 0 < final["upload_mb_per_round"] * 1e6 < whole
-
-
-# -- aggregation arithmetic -------------------------------------------------------------------
-
-
-def reply(values: dict[str, np.ndarray], num_examples: int) -> Message:
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord({k: torch.tensor(v) for k, v in values.items()}),
-            "metrics": MetricRecord({"num-examples": num_examples}),
-            "site": ConfigRecord({"site": "X"}),
-        }
-    )
-    InProcessGrid(client_app, [])  # sets Flower's task identity for building messages
-    instruction = Message(RecordDict(), dst_node_id=1, message_type="train", group_id="1")
-    instruction.metadata.__dict__["_message_id"] = "m"
-    return Message(content, reply_to=instruction)
-
-
-def test_fedavg_is_the_sample_count_weighted_mean():
-    replies = [reply({"w": np.array([0.0, 4.0])}, 1), reply({"w": np.array([3.0, 8.0])}, 3)]
-    arrays, _ = FedAvg().aggregate_train(1, replies)
-    np.testing.assert_allclose(arrays["w"].numpy(), [(0 * 1 + 3 * 3) / 4, (4 * 1 + 8 * 3) / 4])
-
-
-def test_fedmedian_is_the_coordinate_wise_median_ignoring_weights():
-    replies = [
-        reply({"w": np.array([1.0, 9.0])}, 100),
-        reply({"w": np.array([2.0, 0.0])}, 1),
-        reply({"w": np.array([7.0, 5.0])}, 1),
-    ]
-    arrays, _ = FedMedian().aggregate_train(1, replies)
-    np.testing.assert_allclose(arrays["w"].numpy(), [2.0, 5.0])
-
-
-def test_the_server_step_leaves_the_servers_private_parameters_alone(tiny_root, tmp_path):
-    cfg = experiment(tiny_root, "method.serq=false")
-    server = FederationServer(cfg, tmp_path, torch.device("cpu"))
-    before = {k: v.clone() for k, v in server.global_model.state_dict().items()}
-    aggregated = {k: torch.full_like(before[k], 0.5) for k in server.partition.shared}
-    server.server_step(aggregated, server_round=1)
-    after = server.global_model.state_dict()
-    for key in server.partition.personal:
-        assert torch.equal(after[key], before[key]), key
-    for key in server.partition.shared:
-        assert torch.all(after[key] == 0.5), key
-
-
-def test_integer_buffers_are_never_shared(tiny_root):
-    cfg = experiment(tiny_root)
-    model = build_model(cfg)
-    partition = partition_of(model, cfg)
     state = model.state_dict()
-    assert all(state[k].is_floating_point() for k in partition.shared)
+    # What method=fedavg's partition sends for the same network: every float tensor.
+    fedavg_upload = set(partition_of(model, experiment(tiny_root, "method=fedavg")).shared)
+    assert fedavg_upload == {k for k, v in state.items() if v.is_floating_point()}
+    personal = set(partition_of(model, cfg).personal)
+    uploads = [m for d, m in messages if d == "up" and m.metadata.message_type == "train"]
+    for reply in uploads:
+        sent = set(reply.content["arrays"].keys())
+        assert sent < fedavg_upload and fedavg_upload - sent == personal
+    saved = sum(state[k].numel() * 4 for k in personal)  # fp32: 4 bytes per value
+    fedavg_bytes = sum(state[k].numel() * 4 for k in fedavg_upload)
+    comm = read_jsonl(run_dir / "comm.jsonl")
+    assert {row["upload_param_bytes"] for row in comm} == {fedavg_bytes - saved}
+    assert final["upload_mb_per_round"] == pytest.approx((fedavg_bytes - saved) / 1e6)
+
+
+def test_an_integer_buffer_never_travels_and_is_never_averaged(fedst_run, after_training):
+    cfg, run_dir, _, messages = fedst_run
+    for _, message in messages:
+        for record in message.content.array_records.values():
+            assert INTEGER_BUFFER not in record
+    for (site, _), seen in after_training.items():
+        index = cfg.data.federation.index(site)
+        assert torch.equal(seen.counter, torch.full((3,), site_counter(index))), site
+    server = torch.load(run_dir / "checkpoints" / "server.pt", weights_only=False)
+    assert torch.equal(server["global_model"][INTEGER_BUFFER], torch.zeros(3, dtype=torch.int64))
+    assert len(after_training) == 2 * len(cfg.data.federation)
+
+
+# -- aggregation: our use of Flower's strategies ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"),
+    [
+        ("fedavg", (0.0 * 1 + 1.0 * 2 + 2.0 * 3 + 7.0 * 4) / (1 + 2 + 3 + 4)),  # weighted mean 3.6
+        ("fedmedian", (1.0 + 2.0) / 2),  # median of 0, 1, 2, 7; the weights play no part
+    ],
+)
+def test_the_server_aggregates_the_shared_tensors_the_sites_send(
+    tiny_root, tmp_path, aggregation, expected
+):
+    """Constructed site replies (site k sends the constant c_k in every shared tensor and
+    num-examples n_k) through the real ServerApp loop; the server's v_g must hold the hand value.
+    The FedAvg baseline's (sample-count) weighting, with the encoder queries kept private."""
+    cfg = experiment(
+        tiny_root,
+        "method=fedavg",
+        "method.personalization=encoder_query",
+        "train.total_iters=2",
+        f"method.aggregation={aggregation}",
+    )
+    model = build_model(cfg)
+    initial, partition = model.state_dict(), partition_of(model, cfg)
+    constant = {1: 0.0, 2: 1.0, 3: 2.0, 4: 7.0}  # node id -> c_k
+    examples = {1: 1, 2: 2, 3: 3, 4: 4}  # node id -> n_k
+
+    def constructed_site(message: Message, context) -> Message:
+        node = message.metadata.dst_node_id
+        metrics: dict = {"num-examples": examples[node]}
+        content = {"site": ConfigRecord({"site": f"S{node}"})}
+        if message.metadata.message_type == MessageType.TRAIN:
+            content["arrays"] = ArrayRecord(
+                {k: torch.full_like(initial[k], constant[node]) for k in partition.shared}
+            )
+            metrics |= {"train-loss": 1.0, "seconds": 0.0}
+        else:
+            metrics |= {"dice": 0.5, "iou": 0.5, "hd95": 1.0, "assd": 1.0}
+        content["metrics"] = MetricRecord(metrics)
+        return Message(RecordDict(content), reply_to=message)
+
+    grid = InProcessGrid(constructed_site, [{} for _ in cfg.data.federation])
+    server_app.run_federation(grid, cfg, tmp_path, progress=False)
+    global_model = torch.load(tmp_path / server_module.SERVER_CHECKPOINT, weights_only=False)[
+        "global_model"
+    ]
+    for key in partition.shared:
+        assert global_model[key].dtype == initial[key].dtype, key
+        torch.testing.assert_close(global_model[key], torch.full_like(initial[key], expected))
+    for key in partition.personal:  # the server's own rho_g: no site sent it
+        assert torch.equal(global_model[key], initial[key]), key
 
 
 # -- SERQ ---------------------------------------------------------------------------------
@@ -205,6 +304,45 @@ def test_integer_buffers_are_never_shared(tiny_root):
 def serq_server(tiny_root, tmp_path):
     cfg = experiment(tiny_root, "serq.batches_per_round=1", "augment.enabled=false")
     return FederationServer(cfg, tmp_path, torch.device("cpu"))
+
+
+def test_the_server_step_never_reaches_a_sites_private_parameters(serq_server, tmp_path):
+    """With SERQ on, SC (Eq. 12) trains all of v_g, the server's own rho_g included. What must
+    hold (Algorithm 1): line 9, v_g = gamma_g^{t+1} U rho_g^t enters SERQ; line 12, only gamma_g
+    is distributed; so a site's rho_k after the server step is the one it trained itself."""
+    server, cpu = serq_server, torch.device("cpu")
+    cfg = server.cfg
+    shared, personal = server.partition.shared, server.partition.personal
+    site_dir = tmp_path / "sites" / "A"
+    gamma_a = Site("A", cfg, site_dir, cpu).train_round(server.initial_payload(), 1, 1).shared
+    rho_a = torch.load(site_dir / "state_r0001.pt", weights_only=False)["personal"]
+    rho_g = state_subset(server.global_model, personal)
+
+    entering: dict[str, torch.Tensor] = {}
+    original_step = server.serq.step
+
+    def recording_step(global_model):
+        entering.update(state_subset(global_model, [*shared, *personal]))
+        return original_step(global_model)
+
+    server.serq.step = recording_step
+    server.server_step(gamma_a, server_round=1)  # the aggregate of a single site is its gamma
+    for key in shared:
+        assert torch.equal(entering[key], gamma_a[key]), key
+    for key in personal:
+        assert torch.equal(entering[key], rho_g[key]), key
+    rho_g_after = state_subset(server.global_model, personal)
+    assert any(not torch.equal(rho_g_after[k], rho_g[k]) for k in personal)  # SC trained rho_g
+
+    payload = server.shared_payload()
+    assert set(payload) == set(shared)
+    restarted = Site("A", cfg, site_dir, cpu)  # a new process: state comes from A's disk
+    restarted.train_round(payload, 2, local_iters=0)
+    for key in personal:
+        assert torch.equal(restarted.model.state_dict()[key], rho_a[key]), key
+        assert not torch.equal(rho_a[key], rho_g_after[key]), key
+    for key in shared:
+        assert torch.equal(restarted.model.state_dict()[key], payload[key]), key
 
 
 def eq_objective(serq, global_model, batch) -> float:

@@ -1,6 +1,7 @@
 """Specification of the FedST network: channel selection (Eq. 7-8), FedSTNet, streaming."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -44,14 +45,20 @@ def single_thread():
 # --- channel selection (Eq. 7-8) -----------------------------------------------------------
 
 
-def test_gate_is_in_open_unit_interval_and_output_is_feat_plus_feat_times_gate():
-    torch.manual_seed(0)
-    cs = ChannelSelection(channels=8, indicator_dim=DIM)
-    feat = torch.randn(2, 8, 5, 6)
-    gate = cs.gate(feat, INDICATOR)
-    assert gate.shape == (2, 8)
-    assert ((gate > 0) & (gate < 1)).all()
-    assert torch.equal(cs(feat, INDICATOR), feat + feat * gate[:, :, None, None])
+def test_gate_is_the_sigmoid_of_the_fc_of_pooled_features_and_indicator_and_scales_the_features():
+    """Eq. 7-8 by hand: 2 channels, a 3-d indicator, set FC weights; GAP is the spatial mean."""
+    cs = ChannelSelection(channels=2, indicator_dim=3)
+    with torch.no_grad():
+        cs.fc.weight.copy_(torch.tensor([[0.5, 0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.25]]))
+        cs.fc.bias.copy_(torch.tensor([-0.5, 0.0]))
+    checkerboard = torch.tensor([[1.0, -1.0], [-1.0, 1.0]]).repeat(2, 3)  # [4, 6], mean 0
+    feat = torch.stack([1.0 + checkerboard, -2.0 + 3 * checkerboard])[None]  # [1, 2, 4, 6]
+    indicator = torch.tensor([1.0, 0.0, 2.0])
+    # channel 0: 0.5 * GAP_0 (1) + 1 * xi_0 (1) - 0.5 = 1; channel 1: GAP_1 (-2) + 0.25 * xi_2 (2)
+    sigmoid = [1 / (1 + math.exp(-1.0)), 1 / (1 + math.exp(1.5))]
+    torch.testing.assert_close(cs.gate(feat, indicator), torch.tensor([sigmoid]))
+    expected = torch.stack([feat[0, c] * (1 + sigmoid[c]) for c in range(2)])[None]
+    torch.testing.assert_close(cs(feat, indicator), expected)
 
 
 def test_channel_selection_depends_on_the_indicator():
