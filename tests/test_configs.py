@@ -81,6 +81,7 @@ PAPER_ABLATIONS: dict[str, dict[str, object]] = {
     "table5_row1_none": {
         "method.personalization": "none",
         "method.personalize_channel_selection": False,
+        "method.aggregation_weights": "samples",  # McMahan et al.: n_k / n; FedST: 1/K
     },
     "table5_row2_all": {"method.personalization": "all"},
     "table5_row3_decoder_query": {"method.personalization": "decoder_query"},
@@ -128,6 +129,7 @@ def test_methods_differ_only_in_their_method_choices():
         **NO_SERQ,
         "method.personalization": "none",
         "method.personalize_channel_selection": False,
+        "method.aggregation_weights": "samples",  # McMahan et al.: n_k / n; FedST: 1/K
     }
     assert method_of("local") == {
         "method.name": "local",

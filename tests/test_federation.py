@@ -247,24 +247,27 @@ def test_an_integer_buffer_never_travels_and_is_never_averaged(fedst_run, after_
 
 
 @pytest.mark.parametrize(
-    ("aggregation", "expected"),
+    ("aggregation", "weights", "expected"),
     [
-        ("fedavg", (0.0 * 1 + 1.0 * 2 + 2.0 * 3 + 7.0 * 4) / (1 + 2 + 3 + 4)),  # weighted mean 3.6
-        ("fedmedian", (1.0 + 2.0) / 2),  # median of 0, 1, 2, 7; the weights play no part
+        ("fedavg", "samples", (0.0 * 1 + 1.0 * 2 + 2.0 * 3 + 7.0 * 4) / (1 + 2 + 3 + 4)),  # 3.6
+        ("fedavg", "uniform", (0.0 + 1.0 + 2.0 + 7.0) / 4),  # Algorithm 1 line 8: 1/K, 2.5
+        ("fedmedian", "uniform", (1.0 + 2.0) / 2),  # median of 0, 1, 2, 7; no weights
     ],
 )
 def test_the_server_aggregates_the_shared_tensors_the_sites_send(
-    tiny_root, tmp_path, aggregation, expected
+    tiny_root, tmp_path, aggregation, weights, expected
 ):
     """Constructed site replies (site k sends the constant c_k in every shared tensor and
-    num-examples n_k) through the real ServerApp loop; the server's v_g must hold the hand value.
-    The FedAvg baseline's (sample-count) weighting, with the encoder queries kept private."""
+    num-examples n_k) through the real ServerApp loop; the server's v_g must hold the hand value:
+    the sample-count weighted mean, the uniform 1/K mean of Algorithm 1 line 8, or the median.
+    The encoder queries are kept private, so the server's own copies must stay untouched."""
     cfg = experiment(
         tiny_root,
         "method=fedavg",
         "method.personalization=encoder_query",
         "train.total_iters=2",
         f"method.aggregation={aggregation}",
+        f"method.aggregation_weights={weights}",
     )
     model = build_model(cfg)
     initial, partition = model.state_dict(), partition_of(model, cfg)
@@ -273,7 +276,7 @@ def test_the_server_aggregates_the_shared_tensors_the_sites_send(
 
     def constructed_site(message: Message, context) -> Message:
         node = message.metadata.dst_node_id
-        metrics: dict = {"num-examples": examples[node]}
+        metrics: dict = {"num-examples": examples[node], "uniform-weight": 1}
         content = {"site": ConfigRecord({"site": f"S{node}"})}
         if message.metadata.message_type == MessageType.TRAIN:
             content["arrays"] = ArrayRecord(
