@@ -22,11 +22,15 @@ Bad input stops with one line naming the file and the fix.
 
 from __future__ import annotations
 
+import ast
 import csv
 import dataclasses
+import inspect
+import itertools
 import json
 import logging
 import sys
+import textwrap
 import time
 import typing
 from collections.abc import Iterator, Sequence
@@ -112,8 +116,10 @@ def parse_key_values(cls: type[C], argv: Sequence[str], doc: str | None = None) 
     from omegaconf import OmegaConf
 
     if any(arg in ("-h", "--help") for arg in argv):
+        docs = _field_docs(cls)
         fields = "\n".join(
-            f"  {f.name}={'<required>' if f.default is dataclasses.MISSING else f.default}"
+            f"  {f.name}={'<required>' if f.default is dataclasses.MISSING else f.default}\n"
+            f"      {docs.get(f.name, '')}"
             for f in dataclasses.fields(cls)
         )
         print(f"{doc or ''}\nkeys:\n{fields}")
@@ -134,6 +140,20 @@ def parse_key_values(cls: type[C], argv: Sequence[str], doc: str | None = None) 
     if missing:
         raise InferenceError(f"missing required key(s) {missing}; see --help")
     return build(cls, values, cls.__name__)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass (read from its source)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {
+        node.target.id: after.value.value
+        for node, after in itertools.pairwise(body)
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+    }
 
 
 # -- the model -----------------------------------------------------------------------------------
@@ -324,8 +344,12 @@ def run_inference(cfg: InferConfig) -> dict[str, Any]:
     """Stream ``cfg.input`` through the site model and write the outputs; return the summary."""
     run_dir = Path(cfg.run)
     device = resolve_device(cfg.device)
-    experiment, model, indicator = load_site_model(run_dir, cfg.site, cfg.prompt_site, device)
     source = open_input(cfg.input, cfg.fps)
+    try:
+        experiment, model, indicator = load_site_model(run_dir, cfg.site, cfg.prompt_site, device)
+    except BaseException:
+        source.close()
+        raise
     default_dir = run_dir / "infer" / f"{cfg.site}_{Path(source.name).stem}"
     out_dir = Path(cfg.output) if cfg.output else default_dir
     out_dir.mkdir(parents=True, exist_ok=True)

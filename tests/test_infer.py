@@ -211,6 +211,24 @@ def test_infer_label_maps_are_the_clip_forward_at_the_videos_own_frame_rate(run_
         assert (written == expected).mean() > 0.999, f"frame {t} (positions {positions})"
 
 
+def test_out_of_federation_model_needs_the_prompt_site_and_then_runs(run_dir, tmp_path):
+    write_video(tmp_path / "case.mp4", 3)
+    args = [f"run={run_dir}", "site=outfed", f"input={tmp_path / 'case.mp4'}", "progress=false"]
+    with pytest.raises(SystemExit, match="add prompt_site=<one of"):
+        infer_main([*args, f"output={tmp_path / 'no'}"])
+    summary = run_inference(
+        InferConfig(
+            run=str(run_dir),
+            site="outfed",
+            prompt_site="E",
+            input=str(tmp_path / "case.mp4"),
+            output=str(tmp_path / "out"),
+            progress=False,
+        )
+    )
+    assert summary["frames"] == 3 and (tmp_path / "out" / "overlay.mp4").stat().st_size > 0
+
+
 def test_legend_names_every_part_in_its_colour():
     image = np.zeros((240, 320, 3), np.uint8)
     draw_legend(image)
