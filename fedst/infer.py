@@ -33,7 +33,7 @@ import sys
 import textwrap
 import time
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -210,8 +210,8 @@ class VideoInput:
     name: str
     fps: float
     num_frames: int | None
-    _read: Any
-    _close: Any = None
+    _read: Callable[[], Iterator[tuple[float, np.ndarray]]]
+    _close: Callable[[], None] | None = None
 
     def frames(self) -> Iterator[tuple[float, np.ndarray]]:
         yield from self._read()
