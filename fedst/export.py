@@ -18,7 +18,8 @@ The caller keeps the cache and picks the earlier frames by time with
 :class:`fedst.data.clips.FrameHistory` (frame k steps back: the latest earlier frame at or before
 ``t - k * interval_s``), as :class:`OnnxStreamer` does. The site indicator is a constant of the
 graph (the model is the site's). H, W are fixed to the run's ``clip.image_size`` (or ``size=``);
-a sidecar ``<output>.json`` records them with the clip rule and the class names.
+a sidecar ``<output>.json`` records them with the clip rule, the input normalisation and the
+class names.
 Needs the ``export`` extra (onnx, onnxscript, onnxruntime).
 """
 
@@ -36,7 +37,7 @@ import torch
 from torch import nn
 
 from fedst.data.base import CLASS_NAMES
-from fedst.data.clips import FrameHistory
+from fedst.data.clips import IMAGENET_MEAN, IMAGENET_STD, FrameHistory
 from fedst.model.network import FedSTNet
 
 __all__ = ["ExportConfig", "OnnxStreamer", "StreamingStep", "export_onnx", "main"]
@@ -122,6 +123,7 @@ def export_onnx(
         "interval_s": interval_s,
         "image_size": list(image_size),
         "classes": list(CLASS_NAMES[: net.cfg.num_classes]),
+        "normalization": {"scale": 1 / 255, "mean": IMAGENET_MEAN, "std": IMAGENET_STD},
         "opset": opset,
     }
     out_path.with_suffix(".json").write_text(json.dumps(meta, indent=2))
