@@ -43,16 +43,21 @@ __all__ = [
     "BatchStream",
     "ClipConfig",
     "ClipDataset",
+    "FrameHistory",
     "build_augmentation",
     "clip_frame_positions",
     "collate_clips",
     "make_loader",
+    "normalize_frames",
+    "resize_frame",
 ]
 
 logger = logging.getLogger(__name__)
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+_MEAN_255 = (np.array(IMAGENET_MEAN, dtype=np.float32) * 255).reshape(3, 1, 1)
+_INV_STD_255 = (1 / (np.array(IMAGENET_STD, dtype=np.float32) * 255)).reshape(3, 1, 1)
 TIME_TOLERANCE_S = 1e-6
 SINGLE_FRAME_MODES = ("repeat", "single")
 AUG_SEED_HIGH = 2**31 - 1
@@ -131,6 +136,75 @@ def clip_frame_positions(
     return positions
 
 
+class FrameHistory:
+    """:func:`clip_frame_positions` for a stream: frames arrive one by one with their times.
+
+    Holds one item per earlier frame (e.g. its encoder features) and, for a new frame at time t,
+    returns the items the clip ending at it uses: frame k steps back is the latest earlier frame at
+    or before ``t - k * interval_s``, or the new frame itself (``None``) when that time is before
+    the stream's first frame. Items no future clip can use are dropped, so memory stays at about
+    ``(num_frames - 1) * interval_s * fps + 1`` items.
+    """
+
+    def __init__(self, num_frames: int, interval_s: float) -> None:
+        if num_frames < 1 or interval_s < 0:
+            raise ValueError(
+                f"FrameHistory needs num_frames >= 1 and interval_s >= 0, got {num_frames}, "
+                f"{interval_s}"
+            )
+        self.num_frames, self.interval_s = num_frames, interval_s
+        self.times: list[float] = []
+        self.items: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def reset(self) -> None:
+        """Forget every frame (start of a new video)."""
+        self.times.clear()
+        self.items.clear()
+
+    def context(self, time_s: float) -> list[Any | None]:
+        """The ``num_frames - 1`` earlier items of a new frame at ``time_s``, oldest first;
+        ``None`` where the clip uses the new frame itself."""
+        if self.times and time_s <= self.times[-1]:
+            raise ValueError(
+                f"frame times must increase: got {time_s} s after {self.times[-1]} s"
+            )
+        current = len(self.times)
+        positions = clip_frame_positions(
+            [*self.times, time_s], current, self.num_frames, self.interval_s
+        )
+        return [None if p == current else self.items[p] for p in positions[:-1]]
+
+    def append(self, time_s: float, item: Any) -> None:
+        """Add the new frame's item (after :meth:`context`), then drop items no later clip needs:
+        the oldest item goes once the next one is at or before the oldest target time, as later
+        frames' targets are later still."""
+        if self.times and time_s <= self.times[-1]:
+            raise ValueError(
+                f"frame times must increase: got {time_s} s after {self.times[-1]} s"
+            )
+        self.times.append(time_s)
+        self.items.append(item)
+        oldest_target = time_s - (self.num_frames - 1) * self.interval_s + TIME_TOLERANCE_S
+        while len(self.times) > 1 and self.times[1] <= oldest_target:
+            del self.times[0], self.items[0]
+
+
+def resize_frame(rgb: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+    """RGB uint8 [H0, W0, 3] -> [H, W, 3] at ``image_size`` = (H, W), bilinear (the network input)."""
+    height, width = image_size
+    return cv2.resize(rgb, (width, height), interpolation=cv2.INTER_LINEAR)
+
+
+def normalize_frames(frames: np.ndarray) -> torch.Tensor:
+    """uint8 [T, H, W, 3] -> float32 [T, 3, H, W]: scaled to [0, 1], minus :data:`IMAGENET_MEAN`,
+    divided by :data:`IMAGENET_STD`."""
+    channels_first = np.ascontiguousarray(frames.transpose(0, 3, 1, 2))  # [T, 3, H, W]
+    return torch.from_numpy((channels_first.astype(np.float32) - _MEAN_255) * _INV_STD_255)
+
+
 def build_augmentation(augment: AugmentConfig, num_frames: int) -> A.Compose:
     """One albumentations pipeline for a T-frame clip: targets ``image`` (current frame) and
     ``frame_1`` .. ``frame_{T-1}``, all receiving the same random parameters as the ``mask``."""
@@ -201,8 +275,6 @@ class ClipDataset(Dataset):
         self._augment = (
             build_augmentation(augment, self.clip_length) if augment and augment.enabled else None
         )
-        self._mean = (np.array(IMAGENET_MEAN, dtype=np.float32) * 255).reshape(3, 1, 1)
-        self._inv_std = (1 / (np.array(IMAGENET_STD, dtype=np.float32) * 255)).reshape(3, 1, 1)
         self._index_of_id: dict[str, int] | None = None
         if validate:
             self.validate()
@@ -245,28 +317,43 @@ class ClipDataset(Dataset):
         index, aug_seed = item if isinstance(item, tuple) else (item, None)
         video, position = self.sample_ref(int(index))
         positions = self.clip_positions(video, position)
-        label_ref = video.labels[position]
-        label = self.source.read_label(label_ref)
         frames = {p: self.source.read_frame(video.frames[p]) for p in set(positions)}
-        if frames[position].shape[:2] != label.shape:
-            raise DataError(
-                f"{label_ref.path}: mask size {label.shape} differs from frame size "
-                f"{frames[position].shape[:2]} of {video.frames[position].path}"
-            )
-        height, width = self.clip.image_size
-        resized = {
-            p: cv2.resize(f, (width, height), interpolation=cv2.INTER_LINEAR)
-            for p, f in frames.items()
-        }
+        label = self._read_label(video, position, frames[position].shape[:2])
+        resized = {p: resize_frame(f, self.clip.image_size) for p, f in frames.items()}
         clip = [resized[p] for p in positions]  # T x [H, W, 3] uint8, oldest first
-        label = cv2.resize(label, (width, height), interpolation=cv2.INTER_NEAREST)
         if self._augment is not None:
             clip, label = self._apply_augmentation(clip, label, aug_seed)
-        channels_first = np.ascontiguousarray(np.stack(clip).transpose(0, 3, 1, 2))  # [T, 3, H, W]
-        normalised = (channels_first.astype(np.float32) - self._mean) * self._inv_std
-        clip_tensor = torch.from_numpy(normalised)  # [T, 3, H, W] float32
+        clip_tensor = normalize_frames(np.stack(clip))  # [T, 3, H, W] float32
         mask_tensor = torch.from_numpy(label.astype(np.int64))  # [H, W]
         return clip_tensor, mask_tensor, self.sample_id(int(index))
+
+    def _read_label(
+        self, video: VideoRecord, position: int, frame_size: tuple[int, ...]
+    ) -> np.ndarray:
+        """Label of ``video.frames[position]`` resized (nearest) to ``image_size``: uint8 [H, W]."""
+        label_ref = video.labels[position]
+        label = self.source.read_label(label_ref)
+        if tuple(frame_size) != label.shape:
+            raise DataError(
+                f"{label_ref.path}: mask size {label.shape} differs from frame size "
+                f"{tuple(frame_size)} of {video.frames[position].path}"
+            )
+        height, width = self.clip.image_size
+        return cv2.resize(label, (width, height), interpolation=cv2.INTER_NEAREST)
+
+    def read_frame(self, video: VideoRecord, position: int) -> tuple[torch.Tensor, tuple[int, int]]:
+        """One frame as the network sees it without augmentation: ([3, H, W] float32 normalised,
+        its size on disk (H0, W0)). What :meth:`__getitem__` puts in a clip, frame by frame."""
+        rgb = self.source.read_frame(video.frames[position])
+        frame = normalize_frames(resize_frame(rgb, self.clip.image_size)[None])[0]
+        return frame, (rgb.shape[0], rgb.shape[1])
+
+    def read_mask(
+        self, video: VideoRecord, position: int, frame_size: tuple[int, int]
+    ) -> torch.Tensor:
+        """The label of a labelled frame as :meth:`__getitem__` returns it: int64 [H, W]."""
+        label = self._read_label(video, position, frame_size)
+        return torch.from_numpy(label.astype(np.int64))
 
     def _apply_augmentation(
         self, clip: list[np.ndarray], label: np.ndarray, aug_seed: int | None

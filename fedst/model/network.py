@@ -12,19 +12,21 @@ Module names are stable because parameter partition rules (``fedst.model.partiti
 
 Streaming (:meth:`FedSTNet.stream`): each new frame costs one encoder pass, the temporal module and
 the decoder; the earlier frames' features of the temporal stages are cached. Earlier frames are
-taken ``k * frame_stride`` frames back; before the first frame the current frame is used, the rule
-of ``fedst.data.clips.clip_frame_positions`` for evenly spaced frames.
+chosen by time with the rule of the clip datasets (``fedst.data.clips.clip_frame_positions``,
+streamed by :class:`fedst.data.clips.FrameHistory`): frame k steps back is the latest earlier frame
+at or before ``t - k * interval_s``; before the video's first frame the current frame is used. So a
+stream of a video's frames gives the clip dataset's predictions while encoding each frame once.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from fedst.data.clips import FrameHistory
 from fedst.model.channel_selection import ChannelSelection, PromptBias
 from fedst.model.decoder import FPNDecoder
 from fedst.model.temporal import TemporalCrossAttention
@@ -229,48 +231,89 @@ class FedSTNet(nn.Module):
                 f"{self.cfg.indicator_dim}"
             )
 
-    def stream(self, indicator: torch.Tensor | None, frame_stride: int) -> StreamingState:
-        """Start streaming inference over one video; earlier frames ``k * frame_stride`` back."""
-        return StreamingState(self, indicator, frame_stride)
+    def stream(
+        self,
+        indicator: torch.Tensor | None,
+        frame_stride: int = 1,
+        *,
+        interval_s: float | None = None,
+        use_temporal: bool = True,
+    ) -> StreamingState:
+        """Start streaming inference over one video.
+
+        With ``interval_s`` each step passes the frame's time in seconds and the clip frames are
+        ``interval_s`` apart in time (a video at its own frame rate); without it the clip frames
+        are ``frame_stride`` frames apart. ``use_temporal=False`` is the single-frame network, as
+        ``forward(..., use_temporal=False)``.
+        """
+        return StreamingState(self, indicator, frame_stride, interval_s, use_temporal)
 
 
 class StreamingState:
     """Frame-by-frame inference that caches the temporal stages' features of earlier frames.
 
-    ``step(frame [B, 3, H, W]) -> logits [B, K, H, W]`` equals ``net(clip)`` on the clip made of
-    frames ``t - k * frame_stride`` (k = T-1..0; the current frame before the video start). Runs
+    ``step(frame [B, 3, H, W], time_s) -> logits [B, K, H, W]`` equals ``net(clip)`` on the clip
+    whose earlier frames :class:`~fedst.data.clips.FrameHistory` picks from the frames stepped so
+    far (the frames 0.2 s apart, say, or ``k * frame_stride`` frames back without times). Runs
     without gradient; call ``net.eval()`` first for deterministic output.
     """
 
-    def __init__(self, net: FedSTNet, indicator: torch.Tensor | None, frame_stride: int):
+    def __init__(
+        self,
+        net: FedSTNet,
+        indicator: torch.Tensor | None,
+        frame_stride: int = 1,
+        interval_s: float | None = None,
+        use_temporal: bool = True,
+    ):
         if frame_stride < 1:
             raise ValueError(f"StreamingState: frame_stride must be >= 1, got {frame_stride}")
         net._check_indicator(indicator)
         self.net = net
         self.indicator = indicator
-        self.frame_stride = frame_stride
-        self.temporal = net.uses_temporal(net.cfg.num_frames)
-        span = (net.cfg.num_frames - 1) * frame_stride + 1
-        self._history: deque[dict[int, torch.Tensor]] = deque(maxlen=span)
+        self.timed = interval_s is not None
+        self.temporal = net.uses_temporal(net.cfg.num_frames, use_temporal)
+        self._history = FrameHistory(
+            net.cfg.num_frames, interval_s if interval_s is not None else float(frame_stride)
+        )
+        self._frames_seen = 0
 
     def reset(self) -> None:
         """Forget earlier frames (start of a new video)."""
-        self._history.clear()
+        self._history.reset()
+        self._frames_seen = 0
 
     @torch.no_grad()
-    def step(self, frame: torch.Tensor) -> torch.Tensor:
-        """frame [B, 3, H, W] -> logits [B, K, H, W] of this frame."""
+    def step(
+        self, frame: torch.Tensor, time_s: float | None = None, *, predict: bool = True
+    ) -> torch.Tensor | None:
+        """frame [B, 3, H, W] at ``time_s`` -> logits [B, K, H, W] of this frame.
+
+        ``predict=False`` only adds the frame to the history (a context frame nobody needs a
+        prediction for) and returns None; without the temporal module it does nothing.
+        """
         if frame.dim() != 4:
             raise ValueError(f"StreamingState.step expects [B, 3, H, W], got {tuple(frame.shape)}")
+        if self.timed == (time_s is None):
+            raise ValueError(
+                "StreamingState.step: pass time_s exactly when the stream was started with "
+                "interval_s (net.stream(indicator, interval_s=...))"
+            )
+        time = float(time_s) if time_s is not None else float(self._frames_seen)
+        self._frames_seen += 1
+        if not (predict or self.temporal):
+            return None
         feats = self.net.encoder(frame)  # 4 x [B, C_i, h_i, w_i]
         history: dict[int, list[torch.Tensor]] = {}
         if self.temporal:
             stages = self.net.cfg.temporal_stages
-            self._history.append({s: feats[s] for s in stages})
-            current = len(self._history) - 1
-            back = [k * self.frame_stride for k in range(self.net.cfg.num_frames - 1, -1, -1)]
-            positions = [current - b if current >= b else current for b in back]  # oldest first
-            history = {s: [self._history[p][s] for p in positions] for s in stages}
+            earlier = self._history.context(time)  # T-1 x ({stage: [B, C, h, w]} | None)
+            self._history.append(time, {s: feats[s] for s in stages})
+            history = {
+                s: [feats[s] if e is None else e[s] for e in earlier] + [feats[s]] for s in stages
+            }
+        if not predict:
+            return None
         return self.net._decode(feats, history, self.indicator, (frame.shape[2], frame.shape[3]))
 
 

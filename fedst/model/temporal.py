@@ -36,8 +36,9 @@ Implementation: ``k`` and ``v`` are per-token linear maps, so they are applied o
 token of every frame and the per-window context is then gathered with one precomputed index
 (``index_select``), instead of projecting the overlapping context of every window separately. The
 index and validity mask depend only on ``(h, w)`` and are cached per map size and device.
-Windows are batched as ``[B, num_windows, heads, tokens, d_head]`` for
-``F.scaled_dot_product_attention`` with an additive float mask (bias + validity mask).
+Windows are batched as ``[B, num_windows * heads, tokens, d_head]`` (4-D, which the ONNX exporter
+maps to its attention op) for ``F.scaled_dot_product_attention`` with an additive float mask
+(bias + validity mask).
 """
 
 from __future__ import annotations
@@ -213,13 +214,14 @@ class TemporalCrossAttention(nn.Module):
         invalid = invalid.masked_fill(~valid, mask_value)
         attn_bias = self.relative_position_bias.to(query.dtype)[None] + invalid[:, None, None, :]
 
+        # Windows folded into the head axis: [B, num_windows * heads, tokens, head_dim].
         attended = F.scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask=attn_bias,
+            query.reshape(batch, num_windows * heads, s * s, head_dim),
+            key.reshape(batch, num_windows * heads, tokens, head_dim),
+            value.reshape(batch, num_windows * heads, tokens, head_dim),
+            attn_mask=attn_bias.reshape(1, num_windows * heads, s * s, tokens),
             dropout_p=self.attn_drop if self.training else 0.0,
-        )  # [B, num_windows, heads, s*s, head_dim]
+        ).view(batch, num_windows, heads, s * s, head_dim)
         attended = attended.transpose(2, 3).reshape(batch, num_windows, s * s, channels)
         attended = self.proj_drop(self.proj(attended))
         # [B, num_windows, s*s, C] -> [B, C, h, w]
