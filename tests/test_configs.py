@@ -81,7 +81,6 @@ PAPER_ABLATIONS: dict[str, dict[str, object]] = {
     "table5_row1_none": {
         "method.personalization": "none",
         "method.personalize_channel_selection": False,
-        "method.aggregation_weights": "samples",  # McMahan et al.: n_k / n; FedST: 1/K
     },
     "table5_row2_all": {"method.personalization": "all"},
     "table5_row3_decoder_query": {"method.personalization": "decoder_query"},
