@@ -42,7 +42,6 @@ import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from fedst.config import ConfigError, build
 from fedst.data.clips import normalize_frames, resize_frame
@@ -50,6 +49,7 @@ from fedst.experiment import ExperimentConfig, resolve_device
 from fedst.federation.components import build_indicators
 from fedst.model.network import FedSTNet
 from fedst.plots import PART_COLORS, overlay_masks
+from fedst.progress import progress_bar
 from fedst.training import load_config
 
 __all__ = [
@@ -371,7 +371,9 @@ def run_inference(cfg: InferConfig) -> dict[str, Any]:
     )
     writer, frame_size, rows = None, None, []
     known = [n for n in (source.num_frames, cfg.max_frames) if n is not None]
-    bar = tqdm(total=min(known, default=None), unit="frame", desc="infer", disable=not cfg.progress)
+    bar = progress_bar(
+        total=min(known, default=None), unit="frame", desc="infer", enabled=cfg.progress
+    )
     started = time.perf_counter()
     frames = source.frames()
     try:

@@ -119,6 +119,8 @@ def test_the_documentation_shows_every_entry_point():
         "fedst.data.preview",
         "fedst.weights",
         "fedst.demo",
+        "fedst.infer",
+        "fedst.export",
     ):
         assert expected in programs
 
@@ -142,5 +144,10 @@ def test_every_documented_command_is_accepted(source, prog, args, monkeypatch):
         config = check.load_data_config(values.get("data", "paper"))
         assert values.get("site", next(iter(config.sites))) in config.sites, context
         int(values.get("max_frames", 0))
+    elif prog in ("fedst.infer", "fedst.export"):  # key=value into the command's typed config
+        from fedst import export, infer
+
+        config_class = infer.InferConfig if prog == "fedst.infer" else export.ExportConfig
+        infer.parse_key_values(config_class, args)
     else:
         _check_argparse_module(prog, args, monkeypatch)

@@ -32,7 +32,21 @@ def _site_without_jaw(root: Path, name: str) -> None:
             cv2.imwrite(str(path), label)
 
 
-class _NoJawModel(torch.nn.Module):
+class _FrameByFrame:
+    """The streaming interface of FedSTNet (``uses_temporal``, ``stream(...).step``) for the
+    single-frame test models below: each step is ``forward`` on a one-frame clip."""
+
+    def uses_temporal(self, num_frames: int, use_temporal: bool = True) -> bool:
+        return False
+
+    def stream(self, indicator=None, frame_stride: int = 1, **_) -> _FrameByFrame:
+        return self
+
+    def step(self, frame: torch.Tensor, time_s=None, *, predict: bool = True):
+        return self(frame[:, None]) if predict else None  # [B, 3, H, W] -> [B, 1, 3, H, W]
+
+
+class _NoJawModel(_FrameByFrame, torch.nn.Module):
     """Predicts shaft everywhere: never the jaw (logits [B, 4, H, W])."""
 
     def __init__(self) -> None:
@@ -104,7 +118,7 @@ def test_a_site_without_jaw_is_evaluated_through_the_client_app_and_jaw_shows_un
 GT_ROW, SHIFT, COL0, COL1 = 5, 3, 4, 14  # at the network input (16 x 20); native is twice that
 
 
-class _LineModel(torch.nn.Module):
+class _LineModel(_FrameByFrame, torch.nn.Module):
     """Logits [B, 2, 16, 20]: class 1 (10) on input row GT_ROW + SHIFT, columns COL0..COL1; class 0
     is 5 everywhere. Bilinear x2 upsampling turns the line into native rows 2r and 2r + 1."""
 
