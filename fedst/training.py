@@ -17,11 +17,17 @@ from omegaconf import OmegaConf
 
 from fedst import plots, report
 from fedst.app.client_app import app as client_app
-from fedst.app.client_app import release_sites
+from fedst.app.client_app import make_client_app, release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import make_server_app
 from fedst.data.procedural import generate
-from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device
+from fedst.experiment import (
+    ExperimentConfig,
+    experiment_from_json,
+    resolve_device,
+    site_node_config,
+    site_state_dir,
+)
 from fedst.federation.components import build_indicators, open_site_data
 from fedst.federation.evaluation import evaluate_model
 from fedst.federation.run_io import atomic_write_text, read_jsonl
@@ -55,8 +61,15 @@ def run_training(
     save_config(cfg, run_dir)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     num_sites = len(cfg.data.federation)
+    # each site's own settings (data folder, state folder, hardware) travel as node config, as
+    # on a hospital's SuperNode; the messages carry no path
+    nodes = [
+        site_node_config(
+            cfg, site, progress=progress, run_state_dir=str(site_state_dir(run_dir, site))
+        ).to_node_config()
+        for site in cfg.data.federation
+    ]
     if engine == "inprocess":
-        nodes = [{"partition-id": i, "num-partitions": num_sites} for i in range(num_sites)]
         grid = InProcessGrid(client_app, nodes)
         try:
             server_app(
@@ -74,7 +87,7 @@ def run_training(
             ) from err
         run_simulation(
             server_app=server_app,
-            client_app=client_app,
+            client_app=make_client_app(nodes),
             num_supernodes=num_sites,
             backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
         )
