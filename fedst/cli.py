@@ -10,9 +10,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from fedst.config import to_dict
-from fedst.experiment import ExperimentConfig, experiment_from_dict
+from fedst.experiment import DeployConfig, ExperimentConfig, experiment_from_dict
 
-RUNTIME_KEYS = ("engine", "resume", "progress")
+RUNTIME_KEYS = ("engine", "resume", "progress", "site", "deploy")
 """Top-level keys that steer the entry point, not the experiment."""
 
 
@@ -47,6 +47,7 @@ def _experiment_defaults() -> dict[str, Any]:
             else item.default
         )
         values[item.name] = to_dict(default)
+    values["deploy"] = to_dict(DeployConfig())  # train_fed.py site=...: fedst/deploy.py
     return values
 
 

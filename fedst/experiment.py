@@ -374,3 +374,51 @@ class RoundPolicy:
             raise ConfigError(f"deploy.min_sites={self.min_sites}: must be >= 1 (or null: all)")
         if self.round_timeout is not None and self.round_timeout <= 0:
             raise ConfigError(f"deploy.round_timeout={self.round_timeout}: must be > 0 or null")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """``deploy.*`` of train_fed.py: where the server listens, where certificates and keys are,
+    a site's state folder, and the server's dropout policy (docs/deployment.md)."""
+
+    server: str = "127.0.0.1:9092"
+    """Site: the SuperLink address host:port it connects to."""
+    host: str = "0.0.0.0"
+    """Server: interface the SuperLink listens on (one HTTPS port for sites and the CLI)."""
+    port: int = 9092
+    """Server: the SuperLink port (open it to the hospitals)."""
+    certs: str = "certs"
+    """Folder with ca.crt (everyone) and server.pem + server.key (server only)."""
+    keys: str = "keys"
+    """Server: <site>_key.pub of every federated site. Site: its private key <site>_key."""
+    insecure: bool = False
+    """Development only: no TLS and no SuperNode authentication."""
+    state_dir: str = "site_state"
+    """Site: folder of its private state (a sub-folder per run)."""
+    site_port: int = 9094
+    """Site: local port of the SuperNode's ClientApp runtime (one per SuperNode on a host)."""
+    share_personal: bool = True
+    """Site: send rho_k once at the end for the out-of-federation average (logged)."""
+    connect_timeout: float = 120.0
+    """Site: give up connecting to the server after this many seconds."""
+    min_sites: int | None = None
+    """Server: fewest sites a round aggregates (None: all)."""
+    round_timeout: float = 600.0
+    """Server: seconds to wait for the replies of one train/evaluate step."""
+    join_timeout: float = 300.0
+    """Server: seconds to wait for the sites to connect (before round 1; before later rounds for
+    sites that dropped out)."""
+    audit: bool = False
+    """Server: write wire.jsonl (record names, keys and shapes of every message)."""
+    flwr_home: str | None = None
+    """FLWR_HOME of the Flower processes (default: <run dir>/flwr on the server,
+    <state_dir>/flwr at a site)."""
+
+    def policy(self) -> RoundPolicy:
+        return RoundPolicy(
+            min_sites=self.min_sites,
+            round_timeout=self.round_timeout,
+            join_timeout=self.join_timeout,
+            collect_personal=True,
+            audit=self.audit,
+        )

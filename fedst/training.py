@@ -31,7 +31,7 @@ from fedst.experiment import (
 from fedst.federation.components import build_indicators, open_site_data
 from fedst.federation.evaluation import evaluate_model
 from fedst.federation.run_io import atomic_write_text, read_jsonl
-from fedst.outfed import evaluate_out_of_federation, personalized_model
+from fedst.outfed import averaged_sites, evaluate_out_of_federation, personalized_model
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +52,23 @@ def load_config(run_dir: Path) -> ExperimentConfig:
     return experiment_from_json(path.read_text())
 
 
+def prepare_data(cfg: ExperimentConfig, progress: bool = False) -> None:
+    """The embedded benchmark is generated once, where configured (real data never is)."""
+    if cfg.data.procedural is not None:
+        generate(Path(cfg.data.root or "."), seed=0, preset=cfg.data.procedural, progress=progress)
+
+
+def prepare_run(cfg: ExperimentConfig, run_dir: Path, progress: bool = False) -> None:
+    """Data in place and the resolved config in the run directory (every engine)."""
+    prepare_data(cfg, progress)
+    save_config(cfg, run_dir)
+
+
 def run_training(
     cfg: ExperimentConfig, run_dir: Path, engine: str = "inprocess", progress: bool = True
 ) -> dict[str, Any]:
     """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run."""
-    if cfg.data.procedural is not None:  # the embedded benchmark: generated once, where configured
-        generate(Path(cfg.data.root or "."), seed=0, preset=cfg.data.procedural, progress=progress)
-    save_config(cfg, run_dir)
+    prepare_run(cfg, run_dir, progress)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     num_sites = len(cfg.data.federation)
     # each site's own settings (data folder, state folder, hardware) travel as node config, as
@@ -97,9 +107,17 @@ def run_training(
 
 
 def finalize_run(
-    cfg: ExperimentConfig, run_dir: Path, progress: bool = False, qualitative: int = 2
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    progress: bool = False,
+    qualitative: int = 2,
+    site_data: bool = True,
 ) -> dict[str, Any]:
-    """Out-of-federation evaluation, final.json, tables (markdown + CSV) and plots."""
+    """Out-of-federation evaluation, final.json, tables (markdown + CSV) and plots.
+
+    ``site_data=False`` (deployment): the server holds no federated site's data, so qualitative
+    examples come from the out-of-federation sites only.
+    """
     device = resolve_device(cfg.train.device)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     last_round = max((r["round"] for r in metrics), default=0)
@@ -117,7 +135,7 @@ def finalize_run(
         for site, result in results.items():
             outfed[site] = _scalars(result.summary)
             examples += _example_rows(cfg, result)
-    if qualitative:
+    if qualitative and site_data:
         indicators = build_indicators(cfg)
         for site in cfg.data.federation:
             model = personalized_model(cfg, run_dir, site, device)
@@ -140,6 +158,7 @@ def finalize_run(
         "rounds": last_round,
         "sites": sites,
         "out_of_federation": outfed,
+        **_outfed_average(cfg, run_dir),
         # per site and round, parameter values only (fp32), as in the paper's Table IX
         "upload_mb_per_round": _mean_mb(comm, "upload_param_bytes"),
         "download_mb_per_round": _mean_mb(steady, "download_param_bytes"),
@@ -152,6 +171,14 @@ def finalize_run(
     if examples:
         plots.qualitative_grid(examples, run_dir / "plots" / "qualitative.png")
     return final
+
+
+def _outfed_average(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any]:
+    """Which sites the out-of-federation model averages (written only when one is left out)."""
+    if not cfg.data.out_of_federation:
+        return {}
+    sites, left_out = averaged_sites(cfg, run_dir)
+    return {"out_of_federation_average": {"sites": sites, "left_out": left_out}} if left_out else {}
 
 
 def _example_rows(cfg: ExperimentConfig, result: Any) -> list[tuple]:

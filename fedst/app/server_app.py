@@ -31,16 +31,13 @@ from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
+from fedst.outfed import PERSONAL_EXPORT
 
 log = logging.getLogger(__name__)
 
 
 class FederationError(RuntimeError):
     """A site failed during a round; the message carries the site's own error text."""
-
-
-PERSONAL_EXPORT = "personal_export.json"
-"""In the run directory (deployment): which sites sent rho_k at the end and which declined."""
 
 
 def make_server_app(
