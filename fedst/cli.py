@@ -72,6 +72,7 @@ def setup_logging(run_dir: Path | None = None) -> None:
         force=True,
     )
     logging.getLogger("flwr").propagate = False  # Flower logs through its own handler already
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Flower HTTP request
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

@@ -158,6 +158,8 @@ def process_env(flwr_home: Path | None = None) -> dict[str, str]:
             [str(APP_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
         ),
         "PYTHONUNBUFFERED": "1",
+        "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]),  # Flower starts
+        # flower-superexec, flwr-serverapp and flwr-clientapp by name
     }
     if flwr_home is not None:
         env["FLWR_HOME"] = str(flwr_home)
@@ -463,17 +465,21 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
         output = log_path.read_text(errors="replace")[offset:]
         if code == 0 or code < 0:
             return code
-        if "No SuperNode found with the given public key" in output:
-            raise DeploymentError(
-                f"the server refused site {site}'s key {site_key_path(Path(dcfg.keys), site)}: "
-                f"it is not registered; send {site}_key.pub to the server's admin (deploy.keys "
-                f"on the server) and restart the server"
-            )
-        if "could not be activated" in output and time.monotonic() < deadline:
-            log.info("site %s: the server still sees the previous SuperNode; retrying", site)
+        refused = "Failed to activate SuperNode" in output  # Flower exit code 305, printed
+        if refused and time.monotonic() < deadline:
+            # not registered yet (the server registers keys after it starts), or the server still
+            # sees this site's previous SuperNode as online (up to two missed heartbeats)
+            log.info("site %s: the server does not accept the key yet; retrying in 5 s", site)
             time.sleep(5)
             continue
-        if code == EXIT_AUTH_FAILED or "Connection" in output or "connect" in output.lower():
+        if refused:
+            raise DeploymentError(
+                f"the server at {dcfg.server} refused site {site}'s key "
+                f"{site_key_path(Path(dcfg.keys), site)} for {dcfg.connect_timeout:.0f} s: it is "
+                f"not registered; send {site}_key.pub to the server's admin (deploy.keys on the "
+                f"server) and restart the server"
+            )
+        if code == EXIT_AUTH_FAILED or "connect" in output.lower():
             raise DeploymentError(
                 f"site {site}: could not connect to the server at {dcfg.server} (exit {code}); "
                 f"check deploy.server=<host:port>, that the server runs (python train_fed.py "
@@ -488,7 +494,12 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
 def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None = None) -> int:
     """Throw-away certificates and keys, the server and one process per site on 127.0.0.1, one
     federation, every process stopped at the end (also on Ctrl-C and on failure)."""
+    from fedst.cli import compose_experiment
+    from fedst.training import prepare_data
+
     work = workdir or Path(tempfile.mkdtemp(prefix="fedst_local_"))
+    cfg, _ = compose_experiment([f"data.federation=[{','.join(sites)}]", *overrides])
+    prepare_data(cfg)  # once, before the processes that would each generate it
     certs = make_certificates(work / "certs")
     for site in sites:
         make_site_key(work / "keys", site)
