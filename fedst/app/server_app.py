@@ -377,6 +377,9 @@ def _check_sites(
             )
         seen[site] = node
         sites_of[node] = site
+    # federation order, not arrival order: the floating-point sum of the aggregation (and the
+    # logs) must not depend on which site answered first
+    result.replies.sort(key=lambda reply: federation.index(_site_of(reply)))
     failures = [f"{sites_of.get(n, f'node {n}')}: {reason}" for n, reason in result.failed.items()]
     if len(result.replies) < min_sites:
         raise FederationError(
