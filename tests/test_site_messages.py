@@ -70,7 +70,7 @@ def one_round(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_messages_carry_no_path_of_any_site_or_of_the_server(one_round, tiny_root):
-    cfg, run_dir, messages, _ = one_round
+    _cfg, run_dir, messages, _ = one_round
     downloads = [m for d, m in messages if d == "down"]
     assert downloads
     for message in downloads:
