@@ -23,6 +23,7 @@ import torch
 
 from fedst import deploy
 from fedst.data.procedural import generate
+from fedst.experiment import DeployConfig
 from fedst.federation.components import build_model, partition_of
 from fedst.training import run_training
 from tests.test_federation import experiment, read_jsonl
@@ -111,6 +112,18 @@ def wire_rows(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "wire.jsonl")
 
 
+def test_missing_certificates_and_unreadable_data_are_one_line_naming_the_fix(tiny_root, tmp_path):
+    cfg = experiment(tiny_root)
+    missing = DeployConfig(certs=str(tmp_path / "none"), keys=str(tmp_path / "none"))
+    with pytest.raises(deploy.DeploymentError, match=r"ca\.crt is missing: copy ca\.crt"):
+        deploy.supernode_command(cfg, "A", missing)
+    with pytest.raises(deploy.DeploymentError, match=r"TLS file .*server\.pem|ca\.crt is missing"):
+        deploy.serve(cfg, tmp_path / "run", missing)
+    elsewhere = experiment(tiny_root, f"data.sites.A.root={tmp_path / 'nowhere'}")
+    with pytest.raises(deploy.DeploymentError, match=r"set data\.sites\.A\.root="):
+        deploy.check_site_data(elsewhere, "A")
+
+
 def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tiny_root, tmp_path):
     overrides = ["train.eval_every=2", "data.out_of_federation=[E]"]
     loop = Loopback(tmp_path / "loop", tiny_root, ["A", "D"], overrides)
@@ -126,7 +139,10 @@ def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tin
             "deploy.connect_timeout=20",
             name="rogue",
         )
-        assert rogue.wait(timeout=240) == 2
+        lost = loop.start_site(
+            "D", "deploy.server=127.0.0.1:1", "deploy.connect_timeout=10", name="lost"
+        )
+        assert rogue.wait(timeout=240) == 2 and lost.wait(timeout=240) == 2
         assert server.wait(timeout=SERVER_TIMEOUT) == 0, loop.output("server")[-3000:]
     finally:
         loop.stop_all()
@@ -137,6 +153,10 @@ def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tin
     errors = [line for line in loop.output("rogue").splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "refused site A's key" in errors[0], loop.output("rogue")[-2000:]
     assert "Traceback" not in loop.output("rogue")
+    # so was a SuperNode given a wrong server address
+    errors = [line for line in loop.output("lost").splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "could not connect to the server at 127.0.0.1:1" in errors[0]
+    assert "check deploy.server=<host:port>" in errors[0]
 
     # same seed, same results as the in-process engine: bit-identical (the replies are
     # aggregated in federation order, every site restores its state from disk exactly)
