@@ -67,18 +67,23 @@ class Loopback:
         command += [f"hydra.run.dir={self.run_dir}", "deploy.audit=true", *self.common, *extra]
         return self._start("server", command)
 
-    def start_site(self, site: str, *extra: str, name: str | None = None) -> subprocess.Popen:
+    def start_site(
+        self, site: str, *extra: str, name: str | None = None, state: str | None = None
+    ) -> subprocess.Popen:
+        """``train_fed.py site=<site>`` as process ``name``, with state folder ``state``
+        (default: ``name``)."""
         command = [sys.executable, str(REPO / "train_fed.py"), f"site={site}"]
         command += [
             f"deploy.server=127.0.0.1:{self.port}",
             f"deploy.site_port={deploy.free_port()}",
         ]
-        command += [f"deploy.state_dir={self.state_dir(site)}"]
+        command += [f"deploy.state_dir={self.state_dir(state or name or site)}"]
         command += [f"hydra.run.dir={self.work / 'hydra' / (name or site)}", *self.common, *extra]
         return self._start(name or site, command)
 
-    def state_dir(self, site: str) -> Path:
-        return self.work / "sites" / site
+    def state_dir(self, name: str) -> Path:
+        """The state folder of the site process ``name`` (a site, or a test's extra process)."""
+        return self.work / "sites" / name
 
     def _start(self, name: str, command: list[str]) -> subprocess.Popen:
         process = deploy.start(command, self.work / f"{name}.out", deploy.process_env())
@@ -217,7 +222,7 @@ def test_a_site_killed_during_a_round_is_left_out_and_rejoins_with_its_saved_sta
         saved = torch.load(state_d / "state_r0001.pt", weights_only=False)["personal"]
         os.killpg(loop.processes["D"].pid, signal.SIGKILL)
         loop.processes["D"].wait(30)
-        loop.start_site("D", "deploy.connect_timeout=300", name="D_again")
+        loop.start_site("D", "deploy.connect_timeout=300", name="D_again", state="D")
         assert server.wait(timeout=SERVER_TIMEOUT) == 0, loop.output("server")[-3000:]
     finally:
         loop.stop_all()
