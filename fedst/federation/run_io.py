@@ -6,8 +6,12 @@ config.json / config.yaml   resolved experiment config (config.yaml also holds H
 metrics.jsonl               per-round evaluation rows (site, model, dice, iou, hd95, assd, per_class)
 train.jsonl                 per-round training rows (site, loss, seconds, iterations)
 comm.jsonl                  parameter bytes uploaded / downloaded per site per round
+participation.jsonl         per round: the sites whose training replies were aggregated, and the missing
+wire.jsonl                  (deploy.audit) record names, keys and shapes of every message
+personal_export.json        (deployment) sites that sent rho_k at the end / declined / were unreachable
 checkpoints/server.pt       last completed round: global model, SERQ state, RNG (atomic)
-sites/<site>/state_rNNNN.pt a site's private state after round N (written by the site)
+sites/<site>/state_rNNNN.pt a site's private state after round N (in-process: written by the site;
+                            deployment: only rho_k of sites that sent it at the end)
 final.json, tables/, plots/ written at the end
 tensorboard/                scalars of all of the above
 ```
