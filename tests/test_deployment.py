@@ -215,13 +215,14 @@ def test_a_site_killed_during_a_round_is_left_out_and_rejoins_with_its_saved_sta
         for site in loop.sites:
             loop.start_site(site)
         state_d = loop.state_dir("D") / "run"
+        supernode_log = loop.state_dir("D") / "supernode_D.log"
         deadline = time.monotonic() + SERVER_TIMEOUT
-        while not (state_d / "state_r0001.pt").exists():  # D finished round 1
-            assert time.monotonic() < deadline and server.poll() is None
+        while not (supernode_log.exists() and "ROUND 2]" in supernode_log.read_text()):
+            assert time.monotonic() < deadline and server.poll() is None  # D received round 2
             time.sleep(1)
-        saved = torch.load(state_d / "state_r0001.pt", weights_only=False)["personal"]
-        os.killpg(loop.processes["D"].pid, signal.SIGKILL)
+        os.killpg(loop.processes["D"].pid, signal.SIGKILL)  # D's SuperNode and ClientApp
         loop.processes["D"].wait(30)
+        saved = torch.load(state_d / "state_r0001.pt", weights_only=False)["personal"]
         loop.start_site("D", "deploy.connect_timeout=300", name="D_again", state="D")
         assert server.wait(timeout=SERVER_TIMEOUT) == 0, loop.output("server")[-3000:]
     finally:
@@ -231,5 +232,8 @@ def test_a_site_killed_during_a_round_is_left_out_and_rejoins_with_its_saved_sta
     assert participation[1]["missing"] == ["D"] and participation[2]["missing"] == []
     state_3 = torch.load(state_d / "state_r0003.pt", weights_only=False)
     steps = {int(s["step"]) for s in state_3["optimizer"]["state"].values()}
-    assert steps == {2 * 2}  # rounds 1 and 3, two local iterations each: round 1's optimizer
+    # D continued from its own saved optimizer and rho_k: rounds 1 and 3 (2 local iterations
+    # each), or 1, 2 and 3 if its restarted SuperNode still got the (expired-later) round-2
+    # message; a fresh start would have 2
+    assert steps in ({4}, {6})
     assert saved  # D had saved round 1 before it was killed

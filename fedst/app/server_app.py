@@ -101,6 +101,7 @@ def _broadcast(
             dst_node_id=node,
             message_type=kind,
             group_id=str(server_round),
+            ttl=timeout,  # a site that comes back later does not work on a closed step
         )
         for node in nodes
     ]
