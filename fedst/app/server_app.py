@@ -110,8 +110,12 @@ def _broadcast(
             _audit(audit, "down", message, server_round)
     result = _Round()
     answered = set()
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        node = reply.metadata.src_node_id
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    # the SuperLink's own error replies (e.g. node unavailable) do not come from the node:
+    # match each reply to its instruction
+    node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+    for reply in replies:
+        node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
         answered.add(node)
         if audit is not None:
             _audit(audit, "up", reply, server_round)
