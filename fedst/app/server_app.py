@@ -273,9 +273,9 @@ def run_federation(
             down,
             config,
             server_round,
-            policy.round_timeout,
-            first,
-            audit,
+            timeout=policy.round_timeout,
+            first_arrays=first,
+            audit=audit,
         )
         _check_sites(trained, sites_of, federation, min_sites, "train", server_round)
         down_sizes = {
@@ -311,9 +311,8 @@ def run_federation(
                 shared,
                 config,
                 server_round,
-                policy.round_timeout,
-                None,
-                audit,
+                timeout=policy.round_timeout,
+                audit=audit,
             )
             _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
             for reply in evaluated.replies:
@@ -416,9 +415,8 @@ def _collect_personal(
         ArrayRecord({}),
         config,
         last_round,
-        policy.round_timeout,
-        None,
-        audit,
+        timeout=policy.round_timeout,
+        audit=audit,
     )
     shared, declined = [], []
     for reply in result.replies:
