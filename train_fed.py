@@ -10,12 +10,25 @@
                                                           # train.device, train.num_workers,
                                                           # progress, engine may change
 
+Across hospitals (Flower's deployment engine, docs/deployment.md):
+
+    python train_fed.py site=server [experiment=...] deploy.certs=certs deploy.keys=keys
+    python train_fed.py site=A data=paper data.sites.A.root=/their/path \
+        deploy.server=<host>:9092 deploy.certs=certs deploy.keys=keys deploy.state_dir=/var/fedst
+    python -m fedst.deploy local --sites A B C D experiment=tiny   # all of it on 127.0.0.1
+
+Site options (the server never sends them): data.sites.<site>.root, train.device,
+train.num_workers, deploy.state_dir, deploy.share_personal, deploy.site_port, deploy.server,
+deploy.certs, deploy.keys, deploy.connect_timeout. Server options: deploy.host, deploy.port,
+deploy.min_sites, deploy.round_timeout, deploy.join_timeout. All: fedst/experiment.py DeployConfig.
+
 Configs: configs/ (see configs/config.yaml). The run directory layout: fedst/federation/run_io.py.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import hydra
@@ -24,6 +37,8 @@ from omegaconf import DictConfig
 
 from fedst import report
 from fedst.cli import register_resolvers, resume_experiment, setup_logging, split_config
+from fedst.config import ConfigError, build
+from fedst.experiment import DeployConfig
 from fedst.training import load_config, run_training
 
 register_resolvers()
@@ -41,7 +56,10 @@ def main(cfg: DictConfig) -> None:
         experiment = resume_experiment(load_config(run_dir), experiment, overrides)
     else:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        setup_logging(run_dir)
+    site = runtime.get("site")
+    if site is not None:
+        sys.exit(deploy(experiment, run_dir, str(site), runtime))
+    setup_logging(run_dir)
     log.info("run directory: %s", run_dir)
     run_training(
         experiment,
@@ -52,6 +70,27 @@ def main(cfg: DictConfig) -> None:
     )
     print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
     print(f"run directory: {run_dir}")
+
+
+def deploy(experiment, run_dir: Path, site: str, runtime: dict) -> int:
+    """site=server: the coordinating server; site=<name>: that hospital's SuperNode. Problems a
+    user can fix (address, certificate, key, data folder) end in one line naming the fix."""
+    from fedst import deploy as deployment
+
+    try:
+        dcfg = build(DeployConfig, runtime.get("deploy"), "deploy")
+        with deployment.terminate_on_signal():
+            if site == "server":
+                setup_logging(run_dir)
+                deployment.serve(experiment, run_dir, dcfg)
+                print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
+                print(f"run directory: {run_dir}")
+                return 0
+            setup_logging()
+            return deployment.serve_site(experiment, site, dcfg, progress=runtime["progress"])
+    except (deployment.DeploymentError, ConfigError) as err:
+        log.error("%s", err)
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedst.config import ConfigError, to_dict
-from fedst.experiment import ExperimentConfig, experiment_from_dict
+from fedst.experiment import DeployConfig, ExperimentConfig, experiment_from_dict
 
-RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate")
+RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate", "site", "deploy")
 """Top-level keys that steer the entry point, not the experiment."""
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ def _experiment_defaults() -> dict[str, Any]:
             else item.default
         )
         values[item.name] = to_dict(default)
+    values["deploy"] = to_dict(DeployConfig())  # train_fed.py site=...: fedst/deploy.py
     return values
 
 
@@ -145,6 +146,7 @@ def setup_logging(run_dir: Path | None = None) -> None:
         force=True,
     )
     logging.getLogger("flwr").propagate = False  # Flower logs through its own handler already
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Flower HTTP request
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

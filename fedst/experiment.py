@@ -238,3 +238,226 @@ def resolve_device(name: str) -> torch.device:
 
 def site_state_dir(run_dir: Path, site: str) -> Path:
     return run_dir / "sites" / site
+
+
+# -- what a site receives, and what it adds from its own node -------------------------------------
+
+SITE_VIEW_UNSET = ""
+"""Placeholder of every data root in a site's view: paths never travel (each site has its own)."""
+
+NODE_LOCAL_FIELDS = ("train.device", "train.num_workers", "indicator.cache_dir")
+"""Experiment fields each site sets for itself (node config); the view carries their defaults."""
+
+EVALUATION_FIELDS = ("eval_every", "eval_max_frames")
+"""Train fields that change what is measured, not a site's private state (left out of the
+state fingerprint, so a run may be resumed with another evaluation cadence)."""
+
+
+def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The experiment as every site receives it in a train/evaluate message.
+
+    It keeps what defines training (method, network, train hyper-parameters, every site's name,
+    backend and surgery type: the indicators of Table VII need the whole site list) and drops
+    every path and host-specific choice: data roots and backend options of all sites, the common
+    root, the procedural preset, device, DataLoader workers and the CLIP cache folder. A site adds
+    its own from its node config (:class:`SiteNodeConfig`).
+    """
+    sites = {
+        name: dataclasses.replace(spec, root=SITE_VIEW_UNSET, options={})
+        for name, spec in cfg.data.sites.items()
+    }
+    defaults_train, defaults_indicator = TrainConfig(), IndicatorConfig()
+    return dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, sites=sites, root=None, procedural=None),
+        train=dataclasses.replace(
+            cfg.train, device=defaults_train.device, num_workers=defaults_train.num_workers
+        ),
+        indicator=dataclasses.replace(cfg.indicator, cache_dir=defaults_indicator.cache_dir),
+    )
+
+
+def state_fingerprint(view: ExperimentConfig) -> str:
+    """Fingerprint of what produces a site's private state: the site view without the
+    evaluation settings (:data:`EVALUATION_FIELDS`)."""
+    values = json.loads(view.to_json())
+    for key in EVALUATION_FIELDS:
+        values["train"].pop(key)
+    return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class SiteNodeConfig:
+    """A site's own settings: Flower's ``node_config`` (``flower-supernode --node-config``), typed.
+
+    Keys on the command line use dashes (``site-name="A" data-path="/data/a"``).
+    """
+
+    site_name: str | None = None
+    """The site this node is (a name of data.federation). None: ``partition_id`` decides."""
+    partition_id: int | None = None
+    """Flower simulation's node index (Ray engine): site = data.federation[partition_id]."""
+    data_path: str | None = None
+    """The site's dataset root (its entry's ``root``). Required in deployment."""
+    backend: str | None = None
+    """Dataset backend of this site (default: the one named in the experiment)."""
+    site_options: str = "{}"
+    """Backend options of this site, as a JSON object (e.g. '{"site_dir": "hyst_yt"}')."""
+    state_dir: str | None = None
+    """Folder of this site's private state; each run gets a sub-folder named by the server."""
+    run_state_dir: str | None = None
+    """Exact private-state folder for this run (the in-process engine: <run>/sites/<site>)."""
+    device: str = TrainConfig.device
+    """auto | cpu | cuda | cuda:N (this site's hardware)."""
+    num_workers: int = TrainConfig.num_workers
+    """DataLoader worker processes at this site."""
+    clip_cache: str = IndicatorConfig.cache_dir
+    """Folder of cached CLIP text embeddings at this site."""
+    progress: bool = False
+    """Progress bars for local iterations and evaluation."""
+    share_personal: bool = True
+    """Send rho_k once at the end for the out-of-federation average (the only time private
+    parameters leave the site; logged on both sides). False: this site is left out."""
+
+    @classmethod
+    def from_node_config(cls, node_config: dict[str, Any]) -> SiteNodeConfig:
+        names = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in node_config.items() if k in names}
+        return build(cls, {names[k]: v for k, v in known.items()}, "node_config")
+
+    def to_node_config(self) -> dict[str, Any]:
+        return {
+            f.name.replace("_", "-"): getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+    def to_cli(self) -> str:
+        """The ``--node-config`` argument of ``flower-supernode`` (TOML values, space separated)."""
+        return " ".join(
+            f"{key}={json.dumps(value)}" for key, value in self.to_node_config().items()
+        )
+
+    def private_state_dir(self, run_name: str, site: str) -> Path:
+        if self.run_state_dir is not None:
+            return Path(self.run_state_dir)
+        if self.state_dir is None:
+            raise ConfigError(
+                f"site {site}: node config has neither state-dir nor run-state-dir; start the "
+                f"site with a state folder (train_fed.py site={site} deploy.state_dir=<folder>)"
+            )
+        return Path(self.state_dir) / run_name
+
+    def local_experiment(self, view: ExperimentConfig, site: str) -> ExperimentConfig:
+        """The view completed with this node's own data location, backend options and hardware."""
+        spec = view.data.sites[site]
+        if self.data_path is None:
+            raise ConfigError(
+                f"site {site}: node config has no data-path; start the site with its data folder "
+                f"(train_fed.py site={site} data.sites.{site}.root=<folder>)"
+            )
+        try:
+            options = json.loads(self.site_options)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"node_config site-options is not JSON: {err}") from err
+        spec = dataclasses.replace(
+            spec, root=self.data_path, backend=self.backend or spec.backend, options=options
+        )
+        return dataclasses.replace(
+            view,
+            data=dataclasses.replace(view.data, sites={**view.data.sites, site: spec}),
+            train=dataclasses.replace(view.train, device=self.device, num_workers=self.num_workers),
+            indicator=dataclasses.replace(view.indicator, cache_dir=self.clip_cache),
+        )
+
+
+def site_node_config(
+    cfg: ExperimentConfig, site: str, progress: bool = False, **settings: Any
+) -> SiteNodeConfig:
+    """The node config of ``site`` from a full local experiment (the site's own config)."""
+    spec = cfg.data.sites[site]
+    return SiteNodeConfig(
+        site_name=site,
+        data_path=spec.root,
+        backend=spec.backend,
+        site_options=json.dumps(spec.options, sort_keys=True),
+        device=cfg.train.device,
+        num_workers=cfg.train.num_workers,
+        clip_cache=cfg.indicator.cache_dir,
+        progress=progress,
+        **settings,
+    )
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """How the server treats sites that do not answer (deployment; the in-process engine keeps
+    the defaults: every site must answer, no timeout)."""
+
+    min_sites: int | None = None
+    """Fewest sites whose replies a round aggregates (None: every federated site). A round with
+    fewer stops the run with a message naming the missing sites and their errors."""
+    round_timeout: float | None = None
+    """Seconds the server waits for the replies of one train/evaluate step (None: forever)."""
+    join_timeout: float = 0.0
+    """Seconds the server waits for SuperNodes to connect: before round 1 for every site, before
+    later rounds for sites that dropped out (then it goes on with those connected)."""
+    collect_personal: bool = False
+    """Ask each site once, at the end, for rho_k (out-of-federation average; deployment only:
+    in-process the run directory already holds the sites' states)."""
+    audit: bool = False
+    """Write wire.jsonl: record names, keys and shapes of every message (tests, audits)."""
+
+    def __post_init__(self) -> None:
+        if self.min_sites is not None and self.min_sites < 1:
+            raise ConfigError(f"deploy.min_sites={self.min_sites}: must be >= 1 (or null: all)")
+        if self.round_timeout is not None and self.round_timeout <= 0:
+            raise ConfigError(f"deploy.round_timeout={self.round_timeout}: must be > 0 or null")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """``deploy.*`` of train_fed.py: where the server listens, where certificates and keys are,
+    a site's state folder, and the server's dropout policy (docs/deployment.md)."""
+
+    server: str = "127.0.0.1:9092"
+    """Site: the SuperLink address host:port it connects to."""
+    host: str = "0.0.0.0"
+    """Server: interface the SuperLink listens on (one HTTPS port for sites and the CLI)."""
+    port: int = 9092
+    """Server: the SuperLink port (open it to the hospitals)."""
+    certs: str = "certs"
+    """Folder with ca.crt (everyone) and server.pem + server.key (server only)."""
+    keys: str = "keys"
+    """Server: <site>_key.pub of every federated site. Site: its private key <site>_key."""
+    insecure: bool = False
+    """Development only: no TLS and no SuperNode authentication."""
+    state_dir: str = "site_state"
+    """Site: folder of its private state (a sub-folder per run)."""
+    site_port: int = 9094
+    """Site: local port of the SuperNode's ClientApp runtime (one per SuperNode on a host)."""
+    share_personal: bool = True
+    """Site: send rho_k once at the end for the out-of-federation average (logged)."""
+    connect_timeout: float = 120.0
+    """Site: give up connecting to the server after this many seconds."""
+    min_sites: int | None = None
+    """Server: fewest sites a round aggregates (None: all)."""
+    round_timeout: float = 600.0
+    """Server: seconds to wait for the replies of one train/evaluate step."""
+    join_timeout: float = 300.0
+    """Server: seconds to wait for the sites to connect (before round 1; before later rounds for
+    sites that dropped out)."""
+    audit: bool = False
+    """Server: write wire.jsonl (record names, keys and shapes of every message)."""
+    flwr_home: str | None = None
+    """FLWR_HOME of the Flower processes (default: <run dir>/flwr on the server,
+    <state_dir>/flwr at a site)."""
+
+    def policy(self) -> RoundPolicy:
+        return RoundPolicy(
+            min_sites=self.min_sites,
+            round_timeout=self.round_timeout,
+            join_timeout=self.join_timeout,
+            collect_personal=True,
+            audit=self.audit,
+        )

@@ -13,6 +13,7 @@ this step, which is the only time private parameters leave a site.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from pathlib import Path
 
@@ -86,10 +87,38 @@ def personalized_model(
     return _site_model(cfg, checkpoint, personal, device)
 
 
+PERSONAL_EXPORT = "personal_export.json"
+"""Written by the deployed server (fedst/app/server_app.py): which sites sent rho_k at the end."""
+
+
+def averaged_sites(cfg: ExperimentConfig, run_dir: Path) -> tuple[list[str], list[str]]:
+    """(sites whose rho_k enters the out-of-federation average, sites left out and why).
+
+    In-process every federated site's state is in the run directory. In deployment only the
+    sites that agreed to send rho_k at the end are averaged (personal_export.json).
+    """
+    path = run_dir / PERSONAL_EXPORT
+    if not path.exists():
+        return list(cfg.data.federation), []
+    export = json.loads(path.read_text())
+    left_out = [f"{s} (declined)" for s in export["declined"]]
+    left_out += [f"{s} (unreachable)" for s in export["unreachable"]]
+    return [s for s in cfg.data.federation if s in export["shared"]], left_out
+
+
 def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> FedSTNet:
-    """Sample-count-weighted average of all federated site models (personal parts included)."""
+    """Sample-count-weighted average of the federated site models (personal parts included)
+    of every site that contributed its rho_k (:func:`averaged_sites`)."""
     checkpoint = _server_checkpoint(run_dir)
-    states = [_site_state(run_dir, s, checkpoint["round"]) for s in cfg.data.federation]
+    sites, left_out = averaged_sites(cfg, run_dir)
+    if left_out:
+        log.warning("out-of-federation model leaves out %s", ", ".join(left_out))
+    if not sites:
+        raise FileNotFoundError(
+            f"no site sent its personalized parameters ({', '.join(left_out)}): the "
+            f"out-of-federation model cannot be built for {run_dir}"
+        )
+    states = [_site_state(run_dir, s, checkpoint["round"]) for s in sites]
     weights = [float(state["num_examples"]) for state in states]
     total = sum(weights)
     averaged = {
@@ -101,7 +130,7 @@ def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -
     log.info(
         "out-of-federation model: %d averaged personal tensors over %s (weights %s)",
         len(averaged),
-        list(cfg.data.federation),
+        sites,
         weights,
     )
     return _site_model(cfg, checkpoint, averaged, device)

@@ -18,16 +18,22 @@ from omegaconf import OmegaConf
 
 from fedst import plots, report
 from fedst.app.client_app import app as client_app
-from fedst.app.client_app import release_sites
+from fedst.app.client_app import make_client_app, release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import make_server_app
 from fedst.data.procedural import GENERATOR_VERSION, SITES, generate
 from fedst.data.validation import validate_experiment_data
-from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device
+from fedst.experiment import (
+    ExperimentConfig,
+    experiment_from_json,
+    resolve_device,
+    site_node_config,
+    site_state_dir,
+)
 from fedst.federation.components import build_indicators, open_site_data
 from fedst.federation.evaluation import evaluate_model
 from fedst.federation.run_io import atomic_write_text, read_jsonl
-from fedst.outfed import evaluate_out_of_federation, personalized_model
+from fedst.outfed import averaged_sites, evaluate_out_of_federation, personalized_model
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +54,29 @@ def load_config(run_dir: Path) -> ExperimentConfig:
     return experiment_from_json(path.read_text())
 
 
+def prepare_data(
+    cfg: ExperimentConfig, progress: bool = False, regenerate: bool = False
+) -> dict[str, Any] | None:
+    """The embedded benchmark (``data.procedural``) is generated where its site folders are absent
+    (real data never is); a generated site that differs from the config stops the run
+    (``regenerate``: rewrite it on purpose). Returns which benchmark it is (None for real data)."""
+    if cfg.data.procedural is None:
+        return None
+    return prepare_benchmark(cfg, regenerate=regenerate, progress=progress)
+
+
+def prepare_run(
+    cfg: ExperimentConfig, run_dir: Path, progress: bool = False, regenerate: bool = False
+) -> None:
+    """Every engine's start: the resolved config and the benchmark record in the run directory,
+    data in place, and every site the run uses validated before anything trains."""
+    save_config(cfg, run_dir)
+    record = prepare_data(cfg, progress, regenerate)
+    if record is not None:
+        atomic_write_text(json.dumps(record, indent=2, sort_keys=True), run_dir / "benchmark.json")
+    validate_data(cfg)
+
+
 def run_training(
     cfg: ExperimentConfig,
     run_dir: Path,
@@ -55,18 +84,19 @@ def run_training(
     progress: bool = True,
     regenerate: bool = False,
 ) -> dict[str, Any]:
-    """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run.
-
-    The embedded benchmark (``data.procedural``) is generated where its site folders are absent;
-    a generated site that differs from the config stops the run (``regenerate``: rewrite it)."""
-    save_config(cfg, run_dir)
-    if cfg.data.procedural is not None:
-        prepare_benchmark(cfg, run_dir, regenerate=regenerate, progress=progress)
-    validate_data(cfg)
+    """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run."""
+    prepare_run(cfg, run_dir, progress, regenerate)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     num_sites = len(cfg.data.federation)
+    # each site's own settings (data folder, state folder, hardware) travel as node config, as
+    # on a hospital's SuperNode; the messages carry no path
+    nodes = [
+        site_node_config(
+            cfg, site, progress=progress, run_state_dir=str(site_state_dir(run_dir, site))
+        ).to_node_config()
+        for site in cfg.data.federation
+    ]
     if engine == "inprocess":
-        nodes = [{"partition-id": i, "num-partitions": num_sites} for i in range(num_sites)]
         grid = InProcessGrid(client_app, nodes)
         try:
             server_app(
@@ -84,7 +114,7 @@ def run_training(
             ) from err
         run_simulation(
             server_app=server_app,
-            client_app=client_app,
+            client_app=make_client_app(nodes),
             num_supernodes=num_sites,
             backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
         )
@@ -110,28 +140,33 @@ BENCHMARK_SEED = 0
 
 
 def prepare_benchmark(
-    cfg: ExperimentConfig, run_dir: Path, regenerate: bool = False, progress: bool = True
+    cfg: ExperimentConfig, regenerate: bool = False, progress: bool = True
 ) -> dict[str, Any]:
-    """Generate the configured procedural benchmark where absent and record which one the run
-    used (seed, preset, generator version per site) in ``<run>/benchmark.json``."""
+    """Generate the configured procedural benchmark where absent; returns which one it is (seed,
+    preset, generator version per site), what ``<run>/benchmark.json`` records."""
     root = Path(cfg.data.root or ".")
-    names = list(SITES)
     generate(root, BENCHMARK_SEED, str(cfg.data.procedural), force=regenerate, progress=progress)
-    record = {
+    return {
         "root": str(root),
         "seed": BENCHMARK_SEED,
         "preset": cfg.data.procedural,
         "generator_version": GENERATOR_VERSION,
-        "sites": {n: json.loads((root / n / "meta.json").read_text())["generator"] for n in names},
+        "sites": {n: json.loads((root / n / "meta.json").read_text())["generator"] for n in SITES},
     }
-    atomic_write_text(json.dumps(record, indent=2, sort_keys=True), run_dir / "benchmark.json")
-    return record
 
 
 def finalize_run(
-    cfg: ExperimentConfig, run_dir: Path, progress: bool = False, qualitative: int = 2
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    progress: bool = False,
+    qualitative: int = 2,
+    site_data: bool = True,
 ) -> dict[str, Any]:
-    """Out-of-federation evaluation, final.json, tables (markdown + CSV) and plots."""
+    """Out-of-federation evaluation, final.json, tables (markdown + CSV) and plots.
+
+    ``site_data=False`` (deployment): the server holds no federated site's data, so qualitative
+    examples come from the out-of-federation sites only.
+    """
     device = resolve_device(cfg.train.device)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     last_round = max((r["round"] for r in metrics), default=0)
@@ -149,7 +184,7 @@ def finalize_run(
         for site, result in results.items():
             outfed[site] = _scalars(result.summary)
             examples += _example_rows(cfg, result)
-    if qualitative:
+    if qualitative and site_data:
         indicators = build_indicators(cfg)
         for site in cfg.data.federation:
             model = personalized_model(cfg, run_dir, site, device)
@@ -172,6 +207,7 @@ def finalize_run(
         "rounds": last_round,
         "sites": sites,
         "out_of_federation": outfed,
+        **_outfed_average(cfg, run_dir),
         # per site and round, parameter values only (fp32), as in the paper's Table IX
         "upload_mb_per_round": _mean_mb(comm, "upload_param_bytes"),
         "download_mb_per_round": _mean_mb(steady, "download_param_bytes"),
@@ -186,6 +222,14 @@ def finalize_run(
     if examples:
         plots.qualitative_grid(examples, run_dir / "plots" / "qualitative.png")
     return final
+
+
+def _outfed_average(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any]:
+    """Which sites the out-of-federation model averages (written only when one is left out)."""
+    if not cfg.data.out_of_federation:
+        return {}
+    sites, left_out = averaged_sites(cfg, run_dir)
+    return {"out_of_federation_average": {"sites": sites, "left_out": left_out}} if left_out else {}
 
 
 def _example_rows(cfg: ExperimentConfig, result: Any) -> list[tuple]:

@@ -1,29 +1,43 @@
 """Flower ClientApp: unpack the message, call :class:`fedst.federation.site.Site`, pack the reply.
 
 The same app runs in-process, under Ray and on a hospital's SuperNode. What it needs comes from
-the message (the experiment config, the round, the shared parameters) and from the node
-(``node_config``: ``site-name`` or ``partition-id``; optionally ``data-path`` and ``state-dir``).
-Private state: rho_k stays in ``context.state["personal"]`` and in the site's state folder.
+two places that never mix:
+
+* the message: the *site view* of the experiment (fedst.experiment.site_view: method, network
+  and training hyper-parameters, site names and surgery types; no path of any site and nothing
+  of the server's disk), the run's name, the round and the shared parameters;
+* the node (``context.node_config``, typed as fedst.experiment.SiteNodeConfig): which site this
+  is, its data folder and backend options, its state folder, device and workers.
+
+Private state (rho_k, optimizer moments, data order) lives on the site's disk only, in
+``<state-dir>/<run-name>/`` with a fingerprint of the configuration that produced it
+(fedst.federation.site.claim_state_dir); ``context.state`` is not used, because a SuperNode keeps
+it in memory and loses it on restart.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
+import logging
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedst.experiment import ExperimentConfig, experiment_from_json, resolve_device, site_state_dir
+from fedst.experiment import (
+    ExperimentConfig,
+    SiteNodeConfig,
+    experiment_from_json,
+    resolve_device,
+)
 from fedst.federation.aggregation import UNIFORM_WEIGHT_KEY
-from fedst.federation.components import state_subset
 from fedst.federation.site import Site
 from fedst.metrics import METRIC_NAMES
+
+log = logging.getLogger(__name__)
 
 app = ClientApp()
 
 _SITES: dict[tuple[str, str, str], Site] = {}
-"""Live Site objects of this process, by (run dir, site, config fingerprint): the model, data and
+"""Live Site objects of this process, by (state dir, site, config fingerprint): the model, data and
 optimizer are built once per process, not once per message. State on disk stays authoritative."""
 
 
@@ -32,33 +46,40 @@ def release_sites() -> None:
     _SITES.clear()
 
 
-def _site_name(cfg: ExperimentConfig, context: Context) -> str:
-    if "site-name" in context.node_config:
-        return str(context.node_config["site-name"])
-    return cfg.data.federation[int(context.node_config["partition-id"])]
+def _node(context: Context) -> SiteNodeConfig:
+    return SiteNodeConfig.from_node_config(dict(context.node_config))
+
+
+def _site_name(view: ExperimentConfig, node: SiteNodeConfig) -> str:
+    if node.site_name is not None:
+        if node.site_name not in view.data.federation:
+            raise ValueError(
+                f"this node is site {node.site_name!r}, which is not in the federation "
+                f"{list(view.data.federation)}; check site-name in its node config"
+            )
+        return node.site_name
+    if node.partition_id is None:
+        raise ValueError("node config names no site: set site-name (or partition-id)")
+    return view.data.federation[node.partition_id]
 
 
 def _site_for(message: Message, context: Context) -> tuple[Site, ConfigRecord]:
     config = message.content["config"]
-    cfg = experiment_from_json(str(config["experiment"]))
-    name = _site_name(cfg, context)
-    if "data-path" in context.node_config:  # deployment: the hospital's own copy of its data
-        spec = dataclasses.replace(cfg.data.sites[name], root=str(context.node_config["data-path"]))
-        cfg = dataclasses.replace(
-            cfg, data=dataclasses.replace(cfg.data, sites={**cfg.data.sites, name: spec})
-        )
-    run_dir = Path(str(config["run-dir"]))
-    state_dir = Path(str(context.node_config.get("state-dir", site_state_dir(run_dir, name))))
+    view = experiment_from_json(str(config["experiment"]))
+    node = _node(context)
+    name = _site_name(view, node)
+    cfg = node.local_experiment(view, name)
+    state_dir = node.private_state_dir(str(config["run-name"]), name)
     key = (str(state_dir), name, cfg.fingerprint())
     if key not in _SITES:
         _SITES[key] = Site(
-            name,
-            cfg,
-            state_dir,
-            resolve_device(cfg.train.device),
-            progress=bool(config.get("progress", False)),
+            name, cfg, state_dir, resolve_device(cfg.train.device), progress=node.progress
         )
     return _SITES[key], config
+
+
+def _site_record(site: Site) -> ConfigRecord:
+    return ConfigRecord({"site": site.name})
 
 
 @app.train()
@@ -66,7 +87,6 @@ def train(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     received = message.content["arrays"].to_torch_state_dict()
     result = site.train_round(received, int(config["server-round"]), int(config["local-iters"]))
-    context.state["personal"] = ArrayRecord(state_subset(site.model, site.partition.personal))
     metrics = MetricRecord(
         {
             "num-examples": result.num_examples,
@@ -76,11 +96,7 @@ def train(message: Message, context: Context) -> Message:
         }
     )
     content = RecordDict(
-        {
-            "arrays": ArrayRecord(result.shared),
-            "metrics": metrics,
-            "site": ConfigRecord({"site": site.name}),
-        }
+        {"arrays": ArrayRecord(result.shared), "metrics": metrics, "site": _site_record(site)}
     )
     return Message(content, reply_to=message)
 
@@ -108,9 +124,54 @@ def evaluate(message: Message, context: Context) -> Message:
     received = message.content["arrays"].to_torch_state_dict()
     result = site.evaluate(received, int(config["server-round"]))
     content = RecordDict(
+        {"metrics": MetricRecord(evaluation_metrics(result.summary)), "site": _site_record(site)}
+    )
+    return Message(content, reply_to=message)
+
+
+@app.query("personal")
+def export_personal(message: Message, context: Context) -> Message:
+    """Once, after the last round: rho_k for the out-of-federation average, if this site allows it.
+
+    The only message that carries private parameters; a site whose node config says
+    ``share-personal=false`` answers with its name and ``shared: 0`` instead.
+    """
+    site, config = _site_for(message, context)
+    server_round = int(config["server-round"])
+    site.restore(server_round)
+    if not _node(context).share_personal:
+        log.warning("site %s declines to send its personalized parameters", site.name)
+        info = ConfigRecord({"site": site.name, "shared": 0})
+        return Message(RecordDict({"site": info}), reply_to=message)
+    log.warning(
+        "site %s sends its personalized parameters (%d tensors) for the out-of-federation model",
+        site.name,
+        len(site.partition.personal),
+    )
+    content = RecordDict(
         {
-            "metrics": MetricRecord(evaluation_metrics(result.summary)),
-            "site": ConfigRecord({"site": site.name}),
+            "personal": ArrayRecord(site.personal_state()),
+            "metrics": MetricRecord({"num-examples": site.num_examples}),
+            "site": ConfigRecord({"site": site.name, "shared": 1}),
         }
     )
     return Message(content, reply_to=message)
+
+
+def make_client_app(local_nodes: list[dict]) -> ClientApp:
+    """The same handlers for Flower's Ray simulation, whose virtual nodes only carry
+    ``partition-id``: each gets the node config of its site (``local_nodes[partition-id]``)."""
+    simulated = ClientApp()
+
+    def with_node(handler):
+        def call(message: Message, context: Context) -> Message:
+            node = local_nodes[int(context.node_config["partition-id"])]
+            context.node_config = {**context.node_config, **node}
+            return handler(message, context)
+
+        return call
+
+    simulated.train()(with_node(train))
+    simulated.evaluate()(with_node(evaluate))
+    simulated.query("personal")(with_node(export_personal))
+    return simulated

@@ -1,14 +1,23 @@
 """Flower ServerApp: the round loop of Algorithm 1 over any Grid (in-process, Ray, deployment).
 
-Each round: send gamma_g to every site (round 1: the full initial model v_g^0) -> sites train and
-reply with gamma_k -> Flower's FedAvg (uniform or sample-count weights, see
-fedst/federation/aggregation.py) or FedMedian aggregates -> the server step (SERQ for FedST) ->
-every ``eval_every`` rounds the sites score their personalized models -> checkpoint. Only the
-ArrayRecord "arrays" carries parameters, and it only ever holds shared keys from the sites.
+Each round: send gamma_g to every connected site (a site's first round: the full initial model
+v_g^0) -> sites train and reply with gamma_k -> Flower's FedAvg (uniform or sample-count weights,
+fedst/federation/aggregation.py) or FedMedian aggregates the replies that came -> the server step
+(SERQ for FedST) -> every ``eval_every`` rounds the sites score their personalized models ->
+checkpoint. Only the
+ArrayRecord "arrays" carries parameters, and it only ever holds shared keys from the sites. The
+config in each message is the site view of the experiment (no path of any site or of the server).
+
+Sites that fail or time out are left out of the round as long as ``RoundPolicy.min_sites``
+answered (participation.jsonl records who took part); they rejoin from their state on disk.
+
+``app`` (module level) is the ServerApp of ``flwr run .`` and of ``train_fed.py site=server``:
+it reads its run directory from the run config ([tool.flwr.app.config] in pyproject.toml).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -17,11 +26,13 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
 from fedst.federation.aggregation import make_strategy
-from fedst.federation.run_io import RunLog
+from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
+from fedst.federation.site import site_state_file
 from fedst.metrics import METRIC_NAMES
+from fedst.outfed import PERSONAL_EXPORT
 from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -31,15 +42,41 @@ class FederationError(RuntimeError):
     """A site failed during a round; the message carries the site's own error text."""
 
 
-def make_server_app(cfg: ExperimentConfig, run_dir: Path, progress: bool = True) -> ServerApp:
+def make_server_app(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    progress: bool = True,
+    policy: RoundPolicy | None = None,
+) -> ServerApp:
     """A ServerApp bound to one experiment (config comes from the entry point, not from Flower)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_federation(grid, cfg, run_dir, progress=progress)
+        run_federation(grid, cfg, run_dir, progress=progress, policy=policy)
 
     return app
+
+
+app = ServerApp()
+"""The deployed ServerApp (``flwr run .``): config from the run config, see :func:`deployed_main`."""
+
+
+@app.main()
+def deployed_main(grid: Grid, context: Context) -> None:
+    """Run the federation of ``run-dir`` (prepared by ``train_fed.py site=server``: config.json),
+    or of the Hydra ``overrides`` when run-dir is empty, then finalize it on the server."""
+    from fedst.deploy import run_config_to_run  # the deployment entry; imports training
+
+    run_config_to_run(grid, dict(context.run_config))
+
+
+class _Round:
+    """The replies of one broadcast: good replies by site, and what failed or stayed silent."""
+
+    def __init__(self) -> None:
+        self.replies: list[Message] = []
+        self.failed: dict[int, str] = {}
 
 
 def _broadcast(
@@ -49,30 +86,75 @@ def _broadcast(
     arrays: ArrayRecord,
     config: dict[str, Any],
     server_round: int,
-) -> list[Message]:
-    """Send the same arrays and config to every node and return the replies; a site's failure
-    becomes a FederationError carrying the site's own error text."""
+    timeout: float | None = None,
+    first_arrays: dict[int, ArrayRecord] | None = None,
+    audit: RunLog | None = None,
+) -> _Round:
+    """Send arrays and config to every node (``first_arrays`` overrides the arrays per node) and
+    collect the replies; failures and silent nodes are returned, not raised."""
     messages = [
         Message(
-            RecordDict({"arrays": arrays, "config": ConfigRecord(config)}),
+            RecordDict(
+                {
+                    "arrays": (first_arrays or {}).get(node, arrays),
+                    "config": ConfigRecord(config),
+                }
+            ),
             dst_node_id=node,
             message_type=kind,
             group_id=str(server_round),
+            ttl=timeout,  # a site that comes back later does not work on a closed step
         )
         for node in nodes
     ]
-    replies = list(grid.send_and_receive(messages))
-    errors = [r.error.reason for r in replies if r.has_error()]
-    if errors:
-        raise FederationError(
-            f"{len(errors)} site(s) failed during {kind} of round {server_round}:\n"
-            + "\n".join(errors)
-        )
-    if len(replies) != len(nodes):
-        raise FederationError(
-            f"{kind} round {server_round}: {len(replies)} of {len(nodes)} replies"
-        )
-    return replies
+    if audit is not None:
+        for message in messages:
+            _audit(audit, "down", message, server_round)
+    result = _Round()
+    answered = set()
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    # the SuperLink's own error replies (e.g. node unavailable) do not come from the node:
+    # match each reply to its instruction
+    node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+    for reply in replies:
+        node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        answered.add(node)
+        if audit is not None:
+            _audit(audit, "up", reply, server_round)
+        if reply.has_error():
+            result.failed[node] = reply.error.reason
+        else:
+            result.replies.append(reply)
+    for node in set(nodes) - answered:
+        result.failed[node] = f"no reply within {timeout} s"
+    return result
+
+
+def _audit(runlog: RunLog, direction: str, message: Message, server_round: int) -> None:
+    """One wire.jsonl row: what a message carried (record names, keys, shapes; never values)."""
+    row: dict[str, Any] = {
+        "round": server_round,
+        "direction": direction,
+        "type": message.metadata.message_type,
+        "node": message.metadata.dst_node_id
+        if direction == "down"
+        else message.metadata.src_node_id,
+    }
+    if not message.has_error():
+        content = message.content
+        row["arrays"] = {
+            name: {key: list(array.shape) for key, array in record.items()}
+            for name, record in content.array_records.items()
+        }
+        row["configs"] = {
+            name: sorted(record.keys()) for name, record in content.config_records.items()
+        }
+        row["metrics"] = {
+            name: sorted(record.keys()) for name, record in content.metric_records.items()
+        }
+        if direction == "down" and "config" in content:
+            row["config_values"] = {k: v for k, v in content["config"].items()}
+    runlog.write("wire", row)
 
 
 def _train_payload(server: FederationServer, cfg: ExperimentConfig, server_round: int) -> dict:
@@ -80,6 +162,23 @@ def _train_payload(server: FederationServer, cfg: ExperimentConfig, server_round
     if server_round == 1:
         return server.initial_payload()
     return server.shared_payload() if cfg.method.communicate else {}
+
+
+def _newcomer_payloads(
+    server: FederationServer,
+    cfg: ExperimentConfig,
+    server_round: int,
+    nodes: list[int],
+    sites_of: dict[int, str],
+) -> dict[int, ArrayRecord]:
+    """After round 1, a node not seen yet in this server process (it joined late, or the server
+    resumed) gets the full current v_g: a site without private state starts from it, a site
+    with state takes only gamma_g from it (Site.train_round)."""
+    newcomers = [n for n in nodes if n not in sites_of]
+    if server_round == 1 or not cfg.method.communicate or not newcomers:
+        return {}
+    full = ArrayRecord(server.initial_payload())
+    return dict.fromkeys(newcomers, full)
 
 
 def _log_training_reply(
@@ -114,12 +213,18 @@ def _site_of(reply: Message) -> str:
 
 
 def run_federation(
-    grid: Grid, cfg: ExperimentConfig, run_dir: Path, progress: bool = True
+    grid: Grid,
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    progress: bool = True,
+    policy: RoundPolicy | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the federation described by ``cfg``; returns the last per-site test metrics."""
+    policy = policy or RoundPolicy()
     device = resolve_device(cfg.train.device)
     server = FederationServer(cfg, run_dir, device, progress=progress)
     runlog = RunLog(run_dir)
+    audit = RunLog(run_dir, tensorboard=False) if policy.audit else None
     last_metrics: dict[str, Any] = {}
     if (run_dir / SERVER_CHECKPOINT).exists():
         last_metrics = server.load().get("last_metrics", {})
@@ -132,17 +237,19 @@ def run_federation(
         server.save(0)
 
     strategy = make_strategy(cfg.method.aggregation, cfg.method.aggregation_weights)
-    nodes = sorted(grid.get_node_ids())
-    if len(nodes) != len(cfg.data.federation):
+    federation = list(cfg.data.federation)
+    min_sites = policy.min_sites or len(federation)
+    if min_sites > len(federation):
         raise FederationError(
-            f"{len(nodes)} nodes connected, the federation has {len(cfg.data.federation)} sites"
+            f"deploy.min_sites={min_sites} but the federation has {len(federation)} sites"
         )
     base_config = {
-        "experiment": cfg.to_json(),
-        "run-dir": str(run_dir),
+        "experiment": site_view(cfg).to_json(),
+        "run-name": run_dir.name,
         "local-iters": cfg.train.local_iters,
-        "progress": progress,
     }
+    sites_of: dict[int, str] = {}  # node id -> site, learnt from the sites' replies
+    nodes = _wait_for_nodes(grid, len(federation), policy.join_timeout, federation)
 
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
     for server_round in progress_bar(
@@ -153,20 +260,45 @@ def run_federation(
         total=cfg.train.rounds,
     ):
         started = time.perf_counter()
+        if server_round > rounds.start:
+            nodes = _wait_for_nodes(
+                grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
+            )
         # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
         config = {**base_config, "server-round": server_round}
         down = ArrayRecord(_train_payload(server, cfg, server_round))
-        replies = _broadcast(grid, nodes, MessageType.TRAIN, down, config, server_round)
+        first = _newcomer_payloads(server, cfg, server_round, nodes, sites_of)
+        trained = _broadcast(
+            grid,
+            nodes,
+            MessageType.TRAIN,
+            down,
+            config,
+            server_round,
+            timeout=policy.round_timeout,
+            first_arrays=first,
+            audit=audit,
+        )
+        _check_sites(trained, sites_of, federation, min_sites, "train", server_round)
         down_sizes = {
             "download_bytes": down.count_bytes(),
             "download_param_bytes": _param_bytes(down),
         }
-        for reply in replies:
+        for reply in trained.replies:
             _log_training_reply(runlog, reply, down_sizes, server_round, cfg.train.local_iters)
+        participants = sorted(_site_of(r) for r in trained.replies)
+        runlog.write(
+            "participation",
+            {
+                "round": server_round,
+                "participants": participants,
+                "missing": [s for s in federation if s not in participants],
+            },
+        )
         # -- aggregation + server step (lines 8-12) -------------------------------------------------
         if cfg.method.communicate:
             step_started = time.perf_counter()
-            aggregated, _ = strategy.aggregate_train(server_round, replies)
+            aggregated, _ = strategy.aggregate_train(server_round, trained.replies)
             aggregation_seconds = time.perf_counter() - step_started
             stats = server.server_step(
                 aggregated.to_torch_state_dict() if aggregated else {}, server_round
@@ -184,8 +316,18 @@ def run_federation(
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
             shared = ArrayRecord(server.shared_payload() if cfg.method.communicate else {})
-            replies = _broadcast(grid, nodes, MessageType.EVALUATE, shared, config, server_round)
-            for reply in replies:
+            evaluated = _broadcast(
+                grid,
+                [n for n in nodes if n in sites_of],
+                MessageType.EVALUATE,
+                shared,
+                config,
+                server_round,
+                timeout=policy.round_timeout,
+                audit=audit,
+            )
+            _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
+            for reply in evaluated.replies:
                 row = _metrics_row(reply, server_round)
                 runlog.write("metrics", row)
                 last_metrics[row["site"]] = row
@@ -196,8 +338,131 @@ def run_federation(
             cfg.train.rounds,
             time.perf_counter() - started,
         )
+    if policy.collect_personal and cfg.data.out_of_federation:
+        _collect_personal(
+            grid, sites_of, base_config, server.completed_round, run_dir, policy, audit
+        )
     runlog.close()
     return last_metrics
+
+
+def _wait_for_nodes(
+    grid: Grid,
+    expected: int,
+    timeout: float,
+    federation: list[str],
+    sites_of: dict[int, str] | None = None,
+    required: int | None = None,
+) -> list[int]:
+    """The connected nodes, after waiting up to ``timeout`` s for ``expected`` of them; fewer than
+    ``required`` (default: ``expected``) stops the run with the sites still missing."""
+    required = expected if required is None else required
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= expected or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    if len(nodes) < required:
+        known = set((sites_of or {}).values())
+        missing = [s for s in federation if s not in known] if known else federation
+        raise FederationError(
+            f"{len(nodes)} of {expected} sites connected after {timeout:.0f} s (need {required}); "
+            f"not connected{' (or not yet seen)' if not known else ''}: {', '.join(missing)}. "
+            f"Start them with: python train_fed.py site=<name> deploy.server=<host:port>"
+        )
+    if len(nodes) < expected:
+        log.warning("%d of %d sites connected; going on with them", len(nodes), expected)
+    return nodes
+
+
+def _check_sites(
+    result: _Round,
+    sites_of: dict[int, str],
+    federation: list[str],
+    min_sites: int,
+    kind: str,
+    server_round: int,
+) -> None:
+    """Learn node -> site from the replies, refuse a site answering twice, and stop the run when
+    fewer than ``min_sites`` sites answered."""
+    seen: dict[str, int] = {}
+    for reply in result.replies:
+        node, site = reply.metadata.src_node_id, _site_of(reply)
+        if site not in federation:
+            raise FederationError(f"node {node} says it is site {site!r}, not in {federation}")
+        if site in seen:
+            raise FederationError(
+                f"two SuperNodes ({seen[site]} and {node}) claim site {site}: give each hospital "
+                f"its own site-name and key"
+            )
+        seen[site] = node
+        sites_of[node] = site
+    # federation order, not arrival order: the floating-point sum of the aggregation (and the
+    # logs) must not depend on which site answered first
+    result.replies.sort(key=lambda reply: federation.index(_site_of(reply)))
+    failures = [f"{sites_of.get(n, f'node {n}')}: {reason}" for n, reason in result.failed.items()]
+    if len(result.replies) < min_sites:
+        raise FederationError(
+            f"{len(failures)} site(s) failed during {kind} of round {server_round} and only "
+            f"{len(result.replies)} answered (deploy.min_sites={min_sites}):\n"
+            + "\n".join(failures)
+        )
+    for failure in failures:
+        log.warning("round %d %s: left out %s", server_round, kind, failure.splitlines()[0])
+
+
+def _collect_personal(
+    grid: Grid,
+    sites_of: dict[int, str],
+    base_config: dict[str, Any],
+    last_round: int,
+    run_dir: Path,
+    policy: RoundPolicy,
+    audit: RunLog | None,
+) -> None:
+    """Ask every site once for rho_k (the out-of-federation average); store what is sent in the
+    run directory's site folders and write who sent and who declined to personal_export.json."""
+    nodes = sorted(grid.get_node_ids())
+    config = {**base_config, "server-round": last_round}
+    result = _broadcast(
+        grid,
+        nodes,
+        "query.personal",
+        ArrayRecord({}),
+        config,
+        last_round,
+        timeout=policy.round_timeout,
+        audit=audit,
+    )
+    shared, declined = [], []
+    for reply in result.replies:
+        site = _site_of(reply)
+        if not int(reply.content["site"]["shared"]):
+            declined.append(site)
+            log.warning("site %s declined to send its personalized parameters", site)
+            continue
+        personal = reply.content["personal"].to_torch_state_dict()
+        atomic_torch_save(
+            {
+                "round": last_round,
+                "site": site,
+                "personal": personal,
+                "num_examples": int(reply.content["metrics"]["num-examples"]),
+                "exported": True,
+            },
+            site_state_file(run_dir / "sites" / site, last_round),
+        )
+        shared.append(site)
+        log.warning("site %s sent its personalized parameters (%d tensors)", site, len(personal))
+    silent = [sites_of.get(n, f"node {n}") for n in result.failed]
+    export = {
+        "round": last_round,
+        "shared": sorted(shared),
+        "declined": sorted(declined),
+        "unreachable": sorted(silent),
+    }
+    atomic_write_text(json.dumps(export, indent=1), run_dir / PERSONAL_EXPORT)
 
 
 def _param_bytes(record: ArrayRecord) -> int:

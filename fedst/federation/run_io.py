@@ -8,9 +8,13 @@ train.jsonl                 per-round training rows (site, loss, seconds, iterat
                             aggregation_seconds, seconds (aggregation + server step), SERQ losses,
                             eq_seconds and sc_seconds
 comm.jsonl                  parameter bytes uploaded / downloaded per site per round
+participation.jsonl         per round: the sites whose training replies were aggregated, and the missing
+wire.jsonl                  (deploy.audit) record names, keys and shapes of every message
+personal_export.json        (deployment) sites that sent rho_k at the end / declined / were unreachable
 checkpoints/server.pt       last completed round: global model, SERQ state, RNG (atomic)
 checkpoints/server.prev.pt  the round before (fallback when server.pt is damaged)
-sites/<site>/state_rNNNN.pt a site's private state after round N (written by the site)
+sites/<site>/state_rNNNN.pt a site's private state after round N (in-process: written by the site;
+                            deployment: only rho_k of sites that sent it at the end)
 final.json, tables/, plots/ written at the end
 tensorboard/                scalars of all of the above
 ```

@@ -11,16 +11,19 @@ Nothing here imports Flower: the ClientApp (fedst/app/client_app.py) is glue aro
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from fedst.config import ConfigError, to_dict
 from fedst.data.clips import BatchStream
-from fedst.experiment import ExperimentConfig
+from fedst.experiment import ExperimentConfig, site_view, state_fingerprint
 from fedst.federation.components import (
     build_indicators,
     build_loss,
@@ -43,9 +46,56 @@ from fedst.progress import progress_bar
 log = logging.getLogger(__name__)
 
 
+STATE_FINGERPRINT = "fingerprint.json"
+"""In a site's state folder: the fingerprint (and config) of the run that wrote the states."""
+
+
 def site_state_file(state_dir: Path, server_round: int) -> Path:
     """Where a site keeps its private state after ``server_round``."""
     return state_dir / f"state_r{server_round:04d}.pt"
+
+
+def saved_rounds(state_dir: Path) -> list[int]:
+    """Rounds whose private state is in ``state_dir``, ascending."""
+    found = (re.fullmatch(r"state_r(\d{4,})\.pt", p.name) for p in state_dir.glob("state_r*.pt"))
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+class StateMismatchError(ConfigError):
+    """A site's state folder was written by a run with another configuration."""
+
+
+def claim_state_dir(state_dir: Path, site: str, cfg: ExperimentConfig) -> str:
+    """Record (first use) or check (later uses) which configuration owns ``state_dir``.
+
+    Resuming with a different configuration would silently mix private states, so it stops with
+    the differing keys. Evaluation settings, paths and hardware are not part of the fingerprint.
+    """
+    view = site_view(cfg)
+    fingerprint = state_fingerprint(view)
+    path = state_dir / STATE_FINGERPRINT
+    if path.exists():
+        recorded = json.loads(path.read_text())
+        if recorded["fingerprint"] != fingerprint:
+            differences = _differences(recorded["config"], to_dict(view))
+            raise StateMismatchError(
+                f"site {site}: {state_dir} holds private state of a run with config fingerprint "
+                f"{recorded['fingerprint']}, this run's is {fingerprint} (differs in: "
+                f"{', '.join(differences[:6]) or 'evaluation-independent keys'}). Resume with the "
+                f"original config, or give this run a new state folder."
+            )
+        return fingerprint
+    state_dir.mkdir(parents=True, exist_ok=True)
+    record = {"fingerprint": fingerprint, "site": site, "config": to_dict(view)}
+    path.write_text(json.dumps(record, indent=1, sort_keys=True))
+    return fingerprint
+
+
+def _differences(old: object, new: object, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [d for k in keys for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [f"{prefix[:-1]}={old!r}->{new!r}"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -83,6 +133,7 @@ class Site:
         self.data = open_site_data(cfg, name, ("train", "test"))
         self.model = build_model(cfg).to(device)
         self.partition = partition_of(self.model, cfg)
+        self.personal_keys = frozenset(self.partition.personal)
         self.loss_fn = build_loss(cfg)
         self.indicator = build_indicators(cfg).get(name)
         self.optimizer = torch.optim.AdamW(
@@ -96,6 +147,7 @@ class Site:
         )
         self.completed_round = 0
         remove_stale_tmp(state_dir)  # left by a site killed while saving
+        self.fingerprint = claim_state_dir(state_dir, name, cfg)
 
     @property
     def num_examples(self) -> int:
@@ -107,6 +159,8 @@ class Site:
     ) -> LocalRoundResult:
         """Load gamma_g (round 1: the server's full initial model), train E iterations, return gamma_k."""
         self.restore(server_round - 1)
+        if self.completed_round > 0:  # rho_k is the site's own from its first round on
+            received = {k: v for k, v in received.items() if k not in self.personal_keys}
         load_subset(self.model, received)
         seed_everything(self.cfg.seed, self.index, server_round)
         indicator = self.indicator.to(self.device) if self.indicator is not None else None
@@ -167,6 +221,10 @@ class Site:
             progress=self.progress,
         )
 
+    def personal_state(self) -> dict[str, torch.Tensor]:
+        """rho_k as CPU tensors (sent once, at the end, only when the site allows it)."""
+        return state_subset(self.model, self.partition.personal)
+
     # -- private state on disk -----------------------------------------------------------------
     def state_path(self, server_round: int) -> Path:
         return site_state_file(self.state_dir, server_round)
@@ -177,7 +235,7 @@ class Site:
             {
                 "round": server_round,
                 "site": self.name,
-                "personal": state_subset(self.model, self.partition.personal),
+                "personal": self.personal_state(),
                 "optimizer": self.optimizer.state_dict(),
                 "stream": self.stream.state_dict(),
                 "num_examples": self.num_examples,
@@ -189,14 +247,34 @@ class Site:
             stale.unlink()
 
     def restore(self, server_round: int) -> None:
-        """Make the in-memory state that of the end of ``server_round`` (0: fresh start)."""
+        """Make the in-memory state that of the end of ``server_round`` (0: fresh start), or of
+        the site's last round before it when the site missed rounds (it dropped out)."""
         if self.completed_round == server_round:
             return
         path = self.state_path(server_round)
         if not path.exists():
-            raise FileNotFoundError(
-                f"site {self.name}: no saved state for round {server_round} at {path}; "
-                f"resume from the run's last completed round or start a new run"
+            earlier = [r for r in saved_rounds(self.state_dir) if r < server_round]
+            if earlier and earlier[-1] == self.completed_round:
+                return
+            if not earlier and self.completed_round == 0:
+                log.info(
+                    "site %s: no private state before round %d, starting fresh",
+                    self.name,
+                    server_round,
+                )
+                return
+            if not earlier:
+                raise FileNotFoundError(
+                    f"site {self.name}: no saved state for round {server_round} at {path}; "
+                    f"resume from the run's last completed round or start a new run"
+                )
+            path = self.state_path(earlier[-1])
+            log.info(
+                "site %s: missed rounds %d-%d, continuing from its state of round %d",
+                self.name,
+                earlier[-1] + 1,
+                server_round,
+                earlier[-1],
             )
         try:
             state = load_checkpoint(path, self.device)

@@ -1,0 +1,71 @@
+"""Per-round wall time of the deployment engine (SuperLink + one SuperNode per site, TLS and node
+authentication, all on 127.0.0.1) against the in-process engine, same experiment and seed.
+
+    .venv/bin/python bench/deploy_overhead.py                          # tiny preset, 4 sites
+    .venv/bin/python bench/deploy_overhead.py experiment=demo train.total_iters=40
+
+Both runs go through the real entry points as child processes (``train_fed.py`` and
+``python -m fedst.deploy local``); the round times are the server's own "round N done in X s"
+log lines. The difference is the deployment engine's overhead: Flower 1.41's SuperNode starts one
+``flwr-clientapp`` process per message, which imports torch and rebuilds the site's model, data
+and optimizer from its state on disk, and polls the SuperLink every 3 s when idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROUND = re.compile(r"round (\d+) done in ([\d.]+) s")
+
+
+def round_times(log: Path) -> list[float]:
+    return [float(m.group(2)) for m in ROUND.finditer(log.read_text(errors="replace"))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("overrides", nargs="*", default=["experiment=tiny"])
+    parser.add_argument("--sites", nargs="+", default=["A", "B", "C", "D"])
+    args = parser.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
+    env["PYTHONPATH"] = str(REPO)
+    work = Path(tempfile.mkdtemp(prefix="fedst_overhead_"))
+    federation = f"data.federation=[{','.join(args.sites)}]"
+    results = {}
+    for engine in ("inprocess", "deployment"):
+        started = time.monotonic()
+        if engine == "inprocess":
+            run_dir = work / "inprocess"
+            command = [sys.executable, str(REPO / "train_fed.py"), *args.overrides, federation]
+            command += [f"hydra.run.dir={run_dir}", "progress=false"]
+        else:
+            run_dir = work / "deployment" / "run"
+            command = [sys.executable, "-m", "fedst.deploy", "local", "--sites", *args.sites]
+            command += ["--workdir", str(work / "deployment"), *args.overrides]
+        subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True)
+        times = round_times(run_dir / "log.txt")
+        results[engine] = (times, time.monotonic() - started)
+    print(f"overrides: {' '.join(args.overrides)}; sites: {' '.join(args.sites)}; work: {work}")
+    for engine, (times, wall) in results.items():
+        mean = sum(times) / len(times)
+        print(
+            f"{engine:>10}: rounds {', '.join(f'{t:.1f}' for t in times)} s; "
+            f"mean {mean:.1f} s/round; whole command {wall:.0f} s"
+        )
+    base = sum(results["inprocess"][0]) / len(results["inprocess"][0])
+    dep = sum(results["deployment"][0]) / len(results["deployment"][0])
+    print(f"deployment overhead: {dep - base:+.1f} s/round ({dep / base:.1f}x in-process)")
+
+
+if __name__ == "__main__":
+    main()

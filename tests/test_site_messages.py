@@ -1,0 +1,215 @@
+"""Specifications of what a site receives and keeps (issues 9.3, 8.9, 10):
+
+* a message carries the site view of the experiment: no data path of any site, nothing of the
+  server's disk; each site's own settings come from its node config;
+* private state lives on the site's disk with a fingerprint of the config that made it, not in
+  Flower's ``context.state``; resuming with another config fails naming the key;
+* a site that fails during a round is left out when enough others answered, and rejoins from
+  its state on disk; a site may decline to send rho_k at the end and is left out of the
+  out-of-federation average.
+
+All in-process (fedst.app.inprocess), tiny preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Message
+
+from fedst.app import server_app
+from fedst.app.client_app import app as client_app
+from fedst.app.client_app import release_sites
+from fedst.app.inprocess import InProcessGrid
+from fedst.data.procedural import generate
+from fedst.experiment import (
+    RoundPolicy,
+    experiment_from_json,
+    site_node_config,
+    site_view,
+    state_fingerprint,
+)
+from fedst.federation import site as site_module
+from fedst.federation.components import build_model, partition_of
+from fedst.federation.site import STATE_FINGERPRINT, Site, StateMismatchError
+from fedst.training import finalize_run, prepare_run, run_training
+from tests.test_federation import experiment, read_jsonl
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("procedural") / "tiny"
+    generate(root, seed=0, preset="tiny", workers=1, progress=False)
+    return root
+
+
+# -- what travels ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_round(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A 1-round in-process FedST run with every message and the grid recorded."""
+    cfg = experiment(tiny_root, "train.total_iters=2", "train.local_iters=2")
+    run_dir = tmp_path_factory.mktemp("runs") / "one_round"
+    messages: list[tuple[str, Message]] = []
+    grids: list[InProcessGrid] = []
+    original = InProcessGrid.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original(self, *args, **kwargs, observer=lambda d, m: messages.append((d, m)))
+        grids.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(InProcessGrid, "__init__", recording_init)
+        run_training(cfg, run_dir, progress=False)
+    return cfg, run_dir, messages, grids[0]
+
+
+def test_messages_carry_no_path_of_any_site_or_of_the_server(one_round, tiny_root):
+    _cfg, run_dir, messages, _ = one_round
+    downloads = [m for d, m in messages if d == "down"]
+    assert downloads
+    for message in downloads:
+        config = dict(message.content["config"])
+        assert set(config) == {"experiment", "run-name", "local-iters", "server-round"}
+        text = json.dumps(config)
+        assert str(tiny_root) not in text and str(run_dir) not in text
+        assert str(tiny_root.parent) not in text and str(run_dir.parent) not in text
+        view = experiment_from_json(config["experiment"])
+        assert {spec.root for spec in view.data.sites.values()} == {""}
+        assert all(spec.options == {} for spec in view.data.sites.values())
+        assert view.data.root is None and config["run-name"] == run_dir.name
+    # ... while every site still trained on its own data: the roots came from its node config
+    assert {r["site"] for r in read_jsonl(run_dir / "train.jsonl")} >= set("ABCD")
+
+
+def test_private_state_is_on_the_sites_disk_with_a_fingerprint_not_in_flower_context(one_round):
+    cfg, run_dir, _, grid = one_round
+    for node_id in grid.get_node_ids():
+        assert len(grid.context_of(node_id).state) == 0
+    expected = state_fingerprint(site_view(cfg))
+    partition = partition_of(build_model(cfg), cfg)
+    for site in "ABCD":
+        folder = run_dir / "sites" / site
+        assert json.loads((folder / STATE_FINGERPRINT).read_text())["fingerprint"] == expected
+        state = torch.load(folder / "state_r0001.pt", weights_only=False)
+        assert set(state["personal"]) == set(partition.personal)
+
+
+# -- the state folder's fingerprint ----------------------------------------------------------
+
+
+def test_a_site_refuses_a_state_folder_made_with_another_config(tiny_root, tmp_path):
+    cfg = experiment(tiny_root)
+    Site("A", cfg, tmp_path, torch.device("cpu"))
+    other = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=1.0))
+    with pytest.raises(StateMismatchError, match=r"train\.lr=0\.0003->1\.0"):
+        Site("A", other, tmp_path, torch.device("cpu"))
+
+
+def test_a_site_accepts_its_state_folder_with_other_evaluation_settings_or_paths(
+    tiny_root, tmp_path
+):
+    cfg = experiment(tiny_root)
+    Site("A", cfg, tmp_path, torch.device("cpu"))
+    same_training = experiment(tiny_root, "train.eval_every=7", "train.eval_max_frames=1")
+    Site("A", same_training, tmp_path, torch.device("cpu"))  # no error
+
+
+# -- dropout and rejoin ----------------------------------------------------------------------
+
+
+def test_a_site_that_missed_rounds_continues_from_its_saved_private_state(tiny_root, tmp_path):
+    cfg = experiment(tiny_root)
+    first = Site("A", cfg, tmp_path, torch.device("cpu"))
+    full = {k: v.clone() for k, v in build_model(cfg).state_dict().items()}
+    first.train_round(full, server_round=1, local_iters=1)
+    saved = torch.load(tmp_path / "state_r0001.pt", weights_only=False)["personal"]
+    restarted = Site("A", cfg, tmp_path, torch.device("cpu"))  # a new process after a crash
+    received = {k: torch.zeros_like(v) for k, v in full.items()}  # newcomer payload: full model
+    restarted.train_round(received, server_round=3, local_iters=0)
+    now = restarted.model.state_dict()
+    for key, value in saved.items():
+        assert torch.equal(now[key], value), key  # its own rho_k, not the received one
+    shared = set(restarted.partition.shared)
+    assert all(torch.count_nonzero(now[k]) == 0 for k in shared)  # gamma_g was taken
+    assert (tmp_path / "state_r0003.pt").is_file()
+
+
+def _inprocess_run(cfg, run_dir, policy, node_settings=None, node_sites=None):
+    """run_federation over an InProcessGrid whose nodes keep their state outside the run dir
+    (as hospitals do), then finalize as the deployed server does (no site data)."""
+    prepare_run(cfg, run_dir)
+    sites = node_sites or list(cfg.data.federation)
+    nodes = [
+        site_node_config(
+            cfg,
+            site,
+            run_state_dir=str(run_dir.parent / f"{run_dir.name}_state_{i}_{site}"),
+            **(node_settings or {}).get(site, {}),
+        ).to_node_config()
+        for i, site in enumerate(sites)
+    ]
+    grid = InProcessGrid(client_app, nodes)
+    try:
+        server_app.run_federation(grid, cfg, run_dir, progress=False, policy=policy)
+    finally:
+        release_sites()
+    return grid
+
+
+def test_a_round_goes_on_without_a_failing_site_which_rejoins_and_may_decline_export(
+    tiny_root, tmp_path
+):
+    cfg = experiment(tiny_root, "train.total_iters=6", "data.out_of_federation=[E]")
+    assert cfg.train.rounds == 3
+    original = site_module.Site.train_round
+
+    def d_fails_in_round_two(self, received, server_round, local_iters):
+        if self.name == "D" and server_round == 2:
+            raise ConnectionError("hospital D lost power")
+        return original(self, received, server_round, local_iters)
+
+    policy = RoundPolicy(min_sites=3, collect_personal=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(site_module.Site, "train_round", d_fails_in_round_two)
+        _inprocess_run(
+            cfg, tmp_path / "run", policy, node_settings={"C": {"share_personal": False}}
+        )
+    participation = read_jsonl(tmp_path / "run" / "participation.jsonl")
+    assert [(r["round"], r["missing"]) for r in participation] == [(1, []), (2, ["D"]), (3, [])]
+    train_d = [r["round"] for r in read_jsonl(tmp_path / "run" / "train.jsonl") if r["site"] == "D"]
+    assert train_d == [1, 3]
+    export = json.loads((tmp_path / "run" / "personal_export.json").read_text())
+    assert export["shared"] == ["A", "B", "D"] and export["declined"] == ["C"]
+    final = finalize_run(cfg, tmp_path / "run", qualitative=0, site_data=False)
+    assert final["out_of_federation_average"] == {
+        "sites": ["A", "B", "D"],
+        "left_out": ["C (declined)"],
+    }
+    assert "E" in final["out_of_federation"]
+
+
+def test_a_round_with_fewer_sites_than_the_minimum_stops_naming_the_failure(tiny_root, tmp_path):
+    cfg = experiment(tiny_root, "data.federation=[A,D]", "data.out_of_federation=[]")
+    original = site_module.Site.train_round
+
+    def d_fails(self, received, server_round, local_iters):
+        if self.name == "D":
+            raise ConnectionError("hospital D lost power")
+        return original(self, received, server_round, local_iters)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(site_module.Site, "train_round", d_fails)
+        with pytest.raises(server_app.FederationError, match="hospital D lost power"):
+            _inprocess_run(cfg, tmp_path / "run", RoundPolicy(min_sites=2))
+
+
+def test_two_nodes_claiming_the_same_site_stop_the_run(tiny_root, tmp_path):
+    cfg = experiment(tiny_root, "data.federation=[A,D]", "data.out_of_federation=[]")
+    with pytest.raises(server_app.FederationError, match="claim site A"):
+        _inprocess_run(cfg, tmp_path / "run", RoundPolicy(), node_sites=["A", "A"])
