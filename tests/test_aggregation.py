@@ -15,6 +15,7 @@ from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
+from fedst.experiment import site_node_config, site_view
 from fedst.federation.aggregation import make_strategy
 from tests.conftest import write_generic_site
 
@@ -98,10 +99,13 @@ def test_a_site_train_reply_carries_both_weight_keys(
         ]
     )
     monkeypatch.setattr("fedst.federation.site.build_model", lambda _cfg: _TinyModel())
-    grid = InProcessGrid(client_app, [{"partition-id": 0}])
+    state_dir = tmp_path / "run" / "sites" / "A"  # as the in-process engine sets it up
+    grid = InProcessGrid(
+        client_app, [site_node_config(cfg, "A", run_state_dir=str(state_dir)).to_node_config()]
+    )
     config = {
-        "experiment": cfg.to_json(),
-        "run-dir": str(tmp_path / "run"),
+        "experiment": site_view(cfg).to_json(),
+        "run-name": "run",
         "server-round": 1,
         "local-iters": 1,
     }

@@ -16,6 +16,7 @@ from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import _metrics_row
 from fedst.cli import compose_experiment
+from fedst.experiment import site_node_config, site_view
 from fedst.training import _scalars
 from tests.conftest import write_generic_site
 
@@ -72,14 +73,16 @@ def test_a_site_without_jaw_is_evaluated_through_the_client_app_and_jaw_shows_un
             "data.federation=[A]",
             "data.out_of_federation=[]",
             "data.server=null",
-            "method.serq=false",
+            "method=fedavg",  # nothing personalized: the stand-in model's one tensor is shared
             "train.eval_max_frames=null",
         ]
     )
     monkeypatch.setattr("fedst.federation.site.build_model", lambda _cfg: _NoJawModel())
-    monkeypatch.setattr("fedst.federation.site.partition_of", lambda *a: None)
-    grid = InProcessGrid(client_app, [{"partition-id": 0}])
-    config = {"experiment": cfg.to_json(), "run-dir": str(tmp_path / "run"), "server-round": 0}
+    state_dir = tmp_path / "run" / "sites" / "A"  # as the in-process engine sets it up
+    grid = InProcessGrid(
+        client_app, [site_node_config(cfg, "A", run_state_dir=str(state_dir)).to_node_config()]
+    )
+    config = {"experiment": site_view(cfg).to_json(), "run-name": "run", "server-round": 0}
     message = Message(
         RecordDict({"arrays": ArrayRecord({}), "config": ConfigRecord(config)}),
         dst_node_id=1,
