@@ -277,7 +277,7 @@ def test_the_server_aggregates_the_shared_tensors_the_sites_send(
     def constructed_site(message: Message, context) -> Message:
         node = message.metadata.dst_node_id
         metrics: dict = {"num-examples": examples[node], "uniform-weight": 1}
-        content = {"site": ConfigRecord({"site": f"S{node}"})}
+        content = {"site": ConfigRecord({"site": "ABCD"[node - 1]})}
         if message.metadata.message_type == MessageType.TRAIN:
             content["arrays"] = ArrayRecord(
                 {k: torch.full_like(initial[k], constant[node]) for k in partition.shared}
