@@ -91,8 +91,8 @@ def test_train_fed_refuses_an_unsafe_override_on_resume(tmp_path):
     cfg, _ = compose_experiment(["experiment=tiny"])
     save_config(cfg, tmp_path / "run")
     done = subprocess.run(
-        [sys.executable, "train_fed.py", f"resume={tmp_path / 'run'}", "train.lr=0.5"],
-        cwd=REPO,
+        [sys.executable, str(REPO / "train_fed.py"), f"resume={tmp_path / 'run'}", "train.lr=0.5"],
+        cwd=tmp_path,  # Hydra's own output folder goes under tmp_path/runs, not into the checkout
         env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "HYDRA_FULL_ERROR": "1"},
         capture_output=True,
         text=True,
