@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROUND = re.compile(r"round (\d+) done in ([\d.]+) s")
+ROUND = re.compile(r"round (\d+)(?:/\d+)? done in ([\d.]+) s")
 
 
 def round_times(log: Path) -> list[float]:
