@@ -71,9 +71,17 @@ def run_task(runtime_api_address: str, token: str, app: Any) -> bool:
     status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
     try:
         heartbeat.start()
+        started = time.perf_counter()
         message, context = pull_task_input(client)
+        pulled = time.perf_counter()
         reply = app(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
+        log.info(
+            "%s message: pulled from the SuperNode in %.1f s, handled in %.1f s",
+            message.metadata.message_type,
+            pulled - started,
+            time.perf_counter() - pulled,
+        )
     except Exception as err:  # reported to the server as the reply, like run_clientapp does
         log.exception("the ClientApp raised an exception")
         details = f"{type(err)}:<'{err}'>"
