@@ -10,7 +10,10 @@ The server process starts ``flower-superlink`` (TLS, SuperNode authentication), 
 public key of every federated site found in ``deploy.keys``, starts the run with ``flwr run``
 (the ServerApp of fedst/app/server_app.py, run config from pyproject.toml) and stops the SuperLink
 at the end. A site process starts ``flower-supernode`` with its own node config (site name, data
-folder, state folder, device, workers; fedst.experiment.SiteNodeConfig). Messages carry only the
+folder, state folder, device, workers; fedst.experiment.SiteNodeConfig) with ``--isolation
+process``, and next to it one long-lived ClientApp process (fedst.app.site_executor) that runs
+every message of the run, so imports and the site's model and data are built once. Messages
+carry only the
 site view of the experiment, shared parameters and scalar metrics (docs/deployment.md).
 
 Nothing here is needed by the in-process engine; the apps are the same in both.
