@@ -6,9 +6,10 @@ authentication, all on 127.0.0.1) against the in-process engine, same experiment
 
 Both runs go through the real entry points as child processes (``train_fed.py`` and
 ``python -m fedst.deploy local``); the round times are the server's own "round N done in X s"
-log lines. The difference is the deployment engine's overhead: Flower 1.41's SuperNode starts one
-``flwr-clientapp`` process per message, which imports torch and rebuilds the site's model, data
-and optimizer from its state on disk, and polls the SuperLink every 3 s when idle.
+log lines. The difference is the deployment engine's overhead: each site runs one long-lived
+ClientApp process (fedst.app.site_executor, which logs per message the time to pull it from the
+SuperNode and the time of the FedST work), so what remains is mostly Flower's transport of the
+parameters (one object per tensor, SuperLink -> SuperNode -> ClientApp) and its polling.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROUND = re.compile(r"round (\d+) done in ([\d.]+) s")
+ROUND = re.compile(r"round (\d+)(?:/\d+)? done in ([\d.]+) s")
 
 
 def round_times(log: Path) -> list[float]:

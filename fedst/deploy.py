@@ -10,7 +10,10 @@ The server process starts ``flower-superlink`` (TLS, SuperNode authentication), 
 public key of every federated site found in ``deploy.keys``, starts the run with ``flwr run``
 (the ServerApp of fedst/app/server_app.py, run config from pyproject.toml) and stops the SuperLink
 at the end. A site process starts ``flower-supernode`` with its own node config (site name, data
-folder, state folder, device, workers; fedst.experiment.SiteNodeConfig). Messages carry only the
+folder, state folder, device, workers; fedst.experiment.SiteNodeConfig) with ``--isolation
+process``, and next to it one long-lived ClientApp process (fedst.app.site_executor) that runs
+every message of the run, so imports and the site's model and data are built once. Messages
+carry only the
 site view of the experiment, shared parameters and scalar metrics (docs/deployment.md).
 
 Nothing here is needed by the in-process engine; the apps are the same in both.
@@ -399,7 +402,8 @@ def supernode_command(
         clip_cache=str(Path(node.clip_cache).resolve()),
     )
     command = [str(BIN / "flower-supernode"), "--superlink", dcfg.server]
-    command += ["--port", str(dcfg.site_port), "--node-config", node.to_cli()]
+    command += ["--host", "127.0.0.1", "--port", str(dcfg.site_port)]
+    command += ["--isolation", "process", "--node-config", node.to_cli()]
     command += ["--max-wait-time", str(dcfg.connect_timeout)]
     if dcfg.insecure:
         return [*command, "--insecure"]
@@ -416,6 +420,25 @@ def supernode_command(
         f"{site}_key.pub to the server's admin",
     )
     return [*command, "--root-certificates", str(ca), "--auth-supernode-private-key", str(key)]
+
+
+def executor_command(dcfg: DeployConfig) -> list[str]:
+    """The site's long-lived ClientApp process (fedst.app.site_executor) for the SuperNode's
+    Runtime API on ``127.0.0.1:deploy.site_port``: one process for every message of the run, so
+    imports and the site's model and data are built once, not once per message."""
+    address = f"127.0.0.1:{dcfg.site_port}"
+    return [sys.executable, "-m", "fedst.app.site_executor", "--runtime-api-address", address]
+
+
+def stop_child(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM one process that shares our process group, SIGKILL it after ``grace`` seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
 
 
 def check_site_data(cfg: ExperimentConfig, site: str) -> None:
@@ -457,11 +480,21 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
     while True:
         offset = log_path.stat().st_size if log_path.exists() else 0
         node = start(command, log_path, env, new_group=False)
+        executor = start(executor_command(dcfg), log_path, env, new_group=False)
         try:
-            code = node.wait()
+            while (code := node.poll()) is None:
+                if executor.poll() is not None:  # state on disk: a new one resumes from it
+                    log.warning(
+                        "site %s: the ClientApp process exited with %d; starting a new one",
+                        site,
+                        executor.returncode,
+                    )
+                    executor = start(executor_command(dcfg), log_path, env, new_group=False)
+                time.sleep(1.0)
         finally:
+            stop_child(executor)
             if node.poll() is None:
-                stop(node)
+                stop_child(node)
         output = log_path.read_text(errors="replace")[offset:]
         if code == 0 or code < 0:
             return code

@@ -213,3 +213,18 @@ def test_two_nodes_claiming_the_same_site_stop_the_run(tiny_root, tmp_path):
     cfg = experiment(tiny_root, "data.federation=[A,D]", "data.out_of_federation=[]")
     with pytest.raises(server_app.FederationError, match="claim site A"):
         _inprocess_run(cfg, tmp_path / "run", RoundPolicy(), node_sites=["A", "A"])
+
+
+def test_a_cached_site_whose_handler_raised_is_dropped_so_the_next_message_rebuilds_it():
+    from fedst.app import client_app as module
+
+    kept, failed = object(), object()
+    module._SITES.update({("run/A", "A", "f"): kept, ("run/B", "B", "f"): failed})
+    try:
+        with module._forget_on_error(kept):
+            pass
+        with pytest.raises(RuntimeError), module._forget_on_error(failed):
+            raise RuntimeError("half-way through a round")
+        assert {("run/A", "A", "f"): kept} == module._SITES
+    finally:
+        release_sites()

@@ -17,7 +17,9 @@ it in memory and loses it on restart.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -37,8 +39,11 @@ log = logging.getLogger(__name__)
 app = ClientApp()
 
 _SITES: dict[tuple[str, str, str], Site] = {}
-"""Live Site objects of this process, by (state dir, site, config fingerprint): the model, data and
-optimizer are built once per process, not once per message. State on disk stays authoritative."""
+"""Live Site objects of this process, by (state dir, which names the run; site; config
+fingerprint): the model, data and optimizer are built once per process, not once per message (a
+deployed site runs every message in one process, fedst.app.site_executor). State on disk stays
+authoritative: a Site restores from it whenever its in-memory round is not the one asked for, and
+a Site whose handler raised is dropped, so the next message rebuilds it from disk."""
 
 
 def release_sites() -> None:
@@ -78,6 +83,18 @@ def _site_for(message: Message, context: Context) -> tuple[Site, ConfigRecord]:
     return _SITES[key], config
 
 
+@contextlib.contextmanager
+def _forget_on_error(site: Site) -> Iterator[None]:
+    """Drop ``site`` from the cache if the handler fails half-way (its model or optimizer may be
+    half-updated); the next message rebuilds it from its state on disk."""
+    try:
+        yield
+    except BaseException:
+        for key in [k for k, v in _SITES.items() if v is site]:
+            del _SITES[key]
+        raise
+
+
 def _site_record(site: Site) -> ConfigRecord:
     return ConfigRecord({"site": site.name})
 
@@ -86,7 +103,8 @@ def _site_record(site: Site) -> ConfigRecord:
 def train(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     received = message.content["arrays"].to_torch_state_dict()
-    result = site.train_round(received, int(config["server-round"]), int(config["local-iters"]))
+    with _forget_on_error(site):
+        result = site.train_round(received, int(config["server-round"]), int(config["local-iters"]))
     metrics = MetricRecord(
         {
             "num-examples": result.num_examples,
@@ -122,7 +140,8 @@ def evaluation_metrics(summary: dict) -> dict[str, int | float]:
 def evaluate(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     received = message.content["arrays"].to_torch_state_dict()
-    result = site.evaluate(received, int(config["server-round"]))
+    with _forget_on_error(site):
+        result = site.evaluate(received, int(config["server-round"]))
     content = RecordDict(
         {"metrics": MetricRecord(evaluation_metrics(result.summary)), "site": _site_record(site)}
     )
@@ -138,7 +157,8 @@ def export_personal(message: Message, context: Context) -> Message:
     """
     site, config = _site_for(message, context)
     server_round = int(config["server-round"])
-    site.restore(server_round)
+    with _forget_on_error(site):
+        site.restore(server_round)
     if not _node(context).share_personal:
         log.warning("site %s declines to send its personalized parameters", site.name)
         info = ConfigRecord({"site": site.name, "shared": 0})
