@@ -172,7 +172,12 @@ def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tin
     # same seed, same results as the in-process engine: bit-identical (the replies are
     # aggregated in federation order, every site restores its state from disk exactly)
     cfg = experiment(tiny_root, *overrides, "data.federation=[A,D]")
-    inprocess = run_training(cfg, tmp_path / "inprocess", progress=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in every deployed process (OMP_NUM_THREADS=1): same float sums
+    try:
+        inprocess = run_training(cfg, tmp_path / "inprocess", progress=False)
+    finally:
+        torch.set_num_threads(threads)
     deployed = json.loads((loop.run_dir / "final.json").read_text())
     assert deployed["sites"] == inprocess["sites"]
     assert deployed["out_of_federation"] == inprocess["out_of_federation"]
