@@ -19,6 +19,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from flwr.app import Message
 
 PART_COLOURS: dict[int, tuple[int, int, int]] = {
     1: (200, 200, 200),  # shaft: light grey
@@ -150,3 +151,31 @@ def _validation_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory):
     patch.setenv("FEDST_CACHE_DIR", str(tmp_path_factory.mktemp("fedst_cache")))
     yield
     patch.undo()
+
+
+def reply_of_one_site(cfg, run_root: Path, message_type: str, **config) -> Message:
+    """Send one message to site A's ClientApp as the in-process engine would (the site view of
+    ``cfg``, run name "run", A's node config with its state under ``run_root/run/sites/A``) and
+    return the reply; ``config`` adds e.g. ``server-round`` and ``local-iters``."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    from fedst.app.client_app import app as client_app
+    from fedst.app.client_app import release_sites
+    from fedst.app.inprocess import InProcessGrid
+    from fedst.experiment import site_node_config, site_view
+
+    state_dir = run_root / "run" / "sites" / "A"
+    node = site_node_config(cfg, "A", run_state_dir=str(state_dir)).to_node_config()
+    grid = InProcessGrid(client_app, [node])
+    content = {"experiment": site_view(cfg).to_json(), "run-name": "run", **config}
+    message = Message(
+        RecordDict({"arrays": ArrayRecord({}), "config": ConfigRecord(content)}),
+        dst_node_id=1,
+        message_type=message_type,
+        group_id=str(config.get("server-round", 0)),
+    )
+    try:
+        (reply,) = grid.send_and_receive([message])
+    finally:
+        release_sites()
+    return reply

@@ -11,13 +11,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedst.app.client_app import app as client_app
-from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
-from fedst.experiment import site_node_config, site_view
 from fedst.federation.aggregation import make_strategy
-from tests.conftest import write_generic_site
+from tests.conftest import reply_of_one_site, write_generic_site
 
 # three sites: gamma values and training-sample counts
 GAMMAS = [np.array([1.0, 10.0]), np.array([2.0, 0.0]), np.array([6.0, 2.0])]
@@ -99,26 +97,9 @@ def test_a_site_train_reply_carries_both_weight_keys(
         ]
     )
     monkeypatch.setattr("fedst.federation.site.build_model", lambda _cfg: _TinyModel())
-    state_dir = tmp_path / "run" / "sites" / "A"  # as the in-process engine sets it up
-    grid = InProcessGrid(
-        client_app, [site_node_config(cfg, "A", run_state_dir=str(state_dir)).to_node_config()]
+    reply = reply_of_one_site(
+        cfg, tmp_path, MessageType.TRAIN, **{"server-round": 1, "local-iters": 1}
     )
-    config = {
-        "experiment": site_view(cfg).to_json(),
-        "run-name": "run",
-        "server-round": 1,
-        "local-iters": 1,
-    }
-    message = Message(
-        RecordDict({"arrays": ArrayRecord({}), "config": ConfigRecord(config)}),
-        dst_node_id=1,
-        message_type=MessageType.TRAIN,
-        group_id="1",
-    )
-    try:
-        (reply,) = grid.send_and_receive([message])
-    finally:
-        release_sites()
     assert not reply.has_error(), reply.error.reason
     metrics = reply.content["metrics"]
     assert metrics["uniform-weight"] == 1

@@ -8,17 +8,13 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import MessageType
 
 from fedst import report
-from fedst.app.client_app import app as client_app
-from fedst.app.client_app import release_sites
-from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import _metrics_row
 from fedst.cli import compose_experiment
-from fedst.experiment import site_node_config, site_view
 from fedst.training import _scalars
-from tests.conftest import write_generic_site
+from tests.conftest import reply_of_one_site, write_generic_site
 
 JAW = 3
 
@@ -78,21 +74,7 @@ def test_a_site_without_jaw_is_evaluated_through_the_client_app_and_jaw_shows_un
         ]
     )
     monkeypatch.setattr("fedst.federation.site.build_model", lambda _cfg: _NoJawModel())
-    state_dir = tmp_path / "run" / "sites" / "A"  # as the in-process engine sets it up
-    grid = InProcessGrid(
-        client_app, [site_node_config(cfg, "A", run_state_dir=str(state_dir)).to_node_config()]
-    )
-    config = {"experiment": site_view(cfg).to_json(), "run-name": "run", "server-round": 0}
-    message = Message(
-        RecordDict({"arrays": ArrayRecord({}), "config": ConfigRecord(config)}),
-        dst_node_id=1,
-        message_type=MessageType.EVALUATE,
-        group_id="0",
-    )
-    try:
-        (reply,) = grid.send_and_receive([message])
-    finally:
-        release_sites()
+    reply = reply_of_one_site(cfg, tmp_path, MessageType.EVALUATE, **{"server-round": 0})
     assert not reply.has_error(), reply.error.reason
     sent = dict(reply.content["metrics"])
     assert "jaw/dice" not in sent and "jaw/hd95" not in sent  # absent, not a number
