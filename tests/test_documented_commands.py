@@ -34,6 +34,7 @@ PLACEHOLDERS = {  # documentation placeholder -> a value a user would type
     "<run>": "runs/demo/fedst_s0_20260101-000000",
     "configs/data/my_sites.yaml": "configs/data/tiny.yaml",
     "<host>": "fedst-server.example.org",
+    "<site port>": "49413",
 }
 TOKENS = {"DIR": "some/dir", "RUN_DIR": "runs/demo/x", "N": "0", "NAME:SURGERY": "A:nephrectomy"}
 
