@@ -62,7 +62,7 @@ def tiny_net(**overrides):
 
 
 @pytest.fixture
-def test_video(write_site):
+def labelled_video(write_site):
     """Site D, one 14-frame test video at 12 fps labelled every 2nd frame: clip frames 0.2 s apart
     are 2.4 frames apart, so the context offsets (3, 5, 8 frames back) are not a fixed stride and
     include unlabelled frames."""
@@ -71,14 +71,18 @@ def test_video(write_site):
     return ClipDataset(source, "test", ClipConfig(image_size=(H, W)))
 
 
-def test_streaming_evaluation_gives_the_clip_forward_predictions_on_a_test_video(test_video):
+def test_streaming_evaluation_gives_the_clip_forward_predictions_on_a_test_video(
+    labelled_video,
+):
     net = tiny_net()
     # clip_frame_positions at 12 fps, 0.2 s (hand check: frame 10 -> 2, 5, 7, 10)
-    assert clip_frame_positions(test_video.videos[0].times, 10, 4, 0.2) == [2, 5, 7, 10]
-    streamed = list(stream_test_clips(net, test_video, INDICATOR, torch.device("cpu")))
-    assert [sid for _, _, sid, _ in streamed] == [test_video[i][2] for i in range(len(test_video))]
+    assert clip_frame_positions(labelled_video.videos[0].times, 10, 4, 0.2) == [2, 5, 7, 10]
+    streamed = list(stream_test_clips(net, labelled_video, INDICATOR, torch.device("cpu")))
+    assert [sid for _, _, sid, _ in streamed] == [
+        labelled_video[i][2] for i in range(len(labelled_video))
+    ]
     for index, (frame, mask, sample_id, logits) in enumerate(streamed):
-        clip, expected_mask, _ = test_video[index]
+        clip, expected_mask, _ = labelled_video[index]
         with torch.no_grad():
             expected = net(clip[None], INDICATOR)[0]  # [K, H, W], all 4 frames encoded
         assert torch.equal(mask, expected_mask), sample_id
@@ -87,11 +91,11 @@ def test_streaming_evaluation_gives_the_clip_forward_predictions_on_a_test_video
         assert torch.equal(logits.argmax(0), expected.argmax(0)), sample_id
 
 
-def test_streaming_evaluation_encodes_each_needed_frame_once(test_video):
+def test_streaming_evaluation_encodes_each_needed_frame_once(labelled_video):
     net = tiny_net()
     calls = []
     net.encoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
-    evaluate_model(net, test_video, INDICATOR, torch.device("cpu"))
+    evaluate_model(net, labelled_video, INDICATOR, torch.device("cpu"))
     # labelled 0, 2, ..., 12 (7 clips, 28 frames for the clip forward); by hand, their clips use
     # 12 -> 4, 7, 9; 10 -> 2, 5, 7; 8 -> 0, 3, 5; 6 -> 1, 3; 4 -> 1: frames 0..10 and 12, not 11
     assert calls == [1] * 12

@@ -22,12 +22,14 @@ tensorboard/                scalars of all of the above
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +52,7 @@ def atomic_torch_save(obj: Any, path: Path, keep_previous: Path | None = None) -
     hard link, or a copy where links are not supported), so the last two versions stay on disk.
     A full disk is reported as ``no space left on device while writing <path>``.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with _temporary_beside(path) as tmp:
         try:
             torch.save(obj, tmp)
         except (OSError, RuntimeError) as err:
@@ -61,6 +60,17 @@ def atomic_torch_save(obj: Any, path: Path, keep_previous: Path | None = None) -
         if keep_previous is not None and path.exists():
             _keep_copy(path, keep_previous)
         os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _temporary_beside(path: Path) -> Iterator[str]:
+    """A fresh temporary file name next to ``path`` (same file system, so ``os.replace`` is
+    atomic), removed on exit if it still exists."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield tmp
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -68,20 +78,16 @@ def atomic_torch_save(obj: Any, path: Path, keep_previous: Path | None = None) -
 
 def _keep_copy(path: Path, previous: Path) -> None:
     """``previous`` := the current content of ``path``, atomically."""
-    fd, tmp = tempfile.mkstemp(dir=previous.parent, prefix=f".{previous.name}.", suffix=".tmp")
-    os.close(fd)
-    os.unlink(tmp)
-    try:
+    with _temporary_beside(previous) as tmp:
+        os.unlink(tmp)  # os.link needs a free name
         try:
-            os.link(path, tmp)
-        except OSError:
-            shutil.copyfile(path, tmp)
-        os.replace(tmp, previous)
-    except OSError as err:
-        raise _write_error(err, previous) from err
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+            try:
+                os.link(path, tmp)
+            except OSError:
+                shutil.copyfile(path, tmp)
+            os.replace(tmp, previous)
+        except OSError as err:
+            raise _write_error(err, previous) from err
 
 
 def _write_error(err: BaseException, path: Path) -> BaseException:
@@ -119,17 +125,12 @@ def remove_stale_tmp(folder: Path) -> list[Path]:
 
 
 def atomic_write_text(text: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except OSError as err:
-        raise _write_error(err, path) from err
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _temporary_beside(path) as tmp:
+        try:
+            Path(tmp).write_text(text)
+            os.replace(tmp, path)
+        except OSError as err:
+            raise _write_error(err, path) from err
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
