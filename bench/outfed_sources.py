@@ -15,8 +15,9 @@ import argparse
 from pathlib import Path
 
 from fedst.experiment import resolve_device
-from fedst.federation.components import build_indicators, open_site_data
 from fedst.federation.evaluation import evaluate_model
+from fedst.federation.site_data import open_site_data
+from fedst.methods import method_of
 from fedst.outfed import averaged_model, personalized_model
 from fedst.training import load_config
 
@@ -41,7 +42,7 @@ def main() -> None:
     for run_dir in args.runs:
         cfg = load_config(run_dir)
         device = resolve_device(cfg.train.device)
-        indicators = build_indicators(cfg)
+        indicators = method_of(cfg).indicators()
         models = {"average": averaged_model(cfg, run_dir, device)}
         models.update(
             {f"site {s}": personalized_model(cfg, run_dir, s, device) for s in cfg.data.federation}

@@ -1,9 +1,10 @@
 """Typed experiment configuration: the Hydra config enters here once and leaves as frozen objects.
 
-A *method* (FedST, an ablation row, FedAvg, Local) is a small set of choices over shared pieces:
-what is personalized (``personalization``), which network components exist (``temporal``,
-``prompt``, ``channel_selection``), how shared parameters are aggregated (``aggregation``), whether
-the server runs SERQ (``serq``) and whether sites communicate at all (``communicate``).
+A *method* (FedST, an ablation row, FedAvg, Local, a baseline) is a small set of choices over
+shared pieces: its algorithm (``algorithm``: what sites and server compute, fedst/methods/), what
+is personalized (``personalization``), which network components exist (``temporal``, ``prompt``,
+``channel_selection``), how shared parameters are aggregated (``aggregation``), whether the server
+runs SERQ (``serq``) and whether sites communicate at all (``communicate``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 class MethodConfig:
     name: str = "fedst"
     """Label used in run names and result tables."""
+    algorithm: str = "partial"
+    """What the sites and the server compute (fedst.methods.METHODS): partial (partial averaging:
+    FedST, its ablations, FedAvg, Local) | the baselines' own algorithms."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Settings of the algorithm itself, typed by its ``Options`` dataclass (fedst/methods/)."""
     personalization: str = "encoder_query"
     """Partition preset (fedst.model.partition.PRESETS): which tensors stay at the site (rho)."""
     personal_patterns: tuple[str, ...] = ()
@@ -48,6 +54,9 @@ class MethodConfig:
     """Indicator kind (Table VII): clip | onehot | gaussian | random."""
     serq: bool = True
     """Server-side SERQ step with synthetic data (Sec. III-C)."""
+    synthetic_pretraining: bool = True
+    """Start from the network pre-trained on the server's synthetic set (every method, paper
+    Sec. IV-A; fedst/federation/pretraining.py). False: from the initialisation (an ablation)."""
     aggregation: str = "fedavg"
     """fedavg (weighted mean, weights: ``aggregation_weights``) | fedmedian (coordinate-wise median)."""
     aggregation_weights: str = "uniform"
@@ -77,6 +86,11 @@ class MethodConfig:
             )
         if self.indicator not in INDICATOR_KINDS:
             raise ConfigError(f"method.indicator={self.indicator!r}; choose {INDICATOR_KINDS}")
+        if self.serq and not self.synthetic_pretraining:
+            raise ConfigError(
+                "method.serq needs method.synthetic_pretraining=true (SERQ starts from the "
+                "pre-trained v_pre^0, Algorithm 1 line 3)"
+            )
         if self.serq and not self.communicate:
             raise ConfigError("method.serq needs method.communicate=true (SERQ is a server step)")
 
@@ -187,6 +201,9 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         require_at_least("seed", self.seed, 0, "seeds are non-negative integers")
+        from fedst.methods import method_of  # the method's own options are checked here, once
+
+        method_of(self)
 
     # -- derived values (computed once, logged with the run) ------------------------------------
     def network_config(self) -> NetworkConfig:

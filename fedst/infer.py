@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from fedst.config import ConfigError, build
 from fedst.data.clips import normalize_frames, resize_frame
 from fedst.experiment import ExperimentConfig, resolve_device
-from fedst.federation.components import build_indicators
+from fedst.methods import method_of
 from fedst.model.network import FedSTNet
 from fedst.plots import PART_COLORS, overlay_masks
 from fedst.progress import progress_bar
@@ -194,7 +194,7 @@ def load_site_model(
             f"run {run_dir} has no site {site!r}: its federated sites are {federation} "
             f"(or site=outfed prompt_site=<site>)"
         )
-    indicator = build_indicators(cfg).get(indicator_site) if indicator_site else None
+    indicator = method_of(cfg).indicators().get(indicator_site) if indicator_site else None
     if indicator is not None:
         indicator = indicator.to(device)
     return cfg, model.eval(), indicator

@@ -21,18 +21,15 @@ import torch
 
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig, site_state_dir
-from fedst.federation.components import (
-    build_indicators,
-    build_model,
-    load_subset,
-    open_site_data,
-)
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
 from fedst.federation.run_io import load_checkpoint
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site import site_state_file
+from fedst.federation.site_data import open_site_data
+from fedst.methods import method_of
 from fedst.metrics import format_score
 from fedst.model.network import FedSTNet
+from fedst.model.state import load_subset
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +68,8 @@ def _site_model(
     cfg: ExperimentConfig, checkpoint: dict, personal: dict, device: torch.device
 ) -> FedSTNet:
     """gamma_g from the server checkpoint (when the method communicates) U the given rho."""
-    model = build_model(cfg)
-    if cfg.method.communicate:
+    model = method_of(cfg).build_model()
+    if method_of(cfg).communicates:
         load_subset(model, {k: checkpoint["global_model"][k] for k in checkpoint["shared_keys"]})
     load_subset(model, personal)
     return model.to(device)
@@ -152,7 +149,7 @@ def evaluate_out_of_federation(
             f"{sorted(cfg.data.sites)} (out of federation: {list(cfg.data.out_of_federation)})"
         )
     model = averaged_model(cfg, run_dir, device)
-    indicators = build_indicators(cfg)
+    indicators = method_of(cfg).indicators()
     results = {}
     for site in sites or cfg.data.out_of_federation:
         data = open_site_data(cfg, site, ("test",))

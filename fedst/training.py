@@ -30,9 +30,10 @@ from fedst.experiment import (
     site_node_config,
     site_state_dir,
 )
-from fedst.federation.components import build_indicators, open_site_data
 from fedst.federation.evaluation import evaluate_model
 from fedst.federation.run_io import atomic_write_text, read_jsonl
+from fedst.federation.site_data import open_site_data
+from fedst.methods import method_of
 from fedst.outfed import averaged_sites, evaluate_out_of_federation, personalized_model
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def validate_data(cfg: ExperimentConfig) -> None:
     SERQ runs) before anything trains; one DataError lists every problem (cached once passed)."""
     data = cfg.data
     sites = [*data.federation, *data.out_of_federation]
-    if cfg.method.serq and data.server:
+    if cfg.method.synthetic_pretraining and data.server:  # the server's pre-training and SERQ set
         sites.append(data.server)
     started = time.perf_counter()
     validate_experiment_data(data, cfg.clip_config(), sites)
@@ -185,7 +186,7 @@ def finalize_run(
             outfed[site] = _scalars(result.summary)
             examples += _example_rows(cfg, result)
     if qualitative and site_data:
-        indicators = build_indicators(cfg)
+        indicators = method_of(cfg).indicators()
         for site in cfg.data.federation:
             model = personalized_model(cfg, run_dir, site, device)
             data = open_site_data(cfg, site, ("test",))

@@ -9,7 +9,7 @@ weights directory, $FEDST_WEIGHTS_DIR, the Hugging Face cache) and, when the met
 text indicators, for the cached embedding of the prompt of every site the experiment touches
 (federation, out-of-federation and server sites) or else the open_clip checkpoint
 (fedst/model/indicators.py). ``--prepare`` builds the missing embeddings with the code path
-training uses (fedst.federation.components.build_indicators: same model, tag, cache folder and
+training uses (fedst.methods.Method.indicators: same model, tag, cache folder and
 prompts), so the cache it writes is the one training reads; without local or downloadable CLIP
 weights it says what is missing and how to provide it. Exit code 0 when everything the experiment
 needs is present, 1 otherwise.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fedst.cli import compose_experiment
 from fedst.experiment import ExperimentConfig
-from fedst.federation.components import build_indicators, site_order
+from fedst.methods import method_of
 from fedst.model.indicators import IndicatorUnavailableError, clip_cache_path, site_prompt
 from models.pvt.weights import (
     describe_weights,
@@ -63,7 +63,7 @@ def clip_status(cfg: ExperimentConfig) -> tuple[bool, str]:
         )
     ind = cfg.indicator
     cache = clip_cache_path(Path(ind.cache_dir), ind.clip_model, ind.clip_pretrained)
-    prompts = [site_prompt(s, cfg.data.sites[s].surgery_type) for s in site_order(cfg)]
+    prompts = [site_prompt(s, cfg.data.sites[s].surgery_type) for s in method_of(cfg).site_order()]
     cached = json.loads(cache.read_text()) if cache.is_file() else {}
     missing = [p for p in prompts if p not in cached]
     local = weights_directory(None) / "open_clip"
@@ -94,7 +94,7 @@ def prepare_clip(cfg: ExperimentConfig) -> tuple[bool, str]:
     if not cfg.uses_indicator() or cfg.method.indicator != "clip":
         return True, "prepare: the method uses no CLIP indicator; nothing to build"
     try:
-        vectors = build_indicators(cfg)
+        vectors = method_of(cfg).indicators()
     except IndicatorUnavailableError as err:
         return False, f"prepare: CLIP prompt cache not built. {err}"
     ind = cfg.indicator

@@ -14,7 +14,7 @@ from fedst.app.client_app import app as client_app
 from fedst.app.inprocess import InProcessGrid
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
-from fedst.federation.aggregation import make_strategy
+from fedst.methods import Method, method_of
 from tests.conftest import reply_of_one_site, write_generic_site
 
 # three sites: gamma values and training-sample counts
@@ -43,10 +43,8 @@ def _site_reply(gamma: np.ndarray, num_examples: int) -> Message:
 
 def _aggregate(method_overrides: list[str]) -> np.ndarray:
     cfg, _ = compose_experiment(["experiment=tiny", *method_overrides])
-    strategy = make_strategy(cfg.method.aggregation, cfg.method.aggregation_weights)
     replies = [_site_reply(g, n) for g, n in zip(GAMMAS, SAMPLES, strict=True)]
-    arrays, _ = strategy.aggregate_train(1, replies)
-    return arrays["w"].numpy()
+    return method_of(cfg).aggregate(1, replies, {"w": torch.zeros(2)})["w"].numpy()
 
 
 def test_fedst_averages_gamma_uniformly_as_algorithm_1_line_8():
@@ -96,7 +94,7 @@ def test_a_site_train_reply_carries_both_weight_keys(
             "method=fedavg",  # nothing personalized: the tiny model's one tensor is shared
         ]
     )
-    monkeypatch.setattr("fedst.federation.site.build_model", lambda _cfg: _TinyModel())
+    monkeypatch.setattr(Method, "build_model", lambda _method: _TinyModel())
     reply = reply_of_one_site(
         cfg, tmp_path, MessageType.TRAIN, **{"server-round": 1, "local-iters": 1}
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fedst import weights
 from fedst.cli import compose_experiment
-from fedst.federation.components import build_indicators
+from fedst.methods import method_of
 from fedst.model import indicators
 
 EVERY_TINY_SITE = ["A", "B", "C", "D", "E", "grasp", "synthetic"]  # configs/data/tiny.yaml
@@ -31,7 +31,7 @@ def test_prepare_builds_the_cache_training_reads_for_every_site(
 
     monkeypatch.setattr(indicators, "_encode_prompts", forbidden)
     cfg, _ = compose_experiment(overrides)
-    assert sorted(build_indicators(cfg)) == sorted(EVERY_TINY_SITE)
+    assert sorted(method_of(cfg).indicators()) == sorted(EVERY_TINY_SITE)
 
 
 def test_the_paper_experiment_and_the_cache_builder_use_one_clip_model_and_tag(

@@ -170,14 +170,16 @@ def test_the_demo_is_explicit_about_what_it_cannot_have_here():
 
 
 def test_personalization_is_a_preset_plus_optional_patterns_from_the_config():
-    from fedst.federation.components import build_model, partition_of
+    from fedst.methods import method_of
 
     base, _ = compose_experiment(["experiment=tiny"])
     extended, _ = compose_experiment(
         ["experiment=tiny", "method.personal_patterns=['^decoder.head.']"]
     )
-    model = build_model(base)
-    added = set(partition_of(model, extended).personal) - set(partition_of(model, base).personal)
+    model = method_of(base).build_model()
+    added = set(method_of(extended).partition(model).personal) - set(
+        method_of(base).partition(model).personal
+    )
     assert added == {"decoder.head.weight", "decoder.head.bias"}
     with pytest.raises(ConfigError, match="personalization"):
         compose_experiment(["method.personalization=queries"])

@@ -24,7 +24,7 @@ import torch
 from fedst import deploy
 from fedst.data.procedural import generate
 from fedst.experiment import DeployConfig
-from fedst.federation.components import build_model, partition_of
+from fedst.methods import method_of
 from fedst.training import run_training
 from tests.test_federation import experiment, read_jsonl
 
@@ -196,7 +196,7 @@ def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tin
 
     # what crossed the wire: during training no personalized key and nothing image-shaped, and
     # no path in any config; rho_k only in the final, logged export the sites allowed
-    partition = partition_of(build_model(cfg), cfg)
+    partition = method_of(cfg).partition(method_of(cfg).build_model())
     personal = set(partition.personal)
     height, width = cfg.clip.image_size
     rows = wire_rows(loop.run_dir)

@@ -13,6 +13,7 @@ from flwr.app import MessageType
 from fedst import report
 from fedst.app.server_app import _metrics_row
 from fedst.cli import compose_experiment
+from fedst.methods import Method
 from fedst.training import _scalars
 from tests.conftest import reply_of_one_site, write_generic_site
 
@@ -73,7 +74,7 @@ def test_a_site_without_jaw_is_evaluated_through_the_client_app_and_jaw_shows_un
             "train.eval_max_frames=null",
         ]
     )
-    monkeypatch.setattr("fedst.federation.site.build_model", lambda _cfg: _NoJawModel())
+    monkeypatch.setattr(Method, "build_model", lambda _method: _NoJawModel())
     reply = reply_of_one_site(cfg, tmp_path, MessageType.EVALUATE, **{"server-round": 0})
     assert not reply.has_error(), reply.error.reason
     sent = dict(reply.content["metrics"])

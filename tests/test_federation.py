@@ -16,7 +16,6 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from hydra import compose, initialize_config_dir
 
-from fedst import outfed
 from fedst.app import server_app
 from fedst.app.inprocess import InProcessGrid
 from fedst.cli import register_resolvers, split_config
@@ -24,9 +23,11 @@ from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
 from fedst.federation import server as server_module
 from fedst.federation import site as site_module
-from fedst.federation.components import build_model, open_site_data, partition_of, state_subset
 from fedst.federation.server import FederationServer
 from fedst.federation.site import Site
+from fedst.federation.site_data import open_site_data
+from fedst.methods import Method, method_of
+from fedst.model.state import state_subset
 from fedst.training import run_training
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,12 +94,13 @@ def fedst_run(
     original_grid_init = InProcessGrid.__init__
     original_site_init = site_module.Site.__init__
     original_train_round = site_module.Site.train_round
+    original_build_model = Method.build_model
 
     def recording_init(self, *args, **kwargs):
         original_grid_init(self, *args, **kwargs, observer=lambda d, m: messages.append((d, m)))
 
-    def with_integer_buffer(config):
-        model = build_model(config)
+    def with_integer_buffer(method):
+        model = original_build_model(method)
         model.register_buffer(INTEGER_BUFFER, torch.zeros(3, dtype=torch.int64))
         return model
 
@@ -116,9 +118,7 @@ def fedst_run(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(InProcessGrid, "__init__", recording_init)
-        patch.setattr(site_module, "build_model", with_integer_buffer)
-        patch.setattr(server_module, "build_model", with_integer_buffer)
-        patch.setattr(outfed, "build_model", with_integer_buffer)
+        patch.setattr(Method, "build_model", with_integer_buffer)
         patch.setattr(site_module.Site, "__init__", site_init)
         patch.setattr(site_module.Site, "train_round", recording_train_round)
         final = run_training(cfg, run_dir, progress=False)
@@ -152,7 +152,7 @@ def test_a_two_round_federation_writes_every_output(fedst_run):
 
 def test_only_shared_parameters_ever_leave_a_site(fedst_run):
     cfg, _, _, messages = fedst_run
-    partition = partition_of(build_model(cfg), cfg)
+    partition = method_of(cfg).partition(method_of(cfg).build_model())
     shared, personal = set(partition.shared), set(partition.personal)
     assert personal, "FedST must keep something private"
     uploads = [m for d, m in messages if d == "up"]
@@ -175,7 +175,7 @@ def test_only_shared_parameters_ever_leave_a_site(fedst_run):
 def test_no_image_or_mask_data_crosses_the_grid(fedst_run):
     cfg, _, _, messages = fedst_run
     height, width = cfg.clip.image_size
-    model_keys = set(build_model(cfg).state_dict())
+    model_keys = set(method_of(cfg).build_model().state_dict())
     for _, message in messages:
         for record in message.content.array_records.values():
             assert set(record.keys()) <= model_keys
@@ -185,7 +185,7 @@ def test_no_image_or_mask_data_crosses_the_grid(fedst_run):
 
 def test_each_sites_private_state_after_a_round_is_on_its_disk(fedst_run, after_training):
     cfg, run_dir, _, _ = fedst_run
-    personal = set(partition_of(build_model(cfg), cfg).personal)
+    personal = set(method_of(cfg).partition(method_of(cfg).build_model()).personal)
     for site in cfg.data.federation:
         state = torch.load(run_dir / "sites" / site / "state_r0002.pt", weights_only=False)
         assert state["round"] == 2 and state["site"] == site
@@ -213,12 +213,12 @@ def test_fedst_uploads_exactly_what_fedavg_would_minus_the_personalized_tensors(
     fedst_run, tiny_root
 ):
     cfg, run_dir, final, messages = fedst_run
-    model = build_model(cfg)
+    model = method_of(cfg).build_model()
     state = model.state_dict()
     # What method=fedavg's partition sends for the same network: every float tensor.
-    fedavg_upload = set(partition_of(model, experiment(tiny_root, "method=fedavg")).shared)
+    fedavg_upload = set(method_of(experiment(tiny_root, "method=fedavg")).partition(model).shared)
     assert fedavg_upload == {k for k, v in state.items() if v.is_floating_point()}
-    personal = set(partition_of(model, cfg).personal)
+    personal = set(method_of(cfg).partition(model).personal)
     uploads = [m for d, m in messages if d == "up" and m.metadata.message_type == "train"]
     for reply in uploads:
         sent = set(reply.content["arrays"].keys())
@@ -269,8 +269,8 @@ def test_the_server_aggregates_the_shared_tensors_the_sites_send(
         f"method.aggregation={aggregation}",
         f"method.aggregation_weights={weights}",
     )
-    model = build_model(cfg)
-    initial, partition = model.state_dict(), partition_of(model, cfg)
+    model = method_of(cfg).build_model()
+    initial, partition = model.state_dict(), method_of(cfg).partition(model)
     constant = {1: 0.0, 2: 1.0, 3: 2.0, 4: 7.0}  # node id -> c_k
     examples = {1: 1, 2: 2, 3: 3, 4: 4}  # node id -> n_k
 

@@ -28,14 +28,15 @@ from fedst.data.generic import GenericLayoutSource
 from fedst.experiment import site_state_dir
 from fedst.export import OnnxStreamer
 from fedst.export import main as export_main
-from fedst.federation.components import build_model, partition_of, state_subset
 from fedst.federation.evaluation import evaluate_model, stream_test_clips
 from fedst.federation.run_io import atomic_torch_save
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site import site_state_file
 from fedst.infer import InferConfig, draw_legend, load_site_model, run_inference
 from fedst.infer import main as infer_main
+from fedst.methods import method_of
 from fedst.model.network import NetworkConfig, build_network
+from fedst.model.state import state_subset
 from fedst.plots import PART_COLORS
 from fedst.training import save_config
 
@@ -121,11 +122,11 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cfg = split_config(compose("config", overrides=["experiment=tiny", f"data.root={root}"]))[0]
     run = tmp_path_factory.mktemp("runs") / "fedst"
     save_config(cfg, run)
-    model = build_model(cfg)
+    model = method_of(cfg).build_model()
     with torch.no_grad():
         for module in model.temporal.values():
             module.proj.weight.mul_(TEMPORAL_GAIN)
-    partition = partition_of(model, cfg)
+    partition = method_of(cfg).partition(model)
     atomic_torch_save(
         {
             "round": 1,

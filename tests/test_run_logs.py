@@ -76,7 +76,7 @@ def _run(seed: int, train_rows: list[dict]) -> dict:
 
 def test_the_report_gives_serq_time_per_round_over_the_mean_site_round():
     rows = [
-        {"round": 0, "site": "server", "serq_pretrain_loss": 1.0},  # pre-training: not a round
+        {"round": 0, "site": "server", "synthetic_pretrain_loss": 1.0},  # pre-training: not a round
         {"round": 1, "site": "A", "seconds": 2.0},
         {"round": 1, "site": "B", "seconds": 4.0},
         {"round": 1, "site": "server", "seconds": 7.5, "aggregation_seconds": 0.5,

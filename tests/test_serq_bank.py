@@ -12,8 +12,8 @@ import torch
 from fedst.cli import compose_experiment
 from fedst.data.clips import AugmentConfig, BatchStream, ClipDataset
 from fedst.data.generic import GenericLayoutSource
-from fedst.federation.components import build_indicators, build_loss, build_model
 from fedst.federation.serq import Serq
+from fedst.methods import method_of
 from tests.conftest import write_generic_site
 
 
@@ -26,14 +26,14 @@ def test_the_eq_target_of_a_sample_drawn_twice_under_two_augmentations_is_its_vi
     clip = cfg.clip_config()
     strong = AugmentConfig(rotate_limit_deg=45, scale_limit=0.3)
     stream = BatchStream(ClipDataset(source, "train", clip, strong), batch_size=1, seed=0)
-    global_model = build_model(cfg)
+    global_model = method_of(cfg).build_model()
     serq = Serq(
         dataclasses.replace(cfg.serq, batches_per_round=2, batch_size=1, ema_mu=0.5),
         synthetic_model=copy.deepcopy(global_model),
         stream=stream,
         reference=ClipDataset(source, "train", clip, None),
-        indicator=build_indicators(cfg).get("synthetic"),
-        loss_fn=build_loss(cfg),
+        indicator=method_of(cfg).indicators().get("synthetic"),
+        loss_fn=method_of(cfg).segmentation_loss(),
         device=torch.device("cpu"),
     )
     seen: dict[str, list] = {"eq": [], "sc": []}

@@ -34,8 +34,8 @@ from fedst.experiment import (
     state_fingerprint,
 )
 from fedst.federation import site as site_module
-from fedst.federation.components import build_model, partition_of
 from fedst.federation.site import STATE_FINGERPRINT, Site, StateMismatchError
+from fedst.methods import method_of
 from fedst.training import finalize_run, prepare_run, run_training
 from tests.test_federation import experiment, read_jsonl
 
@@ -92,7 +92,7 @@ def test_private_state_is_on_the_sites_disk_with_a_fingerprint_not_in_flower_con
     for node_id in grid.get_node_ids():
         assert len(grid.context_of(node_id).state) == 0
     expected = state_fingerprint(site_view(cfg))
-    partition = partition_of(build_model(cfg), cfg)
+    partition = method_of(cfg).partition(method_of(cfg).build_model())
     for site in "ABCD":
         folder = run_dir / "sites" / site
         assert json.loads((folder / STATE_FINGERPRINT).read_text())["fingerprint"] == expected
@@ -126,7 +126,7 @@ def test_a_site_accepts_its_state_folder_with_other_evaluation_settings_or_paths
 def test_a_site_that_missed_rounds_continues_from_its_saved_private_state(tiny_root, tmp_path):
     cfg = experiment(tiny_root)
     first = Site("A", cfg, tmp_path, torch.device("cpu"))
-    full = {k: v.clone() for k, v in build_model(cfg).state_dict().items()}
+    full = {k: v.clone() for k, v in method_of(cfg).build_model().state_dict().items()}
     first.train_round(full, server_round=1, local_iters=1)
     saved = torch.load(tmp_path / "state_r0001.pt", weights_only=False)["personal"]
     restarted = Site("A", cfg, tmp_path, torch.device("cpu"))  # a new process after a crash

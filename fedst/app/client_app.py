@@ -111,6 +111,7 @@ def train(message: Message, context: Context) -> Message:
             UNIFORM_WEIGHT_KEY: 1,
             "train-loss": result.mean_loss,
             "seconds": result.seconds,
+            **result.metrics,
         }
     )
     content = RecordDict(

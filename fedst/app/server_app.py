@@ -27,7 +27,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 
 from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
-from fedst.federation.aggregation import make_strategy
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
@@ -157,16 +156,15 @@ def _audit(runlog: RunLog, direction: str, message: Message, server_round: int) 
     runlog.write("wire", row)
 
 
-def _train_payload(server: FederationServer, cfg: ExperimentConfig, server_round: int) -> dict:
+def _train_payload(server: FederationServer, server_round: int) -> dict:
     """Round 1: the server's full initial model v_g^0; later: gamma_g (nothing without communication)."""
     if server_round == 1:
         return server.initial_payload()
-    return server.shared_payload() if cfg.method.communicate else {}
+    return server.shared_payload() if server.method.communicates else {}
 
 
 def _newcomer_payloads(
     server: FederationServer,
-    cfg: ExperimentConfig,
     server_round: int,
     nodes: list[int],
     sites_of: dict[int, str],
@@ -175,7 +173,7 @@ def _newcomer_payloads(
     resumed) gets the full current v_g: a site without private state starts from it, a site
     with state takes only gamma_g from it (Site.train_round)."""
     newcomers = [n for n in nodes if n not in sites_of]
-    if server_round == 1 or not cfg.method.communicate or not newcomers:
+    if server_round == 1 or not server.method.communicates or not newcomers:
         return {}
     full = ArrayRecord(server.initial_payload())
     return dict.fromkeys(newcomers, full)
@@ -233,10 +231,12 @@ def run_federation(
     else:
         pre_loss = server.initialize()
         if pre_loss is not None:
-            runlog.write("train", {"round": 0, "site": "server", "serq_pretrain_loss": pre_loss})
+            runlog.write(
+                "train", {"round": 0, "site": "server", "synthetic_pretrain_loss": pre_loss}
+            )
         server.save(0)
 
-    strategy = make_strategy(cfg.method.aggregation, cfg.method.aggregation_weights)
+    method = server.method
     federation = list(cfg.data.federation)
     min_sites = policy.min_sites or len(federation)
     if min_sites > len(federation):
@@ -254,7 +254,7 @@ def run_federation(
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
     for server_round in progress_bar(
         rounds,
-        desc=f"{cfg.method.name} rounds",
+        desc=f"{method.name} rounds",
         enabled=progress,
         initial=server.completed_round,
         total=cfg.train.rounds,
@@ -266,8 +266,8 @@ def run_federation(
             )
         # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
         config = {**base_config, "server-round": server_round}
-        down = ArrayRecord(_train_payload(server, cfg, server_round))
-        first = _newcomer_payloads(server, cfg, server_round, nodes, sites_of)
+        down = ArrayRecord(_train_payload(server, server_round))
+        first = _newcomer_payloads(server, server_round, nodes, sites_of)
         trained = _broadcast(
             grid,
             nodes,
@@ -296,13 +296,11 @@ def run_federation(
             },
         )
         # -- aggregation + server step (lines 8-12) -------------------------------------------------
-        if cfg.method.communicate:
+        if method.communicates:
             step_started = time.perf_counter()
-            aggregated, _ = strategy.aggregate_train(server_round, trained.replies)
+            aggregated = method.aggregate(server_round, trained.replies, server.shared_payload())
             aggregation_seconds = time.perf_counter() - step_started
-            stats = server.server_step(
-                aggregated.to_torch_state_dict() if aggregated else {}, server_round
-            )
+            stats = server.server_step(aggregated, server_round)
             runlog.write(
                 "train",
                 {
@@ -315,7 +313,7 @@ def run_federation(
             )
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
-            shared = ArrayRecord(server.shared_payload() if cfg.method.communicate else {})
+            shared = ArrayRecord(server.shared_payload() if method.communicates else {})
             evaluated = _broadcast(
                 grid,
                 [n for n in nodes if n in sites_of],

@@ -44,8 +44,8 @@ from torch import nn
 
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.experiment import SerqConfig
+from fedst.federation.pretraining import pretrain_on_synthetic
 from fedst.model.losses import SegmentationLoss
-from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -119,21 +119,20 @@ class Serq:
 
     # -- synthetic pre-training of v_pre (Algorithm 1 input v_pre^0) ----------------------------
     def pretrain(self, iters: int, progress: bool = False) -> float:
-        """Train v_pre on the synthetic set with L_seg; returns the mean loss of the last 10 steps."""
-        self.synthetic_model.train()
-        tail: list[float] = []
-        for _ in progress_bar(
-            range(iters), desc="SERQ pre-training", enabled=progress, leave=False
-        ):
-            images, masks, _ = self.stream.next_batch()
-            logits, _ = self._forward(self.synthetic_model, images.to(self.device))
-            loss = self.loss_fn(logits, masks.to(self.device))
-            self.pre_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.pre_optimizer.step()
-            tail = [*tail[-9:], loss.item()]
-            self.pretrained_iters += 1
-        return sum(tail) / max(len(tail), 1)
+        """Train v_pre on the synthetic set with L_seg (the pre-training every method gets,
+        fedst/federation/pretraining.py); returns the mean loss of the last 10 steps."""
+        loss = pretrain_on_synthetic(
+            self.synthetic_model,
+            self.pre_optimizer,
+            self.stream,
+            self.indicator,
+            self.loss_fn,
+            iters,
+            self.device,
+            progress=progress,
+        )
+        self.pretrained_iters += iters
+        return loss
 
     # -- Eq. 10 + Eq. 11 -----------------------------------------------------------------------
     @torch.no_grad()

@@ -14,17 +14,10 @@ from pathlib import Path
 
 import torch
 
+from fedst.config import ConfigError
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.experiment import ExperimentConfig, site_state_dir
-from fedst.federation.components import (
-    build_indicators,
-    build_loss,
-    build_model,
-    load_subset,
-    partition_of,
-    seed_everything,
-    state_subset,
-)
+from fedst.federation.pretraining import pretrain_on_synthetic
 from fedst.federation.run_io import (
     CheckpointError,
     atomic_torch_save,
@@ -33,6 +26,9 @@ from fedst.federation.run_io import (
 )
 from fedst.federation.serq import Serq, SerqRoundStats
 from fedst.federation.site import site_state_file
+from fedst.methods import method_of
+from fedst.model.state import load_subset, state_subset
+from fedst.seeding import seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -85,49 +81,72 @@ class FederationServer:
         self.run_dir = run_dir
         self.device = device
         self.progress = progress
-        self.global_model = build_model(cfg).to(device)
-        self.partition = partition_of(self.global_model, cfg)
+        self.method = method_of(cfg)
+        self.global_model = self.method.build_model().to(device)
+        self.partition = self.method.partition(self.global_model)
         self.completed_round = 0
         for folder in (run_dir / "checkpoints", run_dir):  # left by a process killed mid-write
             remove_stale_tmp(folder)
         self.serq: Serq | None = None
-        if cfg.method.serq:
+        if self.method.uses_serq:
             self.serq = self._build_serq()
 
-    def _build_serq(self) -> Serq:
+    def _synthetic_stream(self) -> tuple[BatchStream, ClipDataset]:
+        """The server's synthetic set: a seeded augmented batch stream and the un-augmented set."""
         cfg = self.cfg
         if cfg.data.server is None:
-            raise ValueError("method.serq=true needs a synthetic server set: set data.server")
+            raise ConfigError(
+                f"method {self.method.name} starts from synthetic pre-training (and SERQ, if on) "
+                f"but data.server is null: set data.server to the synthetic set, or "
+                f"method.synthetic_pretraining=false (and method.serq=false)"
+            )
         source = cfg.data.open(cfg.data.server)
         clip = cfg.clip_config()
         dataset = ClipDataset(source, "train", clip, cfg.augment)
         stream = BatchStream(
             dataset, batch_size=cfg.serq.batch_size, seed=cfg.seed * 1000 + 999, num_workers=0
         )
+        return stream, ClipDataset(source, "train", clip, None, validate=False)
+
+    def _build_serq(self) -> Serq:
+        stream, reference = self._synthetic_stream()
         return Serq(
-            cfg.serq,
+            self.cfg.serq,
             synthetic_model=copy.deepcopy(self.global_model),
             stream=stream,
-            reference=ClipDataset(source, "train", clip, None, validate=False),
-            indicator=build_indicators(cfg).get(cfg.data.server),
-            loss_fn=build_loss(cfg),
+            reference=reference,
+            indicator=self.method.indicators().get(self.cfg.data.server),
+            loss_fn=self.method.segmentation_loss(),
             device=self.device,
         )
 
     # -- round 0 --------------------------------------------------------------------------------
     def initialize(self) -> float | None:
-        """Algorithm 1 line 3: with SERQ, pre-train v_pre^0 on synthetic data and set v_g^0 = v_pre^0.
+        """Algorithm 1 line 3: v_g^0 = v_pre^0, the network pre-trained on the synthetic set
+        (every method, fedst/federation/pretraining.py; with SERQ v_pre lives on in SERQ).
 
-        Returns the pre-training loss (None without SERQ).
+        Returns the pre-training loss (None without pre-training).
         """
-        if self.serq is None:
+        if not self.method.config.synthetic_pretraining:
             return None
+        iters = self.cfg.serq.pretrain_iters
         seed_everything(self.cfg.seed, 0x5E12, 0)
-        loss = self.serq.pretrain(self.cfg.serq.pretrain_iters, progress=self.progress)
-        self.global_model.load_state_dict(self.serq.synthetic_model.state_dict())
-        log.info(
-            "SERQ pre-training: %d iterations, final loss %.4f", self.cfg.serq.pretrain_iters, loss
-        )
+        if self.serq is not None:
+            loss = self.serq.pretrain(iters, progress=self.progress)
+            self.global_model.load_state_dict(self.serq.synthetic_model.state_dict())
+        else:
+            stream, _ = self._synthetic_stream()
+            loss = pretrain_on_synthetic(
+                self.global_model,
+                torch.optim.Adam(self.global_model.parameters(), lr=self.cfg.serq.lr),
+                stream,
+                self.method.indicators().get(self.cfg.data.server),
+                self.method.segmentation_loss(),
+                iters,
+                self.device,
+                progress=self.progress,
+            )
+        log.info("synthetic pre-training: %d iterations, final loss %.4f", iters, loss)
         return loss
 
     def initial_payload(self) -> dict[str, torch.Tensor]:

@@ -24,16 +24,6 @@ import torch
 from fedst.config import ConfigError, to_dict
 from fedst.data.clips import BatchStream
 from fedst.experiment import ExperimentConfig, site_view, state_fingerprint
-from fedst.federation.components import (
-    build_indicators,
-    build_loss,
-    build_model,
-    load_subset,
-    open_site_data,
-    partition_of,
-    seed_everything,
-    state_subset,
-)
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
 from fedst.federation.run_io import (
     CheckpointError,
@@ -41,7 +31,11 @@ from fedst.federation.run_io import (
     load_checkpoint,
     remove_stale_tmp,
 )
+from fedst.federation.site_data import open_site_data
+from fedst.methods import LocalPhase, method_of
+from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
+from fedst.seeding import seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +104,8 @@ class LocalRoundResult:
     """Training samples of the site (FedAvg weight)."""
     mean_loss: float
     seconds: float
+    metrics: dict[str, float]
+    """The method's own scalars for the server (Method.reply_metrics)."""
 
 
 class Site:
@@ -130,12 +126,13 @@ class Site:
         self.device = device
         self.progress = progress
         self.index = cfg.data.federation.index(name)
+        self.method = method_of(cfg)
         self.data = open_site_data(cfg, name, ("train", "test"))
-        self.model = build_model(cfg).to(device)
-        self.partition = partition_of(self.model, cfg)
+        self.model = self.method.build_model().to(device)
+        self.partition = self.method.partition(self.model)
         self.personal_keys = frozenset(self.partition.personal)
-        self.loss_fn = build_loss(cfg)
-        self.indicator = build_indicators(cfg).get(name)
+        self.loss_fn = self.method.segmentation_loss()
+        self.indicator = self.method.indicators().get(name)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
         )
@@ -157,45 +154,16 @@ class Site:
     def train_round(
         self, received: dict[str, torch.Tensor], server_round: int, local_iters: int
     ) -> LocalRoundResult:
-        """Load gamma_g (round 1: the server's full initial model), train E iterations, return gamma_k."""
+        """Adopt gamma_g (round 1: the server's full initial model), train E iterations in the
+        method's phases, return gamma_k."""
         self.restore(server_round - 1)
         if self.completed_round > 0:  # rho_k is the site's own from its first round on
             received = {k: v for k, v in received.items() if k not in self.personal_keys}
-        load_subset(self.model, received)
+        self.method.adopt(self, received, server_round)
         seed_everything(self.cfg.seed, self.index, server_round)
-        indicator = self.indicator.to(self.device) if self.indicator is not None else None
-        use_amp = self.cfg.train.amp and self.device.type == "cuda"
-        self.model.train()
         started, losses = time.perf_counter(), []
-        iterations = progress_bar(
-            range(local_iters),
-            desc=f"site {self.name} round {server_round}",
-            enabled=self.progress,
-            leave=False,
-        )
-        for iteration in iterations:
-            clips, masks, _ = self.stream.next_batch()
-            clips, masks = (
-                clips.to(self.device),
-                masks.to(self.device),
-            )  # [B, T, 3, H, W], [B, H, W]
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
-                logits = self.model(clips, indicator)  # [B, C, H, W]
-                loss = self.loss_fn(logits.float(), masks)
-            if not math.isfinite(loss.item()):
-                raise NonFiniteLossError(
-                    f"site {self.name}: loss is {loss.item()} at round {server_round}, local "
-                    f"iteration {iteration}; the run stops here and keeps the checkpoint of round "
-                    f"{server_round - 1}. Lower train.lr or enable train.max_grad_norm."
-                )
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.cfg.train.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), self.cfg.train.max_grad_norm
-                )
-            self.optimizer.step()
-            losses.append(loss.item())
+        for phase in self.method.local_phases(local_iters):
+            losses += self._train_phase(phase, server_round)
         self.completed_round = server_round
         self.save(server_round)
         return LocalRoundResult(
@@ -203,7 +171,59 @@ class Site:
             num_examples=self.num_examples,
             mean_loss=sum(losses) / max(len(losses), 1),
             seconds=time.perf_counter() - started,
+            metrics=self.method.reply_metrics(self),
         )
+
+    def _train_phase(self, phase: LocalPhase, server_round: int) -> list[float]:
+        """``phase.iterations`` AdamW steps on L (the method's local loss); parameters that the
+        phase does not train get no gradient, so the optimizer leaves them (and their moments)
+        untouched."""
+        frozen = [
+            p
+            for key, p in self.model.named_parameters()
+            if phase.trainable is not None and not phase.trainable(key)
+        ]
+        for parameter in frozen:
+            parameter.requires_grad_(False)
+        indicator = self.indicator.to(self.device) if self.indicator is not None else None
+        use_amp = self.cfg.train.amp and self.device.type == "cuda"
+        self.model.train()
+        losses = []
+        iterations = progress_bar(
+            range(phase.iterations),
+            desc=f"site {self.name} round {server_round} {phase.name}",
+            enabled=self.progress,
+            leave=False,
+        )
+        try:
+            for iteration in iterations:
+                clips, masks, _ = self.stream.next_batch()
+                clips, masks = (
+                    clips.to(self.device),
+                    masks.to(self.device),
+                )  # [B, T, 3, H, W], [B, H, W]
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
+                    logits = self.model(clips, indicator)  # [B, C, H, W]
+                    loss = self.method.local_loss(self, logits.float(), masks)
+                if not math.isfinite(loss.item()):
+                    raise NonFiniteLossError(
+                        f"site {self.name}: loss is {loss.item()} at round {server_round}, local "
+                        f"iteration {iteration} ({phase.name}); the run stops here and keeps the "
+                        f"checkpoint of round {server_round - 1}. Lower train.lr or enable "
+                        f"train.max_grad_norm."
+                    )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if self.cfg.train.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(
+                        self.model.parameters(), self.cfg.train.max_grad_norm
+                    )
+                self.optimizer.step()
+                losses.append(loss.item())
+        finally:
+            for parameter in frozen:
+                parameter.requires_grad_(True)
+        return losses
 
     def evaluate(
         self, received: dict[str, torch.Tensor], server_round: int, keep_examples: int = 0

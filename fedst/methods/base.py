@@ -1,0 +1,171 @@
+"""What a federated method is: a small set of choices over the one federation code path.
+
+Every method answers the same questions, and the site and server code ask them through one
+:class:`Method` object built from the experiment (``method_of(cfg)``, fedst/methods/__init__.py):
+
+* what every party builds: the network (:meth:`Method.build_model`), which of its tensors stay at
+  the site (:meth:`Method.partition`), the site indicators xi_k (:meth:`Method.indicators`);
+* the site's round (Algorithm 1, lines 5-7): how the received shared parameters are adopted
+  (:meth:`Method.adopt`), in which phases the local iterations run and which tensors each phase
+  trains (:meth:`Method.local_phases`), the local objective (:meth:`Method.local_loss`) and the
+  scalars the reply carries besides gamma_k (:meth:`Method.reply_metrics`);
+* the server's round (line 8): how the replies are combined (:meth:`Method.aggregate`); whether
+  SERQ runs after it (``uses_serq``) and whether anything travels at all (``communicates``).
+
+:class:`Method` itself is *partial averaging*, the family of FedST: shared tensors are averaged by
+Flower's FedAvg (uniform or sample-count weights) or FedMedian, personal tensors stay. FedST, every
+ablation row of Tables IV-VII, FedAvg (nothing personal) and Local (nothing sent) are settings of
+it. A baseline that computes something else subclasses it and overrides only its own steps
+(fedst/methods/<name>.py); method-specific settings live in ``method.options`` and are typed by
+the subclass's ``Options`` dataclass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from flwr.app import Message
+from torch import nn
+
+from fedst.config import build
+from fedst.experiment import ExperimentConfig
+from fedst.federation.aggregation import make_strategy
+from fedst.model.losses import SegmentationLoss
+from fedst.model.network import FedSTNet, build_network
+from fedst.model.partition import PRESETS, Partition, PartitionRules, split_state
+from fedst.model.state import load_subset
+from fedst.seeding import seed_everything
+
+if TYPE_CHECKING:
+    from fedst.federation.site import Site
+
+
+@dataclass(frozen=True)
+class LocalPhase:
+    """``iterations`` local steps during which only the tensors ``trainable`` accepts get gradients
+    (``None``: every parameter trains)."""
+
+    iterations: int
+    trainable: Callable[[str], bool] | None = None
+    name: str = "local"
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A method without settings of its own."""
+
+
+class Method:
+    """Partial averaging (FedST and its settings): see the module docstring."""
+
+    Options: ClassVar[type] = NoOptions
+    """Dataclass of ``method.options`` (built strictly: unknown keys are errors)."""
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        self.cfg = cfg
+        self.config = cfg.method
+        self.options = build(self.Options, cfg.method.options, "method.options")
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def communicates(self) -> bool:
+        """False: every site trains alone (Local); no tensor travels after the initial model."""
+        return self.config.communicate
+
+    @property
+    def uses_serq(self) -> bool:
+        """The server runs SERQ (Sec. III-C) after aggregation."""
+        return self.config.serq
+
+    # -- what every party builds ---------------------------------------------------------------
+    def build_model(self) -> FedSTNet:
+        """The method's network, initialised identically for every party (seeded by ``cfg.seed``)."""
+        seed_everything(self.cfg.seed, 0xC0FFEE)
+        return build_network(self.cfg.network_config())
+
+    def partition(self, model: nn.Module) -> Partition:
+        """Which state-dict keys stay at the site (rho), travel (gamma) or are fixed buffers."""
+        preset = PRESETS[self.config.personalization]
+        rules = PartitionRules((*preset.personal, *self.config.personal_patterns))
+        return split_state(
+            model,
+            rules,
+            personalize_channel_selection=self.config.personalize_channel_selection,
+        )
+
+    def site_order(self) -> list[str]:
+        """Fixed site order for one-hot / Gaussian indicators: federation, out-of-fed, server."""
+        data = self.cfg.data
+        return [
+            *data.federation,
+            *data.out_of_federation,
+            *([data.server] if data.server else []),
+        ]
+
+    def indicators(self) -> dict[str, torch.Tensor]:
+        """Frozen indicator xi_k of every site of the experiment (empty when the network uses none)."""
+        if not self.cfg.uses_indicator():
+            return {}
+        from fedst.model.indicators import site_indicators
+
+        names = self.site_order()
+        sites = [(name, self.cfg.data.sites[name].surgery_type) for name in names]
+        indicator = self.cfg.indicator
+        return site_indicators(
+            self.config.indicator,
+            sites,
+            dim=indicator.dim,
+            site_order=names,
+            clip_model=indicator.clip_model,
+            clip_pretrained=indicator.clip_pretrained,
+            cache_dir=indicator.cache_dir,
+            seed=self.cfg.seed,
+        )
+
+    def segmentation_loss(self) -> SegmentationLoss:
+        """L_seg = CE + lambda_1 Dice (Eq. 9): the supervised loss of every method."""
+        return SegmentationLoss(lambda_dice=self.cfg.train.lambda_dice)
+
+    # -- the site's round (Algorithm 1, lines 5-7) ----------------------------------------------
+    def adopt(self, site: Site, received: dict[str, torch.Tensor], server_round: int) -> None:
+        """Take the received parameters into the site's model (here: copy them in)."""
+        load_subset(site.model, received)
+
+    def local_phases(self, local_iters: int) -> list[LocalPhase]:
+        """The round's local iterations: here one phase in which everything trains."""
+        return [LocalPhase(local_iters)]
+
+    def local_loss(self, site: Site, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        """The local objective on one batch: logits [B, C, H, W] (float), masks [B, H, W]."""
+        return site.loss_fn(logits, masks)
+
+    def reply_metrics(self, site: Site) -> dict[str, float]:
+        """Scalars the train reply carries besides n_k, the loss and the time (e.g. FedAS's
+        Fisher trace, the server's aggregation weight)."""
+        return {}
+
+    # -- the server's round (line 8) ------------------------------------------------------------
+    def aggregate(
+        self,
+        server_round: int,
+        replies: list[Message],
+        current: dict[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """gamma_g^{t+1} from the sites' replies (each an ArrayRecord "arrays" of gamma_k and a
+        MetricRecord "metrics"); ``current`` is gamma_g^t, what the sites received.
+
+        Partial averaging: Flower's FedAvg with uniform (1/K, Algorithm 1 line 8) or sample-count
+        weights, or FedMedian (fedst/federation/aggregation.py)."""
+        strategy = make_strategy(self.config.aggregation, self.config.aggregation_weights)
+        aggregated, _ = strategy.aggregate_train(server_round, replies)
+        return aggregated.to_torch_state_dict() if aggregated else {}
+
+    def describe(self) -> dict[str, Any]:
+        """What the run log records about the method's choices."""
+        return {"algorithm": self.config.algorithm, "name": self.name}
