@@ -25,7 +25,7 @@ from fedst.model.indicators import DEFAULT_CLIP_MODEL, DEFAULT_CLIP_PRETRAINED
 from fedst.model.network import NetworkConfig
 
 AGGREGATIONS = ("fedavg", "fedmedian")
-AGGREGATION_WEIGHTS = ("uniform", "samples")
+AGGREGATION_WEIGHTS = ("uniform", "samples", "fisher")
 INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 
 
@@ -61,7 +61,8 @@ class MethodConfig:
     """fedavg (weighted mean, weights: ``aggregation_weights``) | fedmedian (coordinate-wise median)."""
     aggregation_weights: str = "uniform"
     """Site weights of the fedavg mean: uniform (1/K, FedST: Algorithm 1 line 8) | samples (n_k / n,
-    McMahan et al.'s FedAvg). fedmedian is unweighted and needs "uniform"."""
+    McMahan et al.'s FedAvg) | fisher (F_k / sum_j F_j, each site's empirical-Fisher trace: FedAS
+    only). fedmedian is unweighted and needs "uniform"."""
     communicate: bool = True
     """False: every site trains alone (the 'Local' baseline); nothing travels."""
 

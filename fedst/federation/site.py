@@ -256,6 +256,7 @@ class Site:
                 "round": server_round,
                 "site": self.name,
                 "personal": self.personal_state(),
+                "method": self.method.site_state(self),
                 "optimizer": self.optimizer.state_dict(),
                 "stream": self.stream.state_dict(),
                 "num_examples": self.num_examples,
@@ -304,6 +305,7 @@ class Site:
                 f"{self.state_path(server_round - 1)}; resuming the run falls back to it"
             ) from err
         load_subset(self.model, state["personal"])
+        self.method.load_site_state(self, state.get("method", {}))
         self.optimizer.load_state_dict(state["optimizer"])
         self.stream.load_state_dict(state["stream"])
         self.completed_round = server_round

@@ -9,9 +9,13 @@ from __future__ import annotations
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
 from fedst.methods.base import LocalPhase, Method
+from fedst.methods.fedas import FedAS
+from fedst.methods.fedrep import FedRep
 
 METHODS: dict[str, type[Method]] = {
     "partial": Method,  # FedST, its ablations, FedAvg, Local (fedst/methods/base.py)
+    "fedrep": FedRep,  # Collins et al. 2021 (fedst/methods/fedrep.py)
+    "fedas": FedAS,  # Yang, Huang, Ye 2024 (fedst/methods/fedas.py)
 }
 
 

@@ -30,9 +30,14 @@ import torch
 from flwr.app import Message
 from torch import nn
 
-from fedst.config import build
+from fedst.config import ConfigError, build
 from fedst.experiment import ExperimentConfig
-from fedst.federation.aggregation import make_strategy
+from fedst.federation.aggregation import (
+    SAMPLES_WEIGHT_KEY,
+    UNIFORM_WEIGHT_KEY,
+    WEIGHT_KEYS,
+    make_strategy,
+)
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import FedSTNet, build_network
 from fedst.model.partition import PRESETS, Partition, PartitionRules, split_state
@@ -64,10 +69,22 @@ class Method:
     Options: ClassVar[type] = NoOptions
     """Dataclass of ``method.options`` (built strictly: unknown keys are errors)."""
 
+    reply_weight_keys: ClassVar[tuple[str, ...]] = (UNIFORM_WEIGHT_KEY, SAMPLES_WEIGHT_KEY)
+    """MetricRecord keys of every train reply that ``method.aggregation_weights`` may weight by
+    (a subclass whose :meth:`reply_metrics` adds one, e.g. FedAS's Fisher trace, extends it)."""
+
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
         self.config = cfg.method
         self.options = build(self.Options, cfg.method.options, "method.options")
+        weight_key = WEIGHT_KEYS[self.config.aggregation_weights]
+        if weight_key not in self.reply_weight_keys:
+            raise ConfigError(
+                f"method.aggregation_weights={self.config.aggregation_weights!r} weights each "
+                f"reply by its {weight_key!r}, which the replies of method.algorithm="
+                f"{self.config.algorithm!r} do not carry (they carry {self.reply_weight_keys}); "
+                f"choose uniform or samples"
+            )
 
     @property
     def name(self) -> str:
@@ -149,6 +166,15 @@ class Method:
         """Scalars the train reply carries besides n_k, the loss and the time (e.g. FedAS's
         Fisher trace, the server's aggregation weight)."""
         return {}
+
+    def site_state(self, site: Site) -> dict[str, torch.Tensor]:
+        """Tensors the site keeps on its disk after a round besides rho_k (here: none), e.g. FedAS's
+        local base, which the next round's alignment starts from; saved with rho_k and given
+        back to :meth:`load_site_state` when the site restores that round."""
+        return {}
+
+    def load_site_state(self, site: Site, state: dict[str, torch.Tensor]) -> None:
+        """Take back what :meth:`site_state` saved (here: nothing)."""
 
     # -- the server's round (line 8) ------------------------------------------------------------
     def aggregate(
