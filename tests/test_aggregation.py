@@ -24,13 +24,14 @@ UNIFORM_MEAN = [(1 + 2 + 6) / 3, (10 + 0 + 2) / 3]  # [3.0, 4.0]
 SAMPLE_MEAN = [(1 * 1 + 2 * 1 + 6 * 2) / 4, (10 * 1 + 0 * 1 + 2 * 2) / 4]  # [3.75, 3.5]
 
 
-def _site_reply(gamma: np.ndarray, num_examples: int) -> Message:
-    """A train reply with the metrics every ClientApp reply carries."""
+def _site_reply(gamma: np.ndarray, num_examples: int, **metrics: float) -> Message:
+    """A train reply with the metrics every ClientApp reply carries (and ``metrics``, e.g. a
+    method's own weight key)."""
     content = RecordDict(
         {
             "arrays": ArrayRecord({"w": torch.tensor(gamma)}),
             "metrics": MetricRecord(
-                {"num-examples": num_examples, "uniform-weight": 1, "train-loss": 0.5}
+                {"num-examples": num_examples, "uniform-weight": 1, "train-loss": 0.5, **metrics}
             ),
             "site": ConfigRecord({"site": "X"}),
         }
