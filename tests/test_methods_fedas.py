@@ -22,9 +22,12 @@ from fedst.methods.fedas import (
     fisher_trace,
     pixel_features,
 )
+from tests import test_methods_fedrep
 from tests.test_aggregation import GAMMAS, SAMPLES, _site_reply
 from tests.test_federation import experiment
-from tests.test_methods_fedrep import HEAD_KEYS, recorded_run, tiny_root  # noqa: F401
+from tests.test_methods_fedrep import HEAD_KEYS, recorded_run
+
+tiny_root = test_methods_fedrep.tiny_root  # the tiny procedural benchmark, once per module
 
 
 class _LinearNet(nn.Module):
@@ -116,7 +119,7 @@ def test_the_server_weights_each_base_by_its_fisher_trace_over_the_sum_of_traces
 
 
 @pytest.fixture
-def trained_site(tiny_root, tmp_path):  # noqa: F811 (tiny_root: the shared fixture)
+def trained_site(tiny_root, tmp_path):
     """Site A of a tiny FedAS run after its first round (2 local iterations)."""
     cfg = experiment(
         tiny_root,
@@ -127,8 +130,8 @@ def trained_site(tiny_root, tmp_path):  # noqa: F811 (tiny_root: the shared fixt
     )
     site = Site("A", cfg, tmp_path, torch.device("cpu"))
     initial = {k: v.clone() for k, v in method_of(cfg).build_model().state_dict().items()}
-    result = site.train_round(initial, server_round=1, local_iters=2)
-    return cfg, site, initial, result
+    site.train_round(initial, server_round=1, local_iters=2)
+    return cfg, site, initial
 
 
 def _alignment_mse(site: Site, base: dict[str, torch.Tensor], batch, prototypes, counts) -> float:
@@ -143,17 +146,19 @@ def _alignment_mse(site: Site, base: dict[str, torch.Tensor], batch, prototypes,
 
 
 def test_the_first_round_adopts_the_received_model_as_is(trained_site, tmp_path):
-    cfg, _, initial, _ = trained_site
+    cfg, _, initial = trained_site
     fresh = Site("B", cfg, tmp_path / "B", torch.device("cpu"))
-    fresh.train_round(initial, server_round=1, local_iters=0)  # no local base: no alignment
+    # a received model unlike the site's own initialisation (which equals ``initial``)
+    received = {k: v + 0.5 if v.is_floating_point() else v for k, v in initial.items()}
+    fresh.train_round(received, server_round=1, local_iters=0)  # no local base: no alignment
     for key, value in fresh.model.state_dict().items():
-        assert torch.equal(value, initial[key]), key
+        assert torch.equal(value, received[key]), key
 
 
 def test_alignment_moves_the_received_base_towards_the_local_prototypes_before_training(
     trained_site,
 ):
-    cfg, site, initial, result = trained_site
+    _, site, initial = trained_site
     method = site.method
     local_base = {k: v.clone() for k, v in method.local_base.items()}
     assert set(local_base) == set(site.partition.shared)
@@ -173,7 +178,7 @@ def test_alignment_moves_the_received_base_towards_the_local_prototypes_before_t
 
 
 def test_a_restarted_site_aligns_from_the_local_base_on_its_disk(trained_site, tmp_path):
-    cfg, site, _, _ = trained_site
+    cfg, site, _ = trained_site
     restarted = Site("A", cfg, tmp_path, torch.device("cpu"))  # a new process after round 1
     restarted.restore(1)
     assert restarted.method.local_base is not None
@@ -181,7 +186,7 @@ def test_a_restarted_site_aligns_from_the_local_base_on_its_disk(trained_site, t
         assert torch.equal(restarted.method.local_base[key], value), key
 
 
-def test_fedas_replies_carry_a_positive_fisher_trace_and_a_tiny_run_finishes(tiny_root, tmp_path):  # noqa: F811
+def test_fedas_replies_carry_a_positive_fisher_trace_and_a_tiny_run_finishes(tiny_root, tmp_path):
     cfg = experiment(
         tiny_root,
         "method=fedas",

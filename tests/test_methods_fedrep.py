@@ -103,9 +103,7 @@ def test_only_the_body_travels_and_a_tiny_fedrep_run_finishes(tiny_root, tmp_pat
     cfg = experiment(tiny_root, "method=fedrep")
     final, messages = recorded_run(cfg, tmp_path / "run")
     partition = method_of(cfg).partition(method_of(cfg).build_model())
-    train_replies = [
-        m for d, m in messages if d == "up" and m.metadata.message_type == "train"
-    ]
+    train_replies = [m for d, m in messages if d == "up" and m.metadata.message_type == "train"]
     assert len(train_replies) == 4 * 2  # 4 sites, 2 rounds
     for reply in train_replies:
         keys = set(reply.content["arrays"].keys())
