@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from fedst.cli import compose_experiment
+from fedst.config import ConfigError
 from fedst.federation.site import Site
 from fedst.methods import method_of
 from fedst.methods.fedas import (
@@ -116,6 +117,13 @@ def test_the_server_weights_each_base_by_its_fisher_trace_over_the_sum_of_traces
     cfg, _ = compose_experiment(["experiment=tiny", "method=fedas"])
     aggregated = method_of(cfg).aggregate(1, replies, {"w": torch.zeros(2)})["w"].numpy()
     np.testing.assert_allclose(aggregated, expected)
+
+
+def test_fisher_weights_are_refused_for_a_method_whose_replies_carry_no_fisher_trace():
+    with pytest.raises(ConfigError, match="'fisher-trace', which the replies"):
+        compose_experiment(
+            ["experiment=tiny", "method=fedavg", "method.aggregation_weights=fisher"]
+        )
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ from torch import nn
 
 from fedst.config import require_at_least, require_positive
 from fedst.data.clips import BatchStream
+from fedst.experiment import ExperimentConfig
 from fedst.federation.aggregation import FISHER_WEIGHT_KEY
 from fedst.methods.base import Method
 from fedst.methods.head import head_input, is_head, with_private_head
@@ -192,7 +193,7 @@ class FedAS(Method):
     Options = FedASOptions
     reply_weight_keys = (*Method.reply_weight_keys, FISHER_WEIGHT_KEY)
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: ExperimentConfig) -> None:
         super().__init__(cfg)
         self.local_base: dict[str, torch.Tensor] | None = None
         """At a site: its base after its last local training (None before its first round)."""
