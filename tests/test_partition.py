@@ -200,10 +200,12 @@ def test_a_rule_that_matches_nothing_is_an_error(net):
         PartitionRules(("attn.q(",))
 
 
-def test_the_temporal_module_is_shared_unless_everything_is_personal(net):
-    with pytest.raises(ValueError, match="temporal module is shared"):
+def test_the_temporal_module_is_shared_or_private_as_a_whole(net):
+    with pytest.raises(ValueError, match="temporal module is shared or private as a whole"):
         split_state(net, PartitionRules((r"\.q\.weight$",)))
     assert "temporal.1.q.weight" in split_state(net, PRESETS["all"]).personal
+    rsc = split_state(net, PRESETS["rsc"])
+    assert not any(k.startswith("temporal.") for k in rsc.shared)
 
 
 def test_non_float_buffers_are_fixed_never_shared():

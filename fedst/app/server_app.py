@@ -27,6 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 
 from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
+from fedst.federation import transport
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
@@ -175,7 +176,7 @@ def _newcomer_payloads(
     newcomers = [n for n in nodes if n not in sites_of]
     if server_round == 1 or not server.method.communicates or not newcomers:
         return {}
-    full = ArrayRecord(server.initial_payload())
+    full = transport.encode(server.initial_payload(), server.cfg.comm.precision)
     return dict.fromkeys(newcomers, full)
 
 
@@ -237,6 +238,7 @@ def run_federation(
         server.save(0)
 
     method = server.method
+    precision = cfg.comm.precision
     federation = list(cfg.data.federation)
     min_sites = policy.min_sites or len(federation)
     if min_sites > len(federation):
@@ -265,8 +267,12 @@ def run_federation(
                 grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
             )
         # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
-        config = {**base_config, "server-round": server_round}
-        down = ArrayRecord(_train_payload(server, server_round))
+        config = {
+            **base_config,
+            "server-round": server_round,
+            **method.instruction_config(server_round),
+        }
+        down = transport.encode(_train_payload(server, server_round), precision)
         first = _newcomer_payloads(server, server_round, nodes, sites_of)
         trained = _broadcast(
             grid,
@@ -286,6 +292,10 @@ def run_federation(
         }
         for reply in trained.replies:
             _log_training_reply(runlog, reply, down_sizes, server_round, cfg.train.local_iters)
+            # restored to fp32 before any aggregation (the bytes above are those sent)
+            reply.content["arrays"] = ArrayRecord(
+                transport.decode(reply.content["arrays"], precision)
+            )
         participants = sorted(_site_of(r) for r in trained.replies)
         runlog.write(
             "participation",
@@ -313,7 +323,9 @@ def run_federation(
             )
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
-            shared = ArrayRecord(server.shared_payload() if method.communicates else {})
+            shared = transport.encode(
+                server.shared_payload() if method.communicates else {}, precision
+            )
             evaluated = _broadcast(
                 grid,
                 [n for n in nodes if n in sites_of],
