@@ -3,6 +3,7 @@ component, transport precision, differential privacy with Flower's wrappers."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -61,6 +62,10 @@ def test_a_component_kept_local_never_leaves_a_site(tiny_root, tmp_path, monkeyp
     for direction, message in messages:
         if direction == "down" and message.metadata.group_id != "1":
             assert not set(message.content["arrays"].keys()) & decoder_keys
+    state = method_of(cfg).build_model().state_dict()
+    encoder_bytes = sum(4 * v.numel() for k, v in state.items() if k.startswith("encoder."))
+    for row in map(json.loads, (tmp_path / "run" / "comm.jsonl").read_text().splitlines()):
+        assert row["upload_param_bytes_by_component"] == {"encoder": encoder_bytes}
 
 
 # -- transport precision ----------------------------------------------------------------------
