@@ -215,7 +215,7 @@ class PrivacyConfig:
     clipping_norm: float = 1.0
     """Fixed clipping: the L2 bound of one site's update. Adaptive: the initial bound."""
     target_clipped_quantile: float = 0.5
-    """Adaptive clipping: the fraction of updates the bound should leave unclipped."""
+    """Adaptive clipping: the fraction of updates the bound should clip (0.5: the median norm)."""
     clip_norm_lr: float = 0.2
     """Adaptive clipping: learning rate of the bound's geometric update."""
 

@@ -3,6 +3,7 @@ component, transport precision, differential privacy with Flower's wrappers."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -61,6 +62,10 @@ def test_a_component_kept_local_never_leaves_a_site(tiny_root, tmp_path, monkeyp
     for direction, message in messages:
         if direction == "down" and message.metadata.group_id != "1":
             assert not set(message.content["arrays"].keys()) & decoder_keys
+    state = method_of(cfg).build_model().state_dict()
+    encoder_bytes = sum(4 * v.numel() for k, v in state.items() if k.startswith("encoder."))
+    for row in map(json.loads, (tmp_path / "run" / "comm.jsonl").read_text().splitlines()):
+        assert row["upload_param_bytes_by_component"] == {"encoder": encoder_bytes}
 
 
 # -- transport precision ----------------------------------------------------------------------
@@ -195,3 +200,21 @@ def test_dp_is_refused_where_its_noise_would_not_mean_what_it_says():
         compose_experiment(["privacy.dp=server_fixed", "method.aggregation=fedmedian"])
     with pytest.raises(ConfigError, match="precision"):
         compose_experiment(["privacy.dp=client_fixed", "comm.precision=fp16"])
+
+
+def test_the_adaptive_clipping_bound_moves_and_survives_a_server_restart():
+    """Server-side adaptive clipping: when no update is clipped (fewer than the target half) the
+    bound must come down, by exp(-lr * target) = exp(-0.2 * 0.5) without count noise (Andrew et
+    al.'s geometric update); the bound is part of the server checkpoint (Method.state_dict)."""
+    cfg, _ = compose_experiment(
+        ["experiment=tiny", "privacy.dp=server_adaptive", "privacy.noise_multiplier=0"]
+    )
+    method = method_of(cfg)
+    method.strategy.clipped_count_stddev = 0.0  # the count's noise off: the step is exact
+    small = np.full(16, 1e-3, dtype=np.float32)
+    method.aggregate(1, [site_reply(small) for _ in range(4)], {"w": torch.zeros(16)})
+    bound = method.state_dict()["clipping_norm"]
+    assert bound == pytest.approx(cfg.privacy.clipping_norm * math.exp(-0.2 * 0.5))
+    restarted = method_of(cfg)
+    restarted.load_state_dict(method.state_dict())
+    assert restarted.strategy.clipping_norm == bound

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
 from fedst.metrics import METRIC_NAMES
+from fedst.model.partition import COMPONENTS
 from fedst.outfed import PERSONAL_EXPORT
 from fedst.progress import progress_bar
 
@@ -193,6 +195,7 @@ def _log_training_reply(
             **down_sizes,
             "upload_bytes": up.count_bytes(),
             "upload_param_bytes": _param_bytes(up),
+            "upload_param_bytes_by_component": _bytes_by_component(up),
         },
     )
     runlog.write(
@@ -473,6 +476,15 @@ def _collect_personal(
         "unreachable": sorted(silent),
     }
     atomic_write_text(json.dumps(export, indent=1), run_dir / PERSONAL_EXPORT)
+
+
+def _bytes_by_component(record: ArrayRecord) -> dict[str, int]:
+    """Parameter bytes of a message per network component (fedst.model.partition.COMPONENTS)."""
+    sizes: dict[str, int] = {}
+    for key, array in record.items():
+        name = next((c for c, p in COMPONENTS.items() if re.search(p, key)), "other")
+        sizes[name] = sizes.get(name, 0) + int(array.numpy().nbytes)
+    return sizes
 
 
 def _param_bytes(record: ArrayRecord) -> int:

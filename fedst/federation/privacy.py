@@ -13,10 +13,17 @@ assumes a mean, so DP needs ``method.aggregation=fedavg``; the clipping arithmet
 the wire tensors, so client-side DP needs ``comm.precision=fp32`` (an fp16 sum of squares over
 millions of values overflows). No privacy accountant is attached: the runs report the noise
 multiplier and clipping bound they used, not an epsilon.
+
+Adaptive clipping (Andrew et al. 2021): the bound moves geometrically towards the quantile of
+update norms at which a fraction ``target_clipped_quantile`` of the updates is clipped. flwr 1.41's
+wrappers move it the wrong way (``C *= exp(-lr * (clipped_fraction - target))`` raises the bound
+when fewer updates than the target are clipped, so it runs away); the two adaptive wrappers below
+override only that one step with the sign that converges (tests/test_communication.py).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from flwr.app import ArrayRecord
@@ -31,6 +38,18 @@ from flwr.serverapp.strategy import (
 
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig, PrivacyConfig
+
+
+class _ConvergingServerSideAdaptiveClipping(DifferentialPrivacyServerSideAdaptiveClipping):
+    def _geometric_update(self, clipped_fraction: float) -> None:
+        self.clipping_norm *= math.exp(
+            self.clip_norm_lr * (clipped_fraction - self.target_clipped_quantile)
+        )
+
+
+class _ConvergingClientSideAdaptiveClipping(DifferentialPrivacyClientSideAdaptiveClipping):
+    _geometric_update = _ConvergingServerSideAdaptiveClipping._geometric_update
+
 
 CLIPPING_NORM_KEY = "clipping_norm"
 """ConfigRecord key of the clipping bound in a train instruction (Flower's KEY_CLIPPING_NORM)."""
@@ -69,8 +88,8 @@ def with_privacy(strategy: Strategy, privacy: PrivacyConfig, num_sites: int) -> 
     if privacy.dp == "client_fixed":
         return DifferentialPrivacyClientSideFixedClipping(strategy, sigma, bound, num_sites)
     if privacy.dp == "server_adaptive":
-        return DifferentialPrivacyServerSideAdaptiveClipping(strategy, sigma, num_sites, **adaptive)
-    return DifferentialPrivacyClientSideAdaptiveClipping(strategy, sigma, num_sites, **adaptive)
+        return _ConvergingServerSideAdaptiveClipping(strategy, sigma, num_sites, **adaptive)
+    return _ConvergingClientSideAdaptiveClipping(strategy, sigma, num_sites, **adaptive)
 
 
 def prepare_aggregation(strategy: Strategy, current: ArrayRecord) -> None:
