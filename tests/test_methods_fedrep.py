@@ -12,6 +12,7 @@ import torch
 from flwr.app import Message
 
 from fedst.app.inprocess import InProcessGrid
+from fedst.config import ConfigError
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
 from fedst.federation import site as site_module
@@ -61,14 +62,24 @@ def test_the_default_split_is_fedreps_ten_head_epochs_to_one_body_epoch(tiny_roo
     for local_iters, head, body in ((100, 91, 9), (11, 10, 1), (2, 1, 1)):
         phases = method.local_phases(local_iters)
         assert [(p.name, p.iterations) for p in phases] == [("head", head), ("body", body)]
-    explicit = method_of(experiment(tiny_root, "method=fedrep", "method.options.head_iters=3"))
+    explicit = method_of(
+        experiment(
+            tiny_root,
+            "method=fedrep",
+            "method.options.head_iters=3",
+            "train.local_iters=5",
+            "train.total_iters=10",
+        )
+    )
     assert [p.iterations for p in explicit.local_phases(5)] == [3, 2]
+    with pytest.raises(ConfigError, match="head_iters=2 leaves no body iteration"):
+        experiment(tiny_root, "method=fedrep", "method.options.head_iters=2")  # tiny: E = 2
 
 
 def test_the_body_is_frozen_during_head_iterations_and_the_head_during_body_iterations(
     tiny_root, tmp_path
 ):
-    cfg = experiment(tiny_root, "method=fedrep", "method.options.head_iters=2")
+    cfg = experiment(tiny_root, "method=fedrep", "method.options.head_iters=1")
     site = Site("A", cfg, tmp_path, torch.device("cpu"))
     snapshots: list[tuple[str, dict[str, torch.Tensor]]] = []
     original = site_module.Site._train_phase
@@ -83,7 +94,7 @@ def test_the_body_is_frozen_during_head_iterations_and_the_head_during_body_iter
     received = {k: v.clone() for k, v in method_of(cfg).build_model().state_dict().items()}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(site_module.Site, "_train_phase", recording_phase)
-        site.train_round(received, server_round=1, local_iters=3)
+        site.train_round(received, server_round=1, local_iters=2)
     assert [name for name, _ in snapshots] == ["head", "head", "body", "body"]
     floats = [k for k, v in received.items() if v.is_floating_point()]
     body = [k for k in floats if k not in HEAD_KEYS]

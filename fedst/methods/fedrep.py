@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fedst.config import require_at_least
+from fedst.config import ConfigError, require_at_least
+from fedst.experiment import ExperimentConfig
 from fedst.methods.base import LocalPhase, Method
 from fedst.methods.head import is_head, with_private_head
 from fedst.model.partition import Partition
@@ -45,6 +46,16 @@ class FedRep(Method):
     """Head private; per round: head phase (body frozen), then body phase (head frozen)."""
 
     Options = FedRepOptions
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        super().__init__(cfg)
+        head, local_iters = self.options.head_iters, cfg.train.local_iters
+        if head is not None and local_iters > 0 and head >= local_iters:
+            raise ConfigError(
+                f"method.options.head_iters={head} leaves no body iteration of "
+                f"train.local_iters={local_iters}; set head_iters below local_iters (or null: "
+                f"FedRep's 10:1 split)"
+            )
 
     def partition(self, model: nn.Module) -> Partition:
         """The method's partition with the head always private."""
