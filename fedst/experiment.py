@@ -320,10 +320,10 @@ class SiteNodeConfig:
     """Dataset backend of this site (default: the one named in the experiment)."""
     site_options: str = "{}"
     """Backend options of this site, as a JSON object (e.g. '{"site_dir": "hyst_yt"}')."""
-    other_sites: str = "{}"
+    other_sites: str | None = None
     """Data of further sites this node reads, as a JSON object site -> {"root", "backend",
     "options"}: a party that trains or is scored on other sites' data (Method.data_sites, e.g.
-    the upper bound's pool of every federated site). Empty for a hospital's own node."""
+    the upper bound's pool of every federated site). None (a hospital's own node): none."""
     state_dir: str | None = None
     """Folder of this site's private state; each run gets a sub-folder named by the server."""
     run_state_dir: str | None = None
@@ -373,7 +373,7 @@ class SiteNodeConfig:
         """The view completed with this node's own data location (and those of the other sites
         it reads), backend options and hardware."""
         try:
-            others = json.loads(self.other_sites)
+            others = json.loads(self.other_sites) if self.other_sites else {}
         except json.JSONDecodeError as err:
             raise ConfigError(f"node_config other-sites is not JSON: {err}") from err
         located = {}
@@ -434,7 +434,7 @@ def site_node_config(
         data_path=spec.root if spec else None,
         backend=spec.backend if spec else None,
         site_options=json.dumps(spec.options if spec else {}, sort_keys=True),
-        other_sites=json.dumps(others, sort_keys=True),
+        other_sites=json.dumps(others, sort_keys=True) if others else None,
         device=cfg.train.device,
         num_workers=cfg.train.num_workers,
         clip_cache=cfg.indicator.cache_dir,
