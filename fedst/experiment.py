@@ -380,6 +380,10 @@ class SiteNodeConfig:
     """Dataset backend of this site (default: the one named in the experiment)."""
     site_options: str = "{}"
     """Backend options of this site, as a JSON object (e.g. '{"site_dir": "hyst_yt"}')."""
+    other_sites: str | None = None
+    """Data of further sites this node reads, as a JSON object site -> {"root", "backend",
+    "options"}: a party that trains or is scored on other sites' data (Method.data_sites, e.g.
+    the upper bound's pool of every federated site). None (a hospital's own node): none."""
     state_dir: str | None = None
     """Folder of this site's private state; each run gets a sub-folder named by the server."""
     run_state_dir: str | None = None
@@ -426,23 +430,43 @@ class SiteNodeConfig:
         return Path(self.state_dir) / run_name
 
     def local_experiment(self, view: ExperimentConfig, site: str) -> ExperimentConfig:
-        """The view completed with this node's own data location, backend options and hardware."""
-        spec = view.data.sites[site]
-        if self.data_path is None:
-            raise ConfigError(
-                f"site {site}: node config has no data-path; start the site with its data folder "
-                f"(train_fed.py site={site} data.sites.{site}.root=<folder>)"
-            )
+        """The view completed with this node's own data location (and those of the other sites
+        it reads), backend options and hardware."""
         try:
-            options = json.loads(self.site_options)
+            others = json.loads(self.other_sites) if self.other_sites else {}
         except json.JSONDecodeError as err:
-            raise ConfigError(f"node_config site-options is not JSON: {err}") from err
-        spec = dataclasses.replace(
-            spec, root=self.data_path, backend=self.backend or spec.backend, options=options
-        )
+            raise ConfigError(f"node_config other-sites is not JSON: {err}") from err
+        located = {}
+        if site in view.data.sites:  # a data site (the upper bound's pool is none)
+            if self.data_path is None:
+                raise ConfigError(
+                    f"site {site}: node config has no data-path; start the site with its data "
+                    f"folder (train_fed.py site={site} data.sites.{site}.root=<folder>)"
+                )
+            try:
+                options = json.loads(self.site_options)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"node_config site-options is not JSON: {err}") from err
+            located[site] = {"root": self.data_path, "backend": self.backend, "options": options}
+        located.update(others)
+        unknown = sorted(set(located) - set(view.data.sites))
+        if unknown:
+            raise ConfigError(
+                f"node of {site}: node_config other-sites names {unknown}, which are not sites "
+                f"of the experiment ({sorted(view.data.sites)})"
+            )
+        sites = {
+            name: dataclasses.replace(
+                view.data.sites[name],
+                root=where["root"],
+                backend=where.get("backend") or view.data.sites[name].backend,
+                options=where.get("options", {}),
+            )
+            for name, where in located.items()
+        }
         return dataclasses.replace(
             view,
-            data=dataclasses.replace(view.data, sites={**view.data.sites, site: spec}),
+            data=dataclasses.replace(view.data, sites={**view.data.sites, **sites}),
             train=dataclasses.replace(view.train, device=self.device, num_workers=self.num_workers),
             indicator=dataclasses.replace(view.indicator, cache_dir=self.clip_cache),
         )
@@ -451,13 +475,26 @@ class SiteNodeConfig:
 def site_node_config(
     cfg: ExperimentConfig, site: str, progress: bool = False, **settings: Any
 ) -> SiteNodeConfig:
-    """The node config of ``site`` from a full local experiment (the site's own config)."""
-    spec = cfg.data.sites[site]
+    """The node config of ``site`` (a training party of the method) from a full local experiment
+    (the site's own config): its own data and that of every other site it reads."""
+    from fedst.methods import method_of
+
+    spec = cfg.data.sites.get(site)
+    others = {
+        name: {
+            "root": cfg.data.sites[name].root,
+            "backend": cfg.data.sites[name].backend,
+            "options": cfg.data.sites[name].options,
+        }
+        for name in method_of(cfg).data_sites(site)
+        if name != site
+    }
     return SiteNodeConfig(
         site_name=site,
-        data_path=spec.root,
-        backend=spec.backend,
-        site_options=json.dumps(spec.options, sort_keys=True),
+        data_path=spec.root if spec else None,
+        backend=spec.backend if spec else None,
+        site_options=json.dumps(spec.options if spec else {}, sort_keys=True),
+        other_sites=json.dumps(others, sort_keys=True) if others else None,
         device=cfg.train.device,
         num_workers=cfg.train.num_workers,
         clip_cache=cfg.indicator.cache_dir,

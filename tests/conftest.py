@@ -182,3 +182,27 @@ def reply_of_one_site(
     finally:
         release_sites()
     return reply
+
+
+def train_reply(arrays: Mapping, num_examples: int = 1, **metrics: float) -> Message:
+    """A constructed train reply of a site, as the ClientApp sends it: ``arrays`` (key -> torch
+    tensor) as gamma_k, the weight keys every reply carries ("num-examples" = ``num_examples``,
+    "uniform-weight" = 1), a training loss and any further ``metrics``."""
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+    from fedst.app.client_app import app as client_app
+    from fedst.app.inprocess import InProcessGrid
+
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(dict(arrays)),
+            "metrics": MetricRecord(
+                {"num-examples": num_examples, "uniform-weight": 1, "train-loss": 0.5, **metrics}
+            ),
+            "site": ConfigRecord({"site": "X"}),
+        }
+    )
+    InProcessGrid(client_app, [])  # sets Flower's task identity for building messages
+    instruction = Message(RecordDict(), dst_node_id=1, message_type="train", group_id="1")
+    instruction.metadata.__dict__["_message_id"] = "m"
+    return Message(content, reply_to=instruction)

@@ -24,7 +24,8 @@ from fedst.methods.fedas import (
     pixel_features,
 )
 from tests import test_methods_fedrep
-from tests.test_aggregation import GAMMAS, SAMPLES, _site_reply
+from tests.conftest import train_reply
+from tests.test_aggregation import GAMMAS, SAMPLES
 from tests.test_federation import experiment
 from tests.test_methods_fedrep import HEAD_KEYS, recorded_run
 
@@ -111,7 +112,7 @@ def test_the_server_weights_each_base_by_its_fisher_trace_over_the_sum_of_traces
     # by hand: (1 * [1, 10] + 3 * [2, 0] + 4 * [6, 2]) / 8
     expected = [(1 * 1 + 3 * 2 + 4 * 6) / 8, (1 * 10 + 3 * 0 + 4 * 2) / 8]  # [3.875, 2.25]
     replies = [
-        _site_reply(g, n, **{"fisher-trace": f})
+        train_reply({"w": torch.tensor(g)}, n, **{"fisher-trace": f})
         for g, n, f in zip(GAMMAS, SAMPLES, traces, strict=True)
     ]
     cfg, _ = compose_experiment(["experiment=tiny", "method=fedas"])

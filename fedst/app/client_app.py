@@ -33,7 +33,9 @@ from fedst.experiment import (
 )
 from fedst.federation import privacy, transport
 from fedst.federation.aggregation import UNIFORM_WEIGHT_KEY
+from fedst.federation.evaluation import metrics_record
 from fedst.federation.site import Site
+from fedst.methods import method_of
 from fedst.metrics import METRIC_NAMES
 
 log = logging.getLogger(__name__)
@@ -58,16 +60,17 @@ def _node(context: Context) -> SiteNodeConfig:
 
 
 def _site_name(view: ExperimentConfig, node: SiteNodeConfig) -> str:
+    parties = method_of(view).training_sites()  # the federated sites (upper bound: the pool)
     if node.site_name is not None:
-        if node.site_name not in view.data.federation:
+        if node.site_name not in parties:
             raise ValueError(
                 f"this node is site {node.site_name!r}, which is not in the federation "
-                f"{list(view.data.federation)}; check site-name in its node config"
+                f"{list(parties)}; check site-name in its node config"
             )
         return node.site_name
     if node.partition_id is None:
         raise ValueError("node config names no site: set site-name (or partition-id)")
-    return view.data.federation[node.partition_id]
+    return parties[node.partition_id]
 
 
 def _site_for(message: Message, context: Context) -> tuple[Site, ConfigRecord]:
@@ -167,10 +170,12 @@ def evaluate(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     received = transport.decode(message.content["arrays"], site.cfg.comm.precision)
     with _forget_on_error(site):
-        result = site.evaluate(received, int(config["server-round"]))
-    content = RecordDict(
-        {"metrics": MetricRecord(evaluation_metrics(result.summary)), "site": _site_record(site)}
-    )
+        results = site.evaluate(received, int(config["server-round"]))
+    records = {
+        metrics_record(scored, site.name): MetricRecord(evaluation_metrics(result.summary))
+        for scored, result in results.items()
+    }
+    content = RecordDict({**records, "site": _site_record(site)})
     return Message(content, reply_to=message)
 
 

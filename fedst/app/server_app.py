@@ -29,6 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
 from fedst.federation import transport
+from fedst.federation.evaluation import METRICS_RECORD, scored_site
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
@@ -242,7 +243,7 @@ def run_federation(
 
     method = server.method
     precision = cfg.comm.precision
-    federation = list(cfg.data.federation)
+    federation = list(method.training_sites())  # the federated sites (upper bound: its pool)
     min_sites = policy.min_sites or len(federation)
     if min_sites > len(federation):
         raise FederationError(
@@ -341,9 +342,9 @@ def run_federation(
             )
             _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
             for reply in evaluated.replies:
-                row = _metrics_row(reply, server_round)
-                runlog.write("metrics", row)
-                last_metrics[row["site"]] = row
+                for row in _metrics_rows(reply, server_round):
+                    runlog.write("metrics", row)
+                    last_metrics[row["site"]] = row
         server.save(server_round, extra={"last_metrics": last_metrics})
         log.info(  # the one line per round of a non-terminal log (fedst/progress.py)
             "round %d/%d done in %.1f s",
@@ -492,11 +493,29 @@ def _param_bytes(record: ArrayRecord) -> int:
     return int(sum(array.numpy().nbytes for array in record.values()))
 
 
-def _metrics_row(reply: Message, server_round: int) -> dict[str, Any]:
-    """One metrics.jsonl row from an evaluate reply, in the layout of SegmentationMeter.summary():
-    a metric the reply leaves out (not scored: the class was absent from ground truth and
-    prediction in every evaluated frame) is ``None`` (JSON null), never a number."""
-    metrics = dict(reply.content["metrics"])
+def _metrics_rows(reply: Message, server_round: int) -> list[dict[str, Any]]:
+    """The metrics.jsonl rows of an evaluate reply: one per test split it scored (its site's own;
+    the upper bound's pool: every federated site's), each with the scored site as "site"."""
+    party = _site_of(reply)
+    scored = {name: scored_site(name, party) for name in reply.content.metric_records}
+    return [
+        _metrics_row(reply, server_round, record, site)
+        for record, site in scored.items()
+        if site is not None
+    ]
+
+
+def _metrics_row(
+    reply: Message,
+    server_round: int,
+    record: str = METRICS_RECORD,
+    site: str | None = None,
+) -> dict[str, Any]:
+    """One metrics.jsonl row from an evaluate reply's ``record`` (scores of ``site``'s test split,
+    default: the replying site's own), in the layout of SegmentationMeter.summary(): a metric the
+    reply leaves out (not scored: the class was absent from ground truth and prediction in every
+    evaluated frame) is ``None`` (JSON null), never a number."""
+    metrics = dict(reply.content[record])
     per_class: dict[str, dict[str, float | int | None]] = {}
     for key in [k for k in metrics if "/" in k]:
         class_name, metric = key.split("/", 1)
@@ -506,7 +525,7 @@ def _metrics_row(reply: Message, server_round: int) -> dict[str, Any]:
         values.update({m: float(values[m]) if m in values else None for m in METRIC_NAMES})
     return {
         "round": server_round,
-        "site": _site_of(reply),
+        "site": site or _site_of(reply),
         "split": "test",
         "model": "personal",
         "num_frames": int(metrics.pop("num-examples")),

@@ -187,7 +187,7 @@ class FederationServer:
 
     def load(self) -> dict:
         """Resume from the newest usable checkpoint (see :func:`load_server_checkpoint`)."""
-        state = load_server_checkpoint(self.run_dir, self.device, self.cfg.data.federation)
+        state = load_server_checkpoint(self.run_dir, self.device, self.method.training_sites())
         self.global_model.load_state_dict(state["global_model"])
         if self.serq is not None:
             self.serq.load_state_dict(state["serq"], self.global_model)

@@ -10,10 +10,14 @@ from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
 from fedst.methods.base import LocalPhase, Method
 from fedst.methods.fedas import FedAS
+from fedst.methods.fedld import FedLD
 from fedst.methods.fedrep import FedRep
+from fedst.methods.upperbound import UpperBound
 
 METHODS: dict[str, type[Method]] = {
     "partial": Method,  # FedST, its ablations, FedAvg, Local (fedst/methods/base.py)
+    "fedld": FedLD,  # FedLD (fedst/methods/fedld.py)
+    "upperbound": UpperBound,  # pooled training, no federation (fedst/methods/upperbound.py)
     "fedrep": FedRep,  # Collins et al. 2021 (fedst/methods/fedrep.py)
     "fedas": FedAS,  # Yang, Huang, Ye 2024 (fedst/methods/fedas.py)
 }

@@ -3,6 +3,9 @@
 Every method answers the same questions, and the site and server code ask them through one
 :class:`Method` object built from the experiment (``method_of(cfg)``, fedst/methods/__init__.py):
 
+* who trains on what: the training parties (:meth:`Method.training_sites`, one node each), the
+  sites whose training data each reads (:meth:`Method.train_sources`) and whose test splits score
+  its model (:meth:`Method.scored_sites`); by default every federated site on its own data;
 * what every party builds: the network (:meth:`Method.build_model`), which of its tensors stay at
   the site (:meth:`Method.partition`), the site indicators xi_k (:meth:`Method.indicators`);
 * the site's round (Algorithm 1, lines 5-7): how the received shared parameters are adopted
@@ -136,6 +139,34 @@ class Method:
             model,
             rules,
             personalize_channel_selection=self.config.personalize_channel_selection,
+        )
+
+    # -- who trains on what, and whose test splits score which model ---------------------------
+    def training_sites(self) -> tuple[str, ...]:
+        """The parties that train, one ClientApp node and one state folder each (here every
+        federated site; the upper bound: one pooled party)."""
+        return tuple(self.cfg.data.federation)
+
+    def train_sources(self, party: str) -> tuple[str, ...]:
+        """The federated sites whose training splits ``party`` trains on (here its own)."""
+        return (party,)
+
+    def scored_sites(self, party: str) -> tuple[str, ...]:
+        """The federated sites whose test splits score ``party``'s model (here its own)."""
+        return (party,)
+
+    def data_sites(self, party: str) -> tuple[str, ...]:
+        """Every site whose data ``party`` reads: its training sources, then its scored sites."""
+        return tuple(dict.fromkeys((*self.train_sources(party), *self.scored_sites(party))))
+
+    def party_of(self, site: str) -> str:
+        """The party whose model is scored on federated site ``site``'s test split."""
+        for party in self.training_sites():
+            if site in self.scored_sites(party):
+                return party
+        raise ConfigError(
+            f"site {site!r}: no training party of method {self.name} is scored on it (parties: "
+            f"{list(self.training_sites())}; federation: {list(self.cfg.data.federation)})"
         )
 
     def site_order(self) -> list[str]:
