@@ -173,7 +173,9 @@ def finalize_run(
     sites = {
         r["site"]: _scalars(r)
         for r in metrics
-        if r["round"] == last_round and r["model"] == "personal"
+        if r["round"] == last_round
+        and r["model"] == "personal"
+        and r.get("split", "test") == "test"
     }
     outfed = {}
     examples: list[tuple] = []

@@ -141,7 +141,8 @@ def evaluate(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     received = message.content["arrays"].to_torch_state_dict()
     with _forget_on_error(site):
-        result = site.evaluate(received, int(config["server-round"]))
+        split = str(config["split"]) if "split" in config else "test"
+        result = site.evaluate(received, int(config["server-round"]), split=split)
     content = RecordDict(
         {"metrics": MetricRecord(evaluation_metrics(result.summary)), "site": _site_record(site)}
     )

@@ -31,6 +31,7 @@ from fedst.federation.aggregation import make_strategy
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
+from fedst.federation.snapshots import save_shared_snapshot
 from fedst.metrics import METRIC_NAMES
 from fedst.outfed import PERSONAL_EXPORT
 from fedst.progress import progress_bar
@@ -331,6 +332,25 @@ def run_federation(
                 row = _metrics_row(reply, server_round)
                 runlog.write("metrics", row)
                 last_metrics[row["site"]] = row
+        # -- validation scores of the personalized models (model selection, fedst/selection.py) --
+        if cfg.train.val_every is not None and (
+            server_round % cfg.train.val_every == 0 or server_round == cfg.train.rounds
+        ):
+            shared_params = server.shared_payload() if cfg.method.communicate else {}
+            save_shared_snapshot(run_dir, server_round, shared_params)
+            validated = _broadcast(
+                grid,
+                [n for n in nodes if n in sites_of],
+                MessageType.EVALUATE,
+                ArrayRecord(shared_params),
+                {**config, "split": "val"},
+                server_round,
+                timeout=policy.round_timeout,
+                audit=audit,
+            )
+            _check_sites(validated, sites_of, federation, min_sites, "validate", server_round)
+            for reply in validated.replies:
+                runlog.write("metrics", _metrics_row(reply, server_round, split="val"))
         server.save(server_round, extra={"last_metrics": last_metrics})
         log.info(  # the one line per round of a non-terminal log (fedst/progress.py)
             "round %d/%d done in %.1f s",
@@ -470,7 +490,7 @@ def _param_bytes(record: ArrayRecord) -> int:
     return int(sum(array.numpy().nbytes for array in record.values()))
 
 
-def _metrics_row(reply: Message, server_round: int) -> dict[str, Any]:
+def _metrics_row(reply: Message, server_round: int, split: str = "test") -> dict[str, Any]:
     """One metrics.jsonl row from an evaluate reply, in the layout of SegmentationMeter.summary():
     a metric the reply leaves out (not scored: the class was absent from ground truth and
     prediction in every evaluated frame) is ``None`` (JSON null), never a number."""
@@ -485,7 +505,7 @@ def _metrics_row(reply: Message, server_round: int) -> dict[str, Any]:
     return {
         "round": server_round,
         "site": _site_of(reply),
-        "split": "test",
+        "split": split,
         "model": "personal",
         "num_frames": int(metrics.pop("num-examples")),
         **{m: float(metrics[m]) if m in metrics else None for m in METRIC_NAMES},

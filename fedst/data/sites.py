@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fedst.config import ConfigError
+from fedst.data.splits import VAL_SPLIT_SOURCES, with_validation_split
 from fedst.data.base import SiteSource
 from fedst.data.registry import open_site
 
@@ -48,6 +49,14 @@ class DataConfig:
     procedural: str | None = None
     """Preset of the embedded procedural benchmark held in ``root`` (tiny | demo | full); training
     generates it there when missing. None for real data, which is never generated."""
+    val_split: str = "dataset"
+    """Where the training sites' validation videos come from (model selection, fedst/selection.py):
+    dataset (the dataset's own val split) | train (``val_videos`` whole training videos, seeded by
+    ``val_seed``, leave training). Rule and per-backend availability: fedst/data/splits.py."""
+    val_videos: int = 1
+    """Whole training videos per site moved to validation when ``val_split`` is train."""
+    val_seed: int = 0
+    """Seed of which training videos ``val_split=train`` moves (fixed across run seeds)."""
 
     def __post_init__(self) -> None:
         if not self.federation:
@@ -67,12 +76,20 @@ class DataConfig:
         missing = [s for s in named if s not in self.sites]
         if missing:
             raise ConfigError(f"data config names site(s) {missing} without an entry under 'sites'")
+        if self.val_split not in VAL_SPLIT_SOURCES:
+            raise ConfigError(f"data.val_split={self.val_split!r}; choose one of {VAL_SPLIT_SOURCES}")
+        if self.val_videos < 1:
+            raise ConfigError(f"data.val_videos={self.val_videos}: must be >= 1")
         if self.procedural is not None and not self.root:
             raise ConfigError(
                 "data.procedural is set but data.root is not: say where to generate it"
             )
 
     def open(self, name: str) -> SiteSource:
-        """The SiteSource of site ``name``."""
+        """The SiteSource of site ``name``; a site that trains or selects (neither the server's set
+        nor out of federation) with its validation split of ``val_split`` (fedst/data/splits.py)."""
         spec = self.sites[name]
-        return open_site(spec.backend, Path(spec.root), name, **spec.options)
+        source = open_site(spec.backend, Path(spec.root), name, **spec.options)
+        if name == self.server or name in self.out_of_federation:
+            return source
+        return with_validation_split(source, self.val_split, self.val_videos, self.val_seed)

@@ -52,9 +52,15 @@ def build_loss(cfg: ExperimentConfig) -> SegmentationLoss:
 
 
 def site_order(cfg: ExperimentConfig) -> list[str]:
-    """Fixed site order for one-hot / Gaussian indicators: federation, out-of-fed, server."""
-    data = cfg.data
-    return [*data.federation, *data.out_of_federation, *([data.server] if data.server else [])]
+    """Fixed site order for one-hot / Gaussian indicators: federation, out-of-fed, the CBE
+    held-out site (selection.held_out_site), server."""
+    data, held_out = cfg.data, cfg.selection.held_out_site
+    return [
+        *data.federation,
+        *data.out_of_federation,
+        *([held_out] if held_out else []),
+        *([data.server] if data.server else []),
+    ]
 
 
 def build_indicators(cfg: ExperimentConfig) -> dict[str, torch.Tensor]:

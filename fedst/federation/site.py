@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from fedst.config import ConfigError, to_dict
-from fedst.data.clips import BatchStream
+from fedst.data.clips import BatchStream, ClipDataset
+from fedst.data.splits import validation_dataset
 from fedst.experiment import ExperimentConfig, site_view, state_fingerprint
 from fedst.federation.components import (
     build_indicators,
@@ -41,6 +42,7 @@ from fedst.federation.run_io import (
     load_checkpoint,
     remove_stale_tmp,
 )
+from fedst.federation.snapshots import save_personal_snapshot
 from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,7 @@ class Site:
             num_workers=cfg.train.num_workers,
         )
         self.completed_round = 0
+        self._validation: ClipDataset | None = None
         remove_stale_tmp(state_dir)  # left by a site killed while saving
         self.fingerprint = claim_state_dir(state_dir, name, cfg)
 
@@ -206,20 +209,46 @@ class Site:
         )
 
     def evaluate(
-        self, received: dict[str, torch.Tensor], server_round: int, keep_examples: int = 0
+        self,
+        received: dict[str, torch.Tensor],
+        server_round: int,
+        keep_examples: int = 0,
+        split: str = "test",
     ) -> EvaluationResult:
-        """Score v_k = gamma_g U rho_k on the site's test split."""
+        """Score v_k = gamma_g U rho_k on the site's test split, or on its validation split
+        (``split="val"``: the rho_k scored is kept for selection, fedst/federation/snapshots.py)."""
         self.restore(server_round)
         load_subset(self.model, received)
+        if split == "val":
+            dataset = self.validation_data()
+            save_personal_snapshot(
+                self.state_dir,
+                server_round,
+                self.name,
+                self.personal_state(),
+                self.num_examples,
+            )
+        elif split == "test":
+            dataset = self.data.test
+        else:
+            raise ValueError(f"site {self.name}: unknown evaluation split {split!r} (test | val)")
         return evaluate_model(
             self.model,
-            self.data.test,
+            dataset,
             self.indicator,
             self.device,
             max_frames=self.cfg.train.eval_max_frames,
             keep_examples=keep_examples,
             progress=self.progress,
         )
+
+    def validation_data(self) -> ClipDataset:
+        """The site's validation clips (data.val_split, fedst/data/splits.py), opened once."""
+        if self._validation is None:
+            self._validation = validation_dataset(
+                self.data.source, self.cfg.data.val_split, self.cfg.clip_config()
+            )
+        return self._validation
 
     def personal_state(self) -> dict[str, torch.Tensor]:
         """rho_k as CPU tensors (sent once, at the end, only when the site allows it)."""
