@@ -34,6 +34,7 @@ from fedst.federation.components import build_indicators, open_site_data
 from fedst.federation.evaluation import evaluate_model
 from fedst.federation.run_io import atomic_write_text, read_jsonl
 from fedst.outfed import averaged_sites, evaluate_out_of_federation, personalized_model
+from fedst.selection import run_selection
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,15 @@ def finalize_run(
         "upload_mb_per_round": _mean_mb(comm, "upload_param_bytes"),
         "download_mb_per_round": _mean_mb(steady, "download_param_bytes"),
     }
+    if cfg.train.val_every is not None:  # rounds chosen on validation only, then tested
+        record = run_selection(cfg, run_dir, device, progress=progress)
+        rule = cfg.selection.rule
+        final["selection"] = {
+            "rule": rule,
+            "rounds": record["choices"][rule],
+            "model_selection_failure": record["model_selection_failure"],
+            "test": record["test"][rule],
+        }
     if (run_dir / "benchmark.json").is_file():  # which procedural benchmark the numbers are on
         final["benchmark"] = json.loads((run_dir / "benchmark.json").read_text())
     atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / "final.json")
