@@ -6,7 +6,6 @@ diagonal is the per-site result of the same checkpoints."""
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
 
@@ -21,9 +20,13 @@ from fedst.data.generic import GenericLayoutSource
 from fedst.data.procedural import generate
 from fedst.data.splits import CarvedValidationSource, validation_videos, with_validation_split
 from fedst.experiment import resolve_device, site_state_dir
+from fedst.federation.components import build_indicators, open_site_data
+from fedst.federation.evaluation import stream_test_clips
 from fedst.federation.run_io import load_checkpoint, read_jsonl
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site import Site
+from fedst.federation.snapshots import snapshot_outfed_model, snapshot_site_model
+from fedst.outfed import averaged_model, personalized_model
 from fedst.report_selection import cross_site_matrix
 from fedst.training import run_training
 from tests.test_federation import experiment
@@ -221,19 +224,22 @@ def test_validation_rounds_are_logged_with_split_val_and_their_models_kept(held_
     assert final["selection"]["rule"] == "cbe"
 
 
-def test_the_last_rule_rebuilds_the_last_rounds_models_exactly(held_out_run):
-    """Test scores of the 'last' choice (snapshots, evaluated after selection) equal the test rows
-    the run logged at its last round (live site models)."""
-    _, _, run_dir, _, _ = held_out_run
-    record = json.loads((run_dir / selection.SELECTION_FILE).read_text())
-    logged = {
-        r["site"]: r
-        for r in read_jsonl(run_dir / "metrics.jsonl")
-        if r["split"] == "test" and r["round"] == 2
-    }
-    for site, scores in record["test"]["last"]["in_federation"].items():
-        for metric in ("dice", "iou", "hd95", "assd", "num_frames"):
-            assert scores[metric] == pytest.approx(logged[site][metric], abs=1e-6)
+def test_the_kept_snapshots_of_the_last_round_rebuild_the_runs_final_models(held_out_run):
+    """Every tensor of v_k (and of the out-of-federation model) rebuilt from selection/ snapshots
+    equals the one rebuilt from the run's final checkpoints (server.pt, sites' state_r0002.pt)."""
+    cfg, _, run_dir, _, _ = held_out_run
+    cpu = resolve_device("cpu")
+    pairs = [
+        (snapshot_site_model(cfg, run_dir, s, 2, cpu), personalized_model(cfg, run_dir, s, cpu))
+        for s in cfg.data.federation
+    ]
+    pairs.append((snapshot_outfed_model(cfg, run_dir, 2, cpu), averaged_model(cfg, run_dir, cpu)))
+    for kept, final in pairs:
+        final_state = final.state_dict()
+        for key, value in kept.state_dict().items():
+            assert torch.equal(value, final_state[key]), key
+    earlier = snapshot_site_model(cfg, run_dir, "A", 1, cpu).state_dict()
+    assert any(not torch.equal(v, pairs[0][1].state_dict()[k]) for k, v in earlier.items())
 
 
 def test_no_test_split_frame_or_label_is_read_while_rounds_are_selected(held_out_run, monkeypatch):
@@ -267,15 +273,18 @@ def test_the_matrix_diagonal_equals_each_sites_own_result_of_the_same_checkpoint
     held_out_run, tmp_path
 ):
     """The matrix and Site.evaluate (the per-site path of every round) on the same checkpoints.
-    The copied run's classifier head is flattened (weights x 0.02, shaft bias 0.5) so that the
-    2-round models, which predict only background, predict instruments and every site scores a
-    different non-zero Dice."""
+    The 2-round models predict only background, so the copied run's classifier bias is centred
+    (minus site A's mean logits on its first test frame): predictions then follow the features,
+    and every (model, site) pair scores a different non-zero Dice."""
     cfg, _, run_dir, _, _ = held_out_run
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
+    model = personalized_model(cfg, run, "A", resolve_device("cpu"))
+    test_a = open_site_data(cfg, "A", ("test",)).test
+    indicator = build_indicators(cfg).get("A")
+    _, _, _, logits = next(stream_test_clips(model, test_a, indicator, resolve_device("cpu"), 1))
     checkpoint = load_checkpoint(run / SERVER_CHECKPOINT)
-    checkpoint["global_model"]["decoder.head.weight"] *= 0.02
-    checkpoint["global_model"]["decoder.head.bias"][:] = torch.tensor([0.0, 0.5, 0.0, 0.0])
+    checkpoint["global_model"]["decoder.head.bias"] -= logits.mean((1, 2))  # [K]
     torch.save(checkpoint, run / SERVER_CHECKPOINT)
     matrix = cross_site_matrix(run)
     assert matrix["models"] == ["A", "B", "C", "outfed"]
@@ -289,3 +298,5 @@ def test_the_matrix_diagonal_equals_each_sites_own_result_of_the_same_checkpoint
         assert matrix["iou"][i][i] == pytest.approx(summary["iou"], abs=1e-6)
         diagonal.append(summary["dice"])
     assert len(set(diagonal)) == len(diagonal) and min(diagonal) > 0  # not a trivial check
+    for i in range(len(diagonal)):  # models differ: a row swap would change the diagonal
+        assert all(matrix["dice"][j][i] != matrix["dice"][i][i] for j in range(3) if j != i)
