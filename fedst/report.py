@@ -11,8 +11,10 @@ std is smaller than the per-site ones).
 CLI::
 
     python -m fedst.report RUN_DIR [RUN_DIR ...] [--out DIR] [--skip-incomplete] [--no-plots]
-    python -m fedst.report msf RUN_DIR [RUN_DIR ...] [--out DIR]    (fedst/report_selection.py)
+    python -m fedst.report msf RUN_DIR [RUN_DIR ...] [--out DIR]
     python -m fedst.report matrix RUN_DIR [--out DIR]
+
+``msf`` and ``matrix``: fedst/report_selection.py.
 
 A RUN_DIR may also be a Hydra multirun directory: every run directory below it is used.
 """

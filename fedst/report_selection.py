@@ -1,4 +1,4 @@
-"""Reports of model selection and cross-site evaluation: ``python -m fedst.report msf|matrix``.
+"""Reports of model selection and cross-site evaluation: the msf and matrix commands of fedst.report.
 
 ``msf RUN [RUN ...]``: per run, the round each selection rule chooses (fedst/selection.py), whether
 the conventional (``mixed``, GEN-Guard Eq. 6) and client-blocked (``cbe``, Eq. 7) choices differ (a
