@@ -5,6 +5,7 @@ diagonal is the per-site result of the same checkpoints."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ from fedst.config import ConfigError
 from fedst.data.base import DataError
 from fedst.data.generic import GenericLayoutSource
 from fedst.data.procedural import generate
+from fedst.data.sites import DataConfig, SiteSpec
 from fedst.data.splits import CarvedValidationSource, validation_videos, with_validation_split
 from fedst.experiment import resolve_device, site_state_dir
 from fedst.federation.components import build_indicators, open_site_data
@@ -300,3 +302,40 @@ def test_the_matrix_diagonal_equals_each_sites_own_result_of_the_same_checkpoint
     assert len(set(diagonal)) == len(diagonal) and min(diagonal) > 0  # not a trivial check
     for i in range(len(diagonal)):  # models differ: a row swap would change the diagonal
         assert all(matrix["dice"][j][i] != matrix["dice"][i][i] for j in range(3) if j != i)
+
+
+# -- heterogeneity control ----------------------------------------------------------------------
+
+
+def test_the_iid_control_deals_every_pooled_video_once_keeping_each_sites_video_counts(write_site):
+    counts = {"A": {"train": 3, "val": 1, "test": 2}, "B": {"train": 1, "val": 1, "test": 1}}
+    roots = {}
+    for site, sizes in counts.items():
+        ids = {sp: [f"{sp}{i}" for i in range(n)] for sp, n in sizes.items()}
+        videos = {v: 4 for vs in ids.values() for v in vs}
+        roots[site] = write_site(site, videos, splits=ids).root
+    specs = {s: SiteSpec("generic", str(roots[s]), "nephrectomy") for s in counts}
+    natural = DataConfig(sites=specs, federation=("A", "B"), out_of_federation=(), server=None)
+    iid = dataclasses.replace(natural, partition="iid")
+    for split in ("train", "val", "test"):
+        pooled = sorted(f"{s}:{v.video_id}" for s in counts for v in natural.open(s).videos(split))
+        dealt = {s: iid.open(s).videos(split) for s in counts}
+        assert sorted(v.video_id for vs in dealt.values() for v in vs) == pooled
+        assert {s: len(vs) for s, vs in dealt.items()} == {s: counts[s][split] for s in counts}
+        for site, videos in dealt.items():  # pixels and labels come from the owner's files
+            source = iid.open(site)
+            source.videos(split)
+            for video in videos:
+                owner, video_id = video.video_id.split(":")
+                own = {v.video_id: v for v in natural.open(owner).videos(split)}[video_id]
+                assert video.frames == own.frames
+                ref = video.labels[0]
+                assert (source.read_label(ref) == natural.open(owner).read_label(ref)).all()
+    foreign = [
+        v.video_id
+        for s in counts
+        for split in ("train", "val", "test")
+        for v in iid.open(s).videos(split)
+        if not v.video_id.startswith(f"{s}:")
+    ]
+    assert foreign, "the iid control dealt every site its own videos back"

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from fedst.config import ConfigError
-from fedst.data.splits import VAL_SPLIT_SOURCES, with_validation_split
+from fedst.data.splits import (
+    PARTITIONS,
+    VAL_SPLIT_SOURCES,
+    PooledResplitSource,
+    with_validation_split,
+)
 from fedst.data.base import SiteSource
 from fedst.data.registry import open_site
 
@@ -57,6 +62,12 @@ class DataConfig:
     """Whole training videos per site moved to validation when ``val_split`` is train."""
     val_seed: int = 0
     """Seed of which training videos ``val_split=train`` moves (fixed across run seeds)."""
+    partition: str = "natural"
+    """natural (each site its own data, the paper) | iid (heterogeneity control, simulation only:
+    every split's videos of all federated sites pooled and dealt out again, each site getting as
+    many whole videos as it had; fedst/data/splits.py PooledResplitSource)."""
+    partition_seed: int = 0
+    """Seed of the iid re-partition."""
 
     def __post_init__(self) -> None:
         if not self.federation:
@@ -78,6 +89,8 @@ class DataConfig:
             raise ConfigError(f"data config names site(s) {missing} without an entry under 'sites'")
         if self.val_split not in VAL_SPLIT_SOURCES:
             raise ConfigError(f"data.val_split={self.val_split!r}; choose one of {VAL_SPLIT_SOURCES}")
+        if self.partition not in PARTITIONS:
+            raise ConfigError(f"data.partition={self.partition!r}; choose one of {PARTITIONS}")
         if self.val_videos < 1:
             raise ConfigError(f"data.val_videos={self.val_videos}: must be >= 1")
         if self.procedural is not None and not self.root:
@@ -92,4 +105,21 @@ class DataConfig:
         source = open_site(spec.backend, Path(spec.root), name, **spec.options)
         if name == self.server or name in self.out_of_federation:
             return source
+        if self.partition == "iid" and name in self.federation:
+            source = PooledResplitSource(name, self._federated_sources(name, source), self.partition_seed)
         return with_validation_split(source, self.val_split, self.val_videos, self.val_seed)
+
+    def _federated_sources(self, name: str, own: SiteSource) -> dict[str, SiteSource]:
+        """Every federated site's own source (data.partition=iid needs them all in one place)."""
+        sources = {}
+        for site in self.federation:
+            spec = self.sites[site]
+            if site != name and not spec.root:
+                raise ConfigError(
+                    f"data.partition=iid: site {name} cannot read site {site}'s data (no data "
+                    f"root: a deployed site sees only its own); the iid control runs in simulation"
+                )
+            sources[site] = own if site == name else open_site(
+                spec.backend, Path(spec.root), site, **spec.options
+            )
+        return sources

@@ -130,3 +130,75 @@ def validation_dataset(source: SiteSource, mode: str, clip: ClipConfig) -> ClipD
     """The site's validation clips (no augmentation), checked by :func:`validation_videos`."""
     validation_videos(source, mode)
     return ClipDataset(source, "val", clip, None)
+
+
+# -- heterogeneity control: pooled-then-resplit federation (data.partition=iid) ----------------
+
+PARTITIONS = ("natural", "iid")
+
+
+def iid_assignment(
+    sizes: dict[str, int], seed: int, split: str
+) -> dict[str, list[tuple[str, int]]]:
+    """Site -> the (owner site, index in the owner's list) of the videos it gets in ``split``.
+
+    The videos of every site of ``sizes`` (site -> its own number of videos, in federation order)
+    are pooled in that order, permuted by ``numpy.random.default_rng([seed, SPLITS index])`` and
+    dealt out in federation order, each site getting as many videos as it had."""
+    from fedst.data.base import SPLITS
+
+    pool = [(site, i) for site, count in sizes.items() for i in range(count)]
+    order = np.random.default_rng([seed, SPLITS.index(split)]).permutation(len(pool))
+    shuffled = [pool[i] for i in order]
+    assignment, start = {}, 0
+    for site, count in sizes.items():
+        assignment[site] = shuffled[start : start + count]
+        start += count
+    return assignment
+
+
+class PooledResplitSource(SiteSource):
+    """Site ``name`` of an IID control federation: per split, as many whole videos as the site
+    has, drawn from the pooled videos of all ``sources`` (:func:`iid_assignment`). A video keeps
+    its frames and labels and is read through the source it came from; its id becomes
+    ``<owner site>:<video id>``. The site keeps its name and surgery type (its indicator)."""
+
+    def __init__(self, name: str, sources: dict[str, SiteSource], seed: int) -> None:
+        own = sources[name]
+        self.name, self.surgery_type, self.binary = name, own.surgery_type, own.binary
+        mixed = sorted({s.binary for s in sources.values()})
+        if len(mixed) > 1:
+            raise DataError(
+                "data.partition=iid pools the federated sites' videos, but some sites have binary "
+                f"labels and others part labels ({ {n: s.binary for n, s in sources.items()} })"
+            )
+        self.sources, self.seed = sources, seed
+        self._cache: dict[str, list[VideoRecord]] = {}
+        self._owner: dict[object, SiteSource] = {}
+
+    def videos(self, split: str) -> list[VideoRecord]:
+        if split not in self._cache:
+            own = {site: source.videos(split) for site, source in self.sources.items()}
+            picks = iid_assignment({s: len(v) for s, v in own.items()}, self.seed, split)[self.name]
+            records = []
+            for owner, index in picks:
+                video = own[owner][index]
+                records.append(
+                    VideoRecord(f"{owner}:{video.video_id}", video.times, video.frames, video.labels)
+                )
+                for ref in [*video.frames, *video.labels.values()]:
+                    self._owner[ref] = self.sources[owner]
+            self._cache[split] = records
+            log.info(
+                "site %s split %s (iid control): videos %s",
+                self.name,
+                split,
+                [r.video_id for r in records],
+            )
+        return self._cache[split]
+
+    def read_frame(self, ref: FrameRef) -> np.ndarray:
+        return self._owner[ref].read_frame(ref)
+
+    def read_label(self, ref: LabelRef) -> np.ndarray:
+        return self._owner[ref].read_label(ref)
