@@ -75,6 +75,9 @@ def prepare_run(
     record = prepare_data(cfg, progress, regenerate)
     if record is not None:
         atomic_write_text(json.dumps(record, indent=2, sort_keys=True), run_dir / "benchmark.json")
+    iid = cfg.data.build_iid()  # data.partition=iid: the pooled-then-resplit control, once
+    if iid is not None:
+        atomic_write_text(json.dumps(iid, indent=1, sort_keys=True), run_dir / "iid_partition.json")
     validate_data(cfg)
 
 

@@ -307,7 +307,9 @@ def test_the_matrix_diagonal_equals_each_sites_own_result_of_the_same_checkpoint
 # -- heterogeneity control ----------------------------------------------------------------------
 
 
-def test_the_iid_control_deals_every_pooled_video_once_keeping_each_sites_video_counts(write_site):
+def test_the_iid_control_deals_every_pooled_video_once_keeping_each_sites_video_counts(
+    write_site,
+):
     counts = {"A": {"train": 3, "val": 1, "test": 2}, "B": {"train": 1, "val": 1, "test": 1}}
     roots = {}
     for site, sizes in counts.items():
@@ -317,25 +319,27 @@ def test_the_iid_control_deals_every_pooled_video_once_keeping_each_sites_video_
     specs = {s: SiteSpec("generic", str(roots[s]), "nephrectomy") for s in counts}
     natural = DataConfig(sites=specs, federation=("A", "B"), out_of_federation=(), server=None)
     iid = dataclasses.replace(natural, partition="iid")
+    with pytest.raises(ConfigError, match="iid_s0/A is missing"):
+        iid.open("A")  # a site cannot build it alone (deployment)
+    iid.build_iid()
+    assert iid.build_iid() is not None  # idempotent
+    foreign = []
     for split in ("train", "val", "test"):
-        pooled = sorted(f"{s}:{v.video_id}" for s in counts for v in natural.open(s).videos(split))
+        pooled = sorted(f"{s}__{v.video_id}" for s in counts for v in natural.open(s).videos(split))
         dealt = {s: iid.open(s).videos(split) for s in counts}
         assert sorted(v.video_id for vs in dealt.values() for v in vs) == pooled
         assert {s: len(vs) for s, vs in dealt.items()} == {s: counts[s][split] for s in counts}
-        for site, videos in dealt.items():  # pixels and labels come from the owner's files
+        for site, videos in dealt.items():  # the same frames and labels as the owner's video
             source = iid.open(site)
-            source.videos(split)
             for video in videos:
-                owner, video_id = video.video_id.split(":")
+                owner, video_id = video.video_id.split("__")
+                foreign += [video.video_id] if owner != site else []
                 own = {v.video_id: v for v in natural.open(owner).videos(split)}[video_id]
-                assert video.frames == own.frames
-                ref = video.labels[0]
-                assert (source.read_label(ref) == natural.open(owner).read_label(ref)).all()
-    foreign = [
-        v.video_id
-        for s in counts
-        for split in ("train", "val", "test")
-        for v in iid.open(s).videos(split)
-        if not v.video_id.startswith(f"{s}:")
-    ]
+                assert [f.path.resolve() for f in video.frames] == [
+                    f.path.resolve() for f in own.frames
+                ]
+                assert (
+                    source.read_label(video.labels[0])
+                    == natural.open(owner).read_label(own.labels[0])
+                ).all()
     assert foreign, "the iid control dealt every site its own videos back"

@@ -20,7 +20,8 @@ from fedst.config import ConfigError
 from fedst.data.splits import (
     PARTITIONS,
     VAL_SPLIT_SOURCES,
-    PooledResplitSource,
+    iid_site_root,
+    materialize_iid,
     with_validation_split,
 )
 from fedst.data.base import SiteSource
@@ -65,7 +66,8 @@ class DataConfig:
     partition: str = "natural"
     """natural (each site its own data, the paper) | iid (heterogeneity control, simulation only:
     every split's videos of all federated sites pooled and dealt out again, each site getting as
-    many whole videos as it had; fedst/data/splits.py PooledResplitSource)."""
+    many whole videos as it had, linked into ``<site root>/iid_s<seed>/<site>`` before training;
+    fedst/data/splits.py materialize_iid)."""
     partition_seed: int = 0
     """Seed of the iid re-partition."""
 
@@ -106,20 +108,24 @@ class DataConfig:
         if name == self.server or name in self.out_of_federation:
             return source
         if self.partition == "iid" and name in self.federation:
-            source = PooledResplitSource(name, self._federated_sources(name, source), self.partition_seed)
+            iid_root = iid_site_root(spec.root, self.partition_seed)
+            if not (iid_root / name).is_dir():
+                raise ConfigError(
+                    f"data.partition=iid: {iid_root / name} is missing; the iid control is built "
+                    f"from every federated site's data before training (simulation: train_fed.py "
+                    f"builds it), so it cannot start at a deployed site"
+                )
+            source = open_site("generic", iid_root, name)
         return with_validation_split(source, self.val_split, self.val_videos, self.val_seed)
 
-    def _federated_sources(self, name: str, own: SiteSource) -> dict[str, SiteSource]:
-        """Every federated site's own source (data.partition=iid needs them all in one place)."""
+    def build_iid(self) -> dict[str, dict[str, list[str]]] | None:
+        """Write the iid control's sites (data.partition=iid; fedst/data/splits.py
+        materialize_iid) from every federated site's own data; None when the partition is natural."""
+        if self.partition != "iid":
+            return None
         sources = {}
         for site in self.federation:
             spec = self.sites[site]
-            if site != name and not spec.root:
-                raise ConfigError(
-                    f"data.partition=iid: site {name} cannot read site {site}'s data (no data "
-                    f"root: a deployed site sees only its own); the iid control runs in simulation"
-                )
-            sources[site] = own if site == name else open_site(
-                spec.backend, Path(spec.root), site, **spec.options
-            )
-        return sources
+            sources[site] = open_site(spec.backend, Path(spec.root), site, **spec.options)
+        roots = {site: self.sites[site].root for site in self.federation}
+        return materialize_iid(sources, roots, self.partition_seed)

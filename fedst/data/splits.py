@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from pathlib import Path
 
 import numpy as np
 
@@ -157,48 +158,81 @@ def iid_assignment(
     return assignment
 
 
-class PooledResplitSource(SiteSource):
-    """Site ``name`` of an IID control federation: per split, as many whole videos as the site
-    has, drawn from the pooled videos of all ``sources`` (:func:`iid_assignment`). A video keeps
-    its frames and labels and is read through the source it came from; its id becomes
-    ``<owner site>:<video id>``. The site keeps its name and surgery type (its indicator)."""
+IID_FOLDER = "iid_s{seed}"
+"""Folder, under each federated site's data root, holding the iid control's generic-layout site."""
 
-    def __init__(self, name: str, sources: dict[str, SiteSource], seed: int) -> None:
-        own = sources[name]
-        self.name, self.surgery_type, self.binary = name, own.surgery_type, own.binary
-        mixed = sorted({s.binary for s in sources.values()})
-        if len(mixed) > 1:
+
+def iid_site_root(root: str | Path, seed: int) -> Path:
+    """The data root of a site in the iid control: ``<its root>/iid_s<seed>``."""
+    return Path(root) / IID_FOLDER.format(seed=seed)
+
+
+def materialize_iid(
+    sources: dict[str, SiteSource], roots: dict[str, str], seed: int
+) -> dict[str, dict[str, list[str]]]:
+    """Write the iid control of the federated ``sources`` (generic layout only): for each site a
+    folder ``iid_site_root(roots[site], seed) / site`` with its own meta.json, per split as many
+    whole videos as it had, drawn from the pool (:func:`iid_assignment`) and linked (symlinks to
+    the original video folders, named ``<owner>__<video id>``), and its split files. Returns the
+    video ids per site and split. Idempotent: an existing folder with the same split files is
+    kept; a different one is an error (nothing is deleted)."""
+    from fedst.data.generic import GenericLayoutSource
+
+    for site, source in sources.items():
+        if not isinstance(source, GenericLayoutSource):
             raise DataError(
-                "data.partition=iid pools the federated sites' videos, but some sites have binary "
-                f"labels and others part labels ({ {n: s.binary for n, s in sources.items()} })"
+                f"data.partition=iid: site {site} uses backend {type(source).__name__}; the iid "
+                f"control is built for generic-layout sites (the procedural benchmark) only"
             )
-        self.sources, self.seed = sources, seed
-        self._cache: dict[str, list[VideoRecord]] = {}
-        self._owner: dict[object, SiteSource] = {}
+    fps = {site: source.fps for site, source in sources.items()}
+    binary = {site: source.binary for site, source in sources.items()}
+    if len(set(fps.values())) > 1 or len(set(binary.values())) > 1:
+        raise DataError(
+            f"data.partition=iid pools videos across sites, which needs one frame rate and one "
+            f"label kind: fps {fps}, binary {binary}"
+        )
+    from fedst.data.base import SPLITS
 
-    def videos(self, split: str) -> list[VideoRecord]:
-        if split not in self._cache:
-            own = {site: source.videos(split) for site, source in self.sources.items()}
-            picks = iid_assignment({s: len(v) for s, v in own.items()}, self.seed, split)[self.name]
-            records = []
-            for owner, index in picks:
-                video = own[owner][index]
-                records.append(
-                    VideoRecord(f"{owner}:{video.video_id}", video.times, video.frames, video.labels)
+    listing: dict[str, dict[str, list[str]]] = {site: {} for site in sources}
+    links: dict[str, dict[str, Path]] = {site: {} for site in sources}
+    for split in SPLITS:
+        try:
+            own = {site: source.videos(split) for site, source in sources.items()}
+        except DataError:
+            own = {site: [] for site in sources}  # no such split anywhere in the layout
+        picks = iid_assignment({s: len(v) for s, v in own.items()}, seed, split)
+        for site, chosen in picks.items():
+            names = []
+            for owner, index in chosen:
+                video_id = own[owner][index].video_id
+                name = f"{owner}__{video_id}"
+                names.append(name)
+                links[site][name] = sources[owner].site_root / "videos" / video_id
+            listing[site][split] = names
+    for site, source in sources.items():
+        folder = iid_site_root(roots[site], seed) / site
+        splits = folder / "splits"
+        if splits.is_dir():
+            found = {
+                sp: (splits / f"{sp}.txt").read_text().split() for sp in SPLITS
+                if (splits / f"{sp}.txt").exists()
+            }
+            wanted = {sp: ids for sp, ids in listing[site].items() if ids}
+            if found != wanted:
+                raise DataError(
+                    f"{folder} holds another iid control ({found}); expected {wanted}. Remove "
+                    f"the folder to rebuild it"
                 )
-                for ref in [*video.frames, *video.labels.values()]:
-                    self._owner[ref] = self.sources[owner]
-            self._cache[split] = records
-            log.info(
-                "site %s split %s (iid control): videos %s",
-                self.name,
-                split,
-                [r.video_id for r in records],
-            )
-        return self._cache[split]
-
-    def read_frame(self, ref: FrameRef) -> np.ndarray:
-        return self._owner[ref].read_frame(ref)
-
-    def read_label(self, ref: LabelRef) -> np.ndarray:
-        return self._owner[ref].read_label(ref)
+            continue
+        (folder / "videos").mkdir(parents=True, exist_ok=True)
+        for name, target in links[site].items():
+            link = folder / "videos" / name
+            if not link.exists():
+                link.symlink_to(target.resolve(), target_is_directory=True)
+        (folder / "meta.json").write_text((source.site_root / "meta.json").read_text())
+        splits.mkdir()
+        for split, ids in listing[site].items():
+            if ids:
+                (splits / f"{split}.txt").write_text("".join(f"{i}\n" for i in ids))
+        log.info("iid control: site %s written to %s (%s)", site, folder, listing[site])
+    return listing
