@@ -343,3 +343,18 @@ def test_the_iid_control_deals_every_pooled_video_once_keeping_each_sites_video_
                     == natural.open(owner).read_label(own.labels[0])
                 ).all()
     assert foreign, "the iid control dealt every site its own videos back"
+
+
+def test_val_split_train_carves_only_sites_that_train_or_select(write_site):
+    splits = {"train": ["v0", "v1", "v2"], "test": ["t0"]}
+    for site in ("A", "E"):
+        root = write_site(site, dict.fromkeys(["v0", "v1", "v2", "t0"], 3), splits=splits).root
+    specs = {s: SiteSpec("generic", str(root), "nephrectomy") for s in ("A", "E")}
+    data = DataConfig(
+        sites=specs, federation=("A",), out_of_federation=("E",), server=None, val_split="train"
+    )
+    assert {v.video_id for v in data.open("A").videos("val")} == hand_carved(
+        ["v0", "v1", "v2"], "A", 1, 0
+    )
+    assert len(data.open("A").videos("train")) == 2
+    assert [v.video_id for v in data.open("E").videos("train")] == ["v0", "v1", "v2"]
