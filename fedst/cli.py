@@ -83,7 +83,7 @@ def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, dict[str, Any]]:
     return experiment_from_dict(values), runtime
 
 
-RESUME_SAFE_KEYS = ("train.eval_every", "train.device", "train.num_workers")
+RESUME_SAFE_KEYS = ("train.eval_every", "train.val_every", "train.device", "train.num_workers")
 """Experiment keys a resumed run accepts from the command line: they change when and where it
 computes (evaluation cadence, device, loader workers), not what it learns. The runtime keys
 (progress, engine, regenerate) are always accepted; anything else is refused on resume."""

@@ -129,7 +129,11 @@ class TrainConfig:
     eval_every: int = 10
     """Evaluate every site's personalized model on its test split every k rounds (and at the end)."""
     eval_max_frames: int | None = None
-    """Cap on test frames per site per evaluation (None: all)."""
+    """Cap on test (and validation) frames per site per evaluation (None: all)."""
+    val_every: int | None = None
+    """Score every site's personalized model on its validation split every k rounds and at the
+    last round (metrics.jsonl rows with split "val"), keeping what selection needs of those rounds
+    (fedst/selection.py). None: no validation (selection.rule must be last)."""
     num_workers: int = 0
     """DataLoader worker processes per site."""
     device: str = "auto"
@@ -153,6 +157,7 @@ class TrainConfig:
         require_at_least("train.lambda_dice", self.lambda_dice, 0)
         require_at_least("train.eval_every", self.eval_every, 1, "evaluate every k >= 1 rounds")
         require_at_least("train.eval_max_frames", self.eval_max_frames, 1, "or null for all")
+        require_at_least("train.val_every", self.val_every, 1, "or null for no validation")
         require_at_least("train.num_workers", self.num_workers, 0)
         require_positive("train.max_grad_norm", self.max_grad_norm, "or null for no clipping")
 
@@ -231,6 +236,36 @@ class PrivacyConfig:
         require_positive("privacy.clip_norm_lr", self.clip_norm_lr)
 
 
+SELECTION_RULES = ("last", "val", "mixed", "cbe")
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Which round's model a run reports besides the last one (fedst/selection.py; the paper's
+    tables always use the last round)."""
+
+    rule: str = "last"
+    """last | val (per site: its best validation round) | mixed (best pooled validation score of
+    the training sites, GEN-Guard Eq. 6) | cbe (best score of the out-of-federation model on the
+    held-out site's validation split, GEN-Guard Eq. 7)."""
+    held_out_site: str | None = None
+    """A site of data.federation that never trains: it is taken out of data.federation when the
+    config is read, and its validation split scores the out-of-federation model for ``cbe``."""
+    metric: str = "dice"
+    """Validation metric the rules maximise: dice | iou."""
+
+    def __post_init__(self) -> None:
+        if self.rule not in SELECTION_RULES:
+            raise ConfigError(f"selection.rule={self.rule!r}; choose one of {SELECTION_RULES}")
+        if self.metric not in ("dice", "iou"):
+            raise ConfigError(f"selection.metric={self.metric!r}; choose dice or iou")
+        if self.rule == "cbe" and self.held_out_site is None:
+            raise ConfigError(
+                "selection.rule=cbe needs selection.held_out_site=<a site of data.federation> "
+                "(the client-blocked site that never trains)"
+            )
+
+
 @dataclass(frozen=True)
 class IndicatorConfig:
     clip_model: str = DEFAULT_CLIP_MODEL
@@ -258,9 +293,35 @@ class ExperimentConfig:
     indicator: IndicatorConfig = field(default_factory=IndicatorConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
 
     def __post_init__(self) -> None:
         require_at_least("seed", self.seed, 0, "seeds are non-negative integers")
+        if self.selection.rule != "last" and self.train.val_every is None:
+            raise ConfigError(
+                f"selection.rule={self.selection.rule} selects on validation scores: set "
+                f"train.val_every=<k> (score the validation split every k rounds)"
+            )
+        held_out = self.selection.held_out_site
+        if held_out is not None:
+            data = self.data
+            if held_out not in data.sites:
+                raise ConfigError(
+                    f"selection.held_out_site={held_out!r} has no entry under data.sites "
+                    f"({sorted(data.sites)})"
+                )
+            if held_out in data.federation or held_out in data.out_of_federation:
+                raise ConfigError(
+                    f"selection.held_out_site={held_out!r} is also in data.federation or "
+                    f"data.out_of_federation; a held-out site neither trains nor is tested"
+                )
+            if held_out == data.server:
+                raise ConfigError(f"selection.held_out_site={held_out!r} is the server's set")
+            if self.train.val_every is None:
+                raise ConfigError(
+                    "selection.held_out_site needs train.val_every=<k>: the held-out site only "
+                    "scores validation rounds"
+                )
         from fedst.methods import method_of  # the method's own options are checked here, once
 
         method_of(self)
@@ -293,7 +354,20 @@ class ExperimentConfig:
 
 
 def experiment_from_dict(values: dict[str, Any]) -> ExperimentConfig:
-    """Strictly build an :class:`ExperimentConfig` from a plain mapping (e.g. resolved Hydra)."""
+    """Strictly build an :class:`ExperimentConfig` from a plain mapping (e.g. resolved Hydra).
+
+    ``selection.held_out_site`` is taken out of ``data.federation`` here, once (idempotent: a
+    saved config.json already lacks it), so no engine ever starts a node for it.
+    """
+    held_out = (values.get("selection") or {}).get("held_out_site")
+    data = values.get("data")
+    if (
+        held_out is not None
+        and isinstance(data, dict)
+        and held_out in (data.get("federation") or [])
+    ):
+        federation = [s for s in data["federation"] if s != held_out]
+        values = {**values, "data": {**data, "federation": federation}}
     return build(ExperimentConfig, values, "experiment")
 
 
@@ -325,7 +399,7 @@ SITE_VIEW_UNSET = ""
 NODE_LOCAL_FIELDS = ("train.device", "train.num_workers", "indicator.cache_dir")
 """Experiment fields each site sets for itself (node config); the view carries their defaults."""
 
-EVALUATION_FIELDS = ("eval_every", "eval_max_frames")
+EVALUATION_FIELDS = ("eval_every", "eval_max_frames", "val_every")
 """Train fields that change what is measured, not a site's private state (left out of the
 state fingerprint, so a run may be resumed with another evaluation cadence)."""
 
@@ -360,6 +434,8 @@ def state_fingerprint(view: ExperimentConfig) -> str:
     values = json.loads(view.to_json())
     for key in EVALUATION_FIELDS:
         values["train"].pop(key)
+    for key in ("rule", "metric"):  # which round is reported, not what a site learns
+        values["selection"].pop(key)
     return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 

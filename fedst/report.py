@@ -11,6 +11,10 @@ std is smaller than the per-site ones).
 CLI::
 
     python -m fedst.report RUN_DIR [RUN_DIR ...] [--out DIR] [--skip-incomplete] [--no-plots]
+    python -m fedst.report msf RUN_DIR [RUN_DIR ...] [--out DIR]
+    python -m fedst.report matrix RUN_DIR [--out DIR]
+
+``msf`` and ``matrix``: fedst/report_selection.py.
 
 A RUN_DIR may also be a Hydra multirun directory: every run directory below it is used.
 """
@@ -539,7 +543,15 @@ def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """Print the markdown tables of the given runs and write tables (and plots) to ``--out``."""
+    """Print the markdown tables of the given runs and write tables (and plots) to ``--out``;
+    ``msf`` and ``matrix`` as first argument: fedst/report_selection.py."""
+    import sys
+
+    from fedst import report_selection
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in report_selection.SUBCOMMANDS:
+        return report_selection.main(argv)
     parser = argparse.ArgumentParser(
         prog="python -m fedst.report", description=__doc__.split("\n")[0]
     )

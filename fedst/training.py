@@ -35,6 +35,7 @@ from fedst.federation.run_io import atomic_write_text, read_jsonl
 from fedst.federation.site_data import open_site_data
 from fedst.methods import method_of
 from fedst.outfed import averaged_sites, evaluate_out_of_federation, personalized_model
+from fedst.selection import run_selection
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ def prepare_run(
     record = prepare_data(cfg, progress, regenerate)
     if record is not None:
         atomic_write_text(json.dumps(record, indent=2, sort_keys=True), run_dir / "benchmark.json")
+    iid = cfg.data.build_iid()  # data.partition=iid: the pooled-then-resplit control, once
+    if iid is not None:
+        atomic_write_text(json.dumps(iid, indent=1, sort_keys=True), run_dir / "iid_partition.json")
     validate_data(cfg)
 
 
@@ -175,7 +179,9 @@ def finalize_run(
     sites = {
         r["site"]: _scalars(r)
         for r in metrics
-        if r["round"] == last_round and r["model"] == "personal"
+        if r["round"] == last_round
+        and r["model"] == "personal"
+        and r.get("split", "test") == "test"
     }
     outfed = {}
     examples: list[tuple] = []
@@ -215,6 +221,15 @@ def finalize_run(
         "upload_mb_per_round": _mean_mb(comm, "upload_param_bytes"),
         "download_mb_per_round": _mean_mb(steady, "download_param_bytes"),
     }
+    if cfg.train.val_every is not None:  # rounds chosen on validation only, then tested
+        record = run_selection(cfg, run_dir, device, progress=progress)
+        rule = cfg.selection.rule
+        final["selection"] = {
+            "rule": rule,
+            "rounds": record["choices"][rule],
+            "model_selection_failure": record["model_selection_failure"],
+            "test": record["test"][rule],
+        }
     if (run_dir / "benchmark.json").is_file():  # which procedural benchmark the numbers are on
         final["benchmark"] = json.loads((run_dir / "benchmark.json").read_text())
     atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / "final.json")

@@ -170,7 +170,8 @@ def evaluate(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     received = transport.decode(message.content["arrays"], site.cfg.comm.precision)
     with _forget_on_error(site):
-        results = site.evaluate(received, int(config["server-round"]))
+        split = str(config["split"]) if "split" in config else "test"
+        results = site.evaluate(received, int(config["server-round"]), split=split)
     records = {
         metrics_record(scored, site.name): MetricRecord(evaluation_metrics(result.summary))
         for scored, result in results.items()

@@ -33,6 +33,7 @@ from fedst.federation.evaluation import METRICS_RECORD, scored_site
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
+from fedst.federation.snapshots import save_shared_snapshot
 from fedst.metrics import METRIC_NAMES
 from fedst.model.partition import COMPONENTS
 from fedst.outfed import PERSONAL_EXPORT
@@ -345,6 +346,26 @@ def run_federation(
                 for row in _metrics_rows(reply, server_round):
                     runlog.write("metrics", row)
                     last_metrics[row["site"]] = row
+        # -- validation scores of the personalized models (model selection, fedst/selection.py) --
+        if cfg.train.val_every is not None and (
+            server_round % cfg.train.val_every == 0 or server_round == cfg.train.rounds
+        ):
+            shared_params = server.shared_payload() if method.communicates else {}
+            save_shared_snapshot(run_dir, server_round, shared_params)
+            validated = _broadcast(
+                grid,
+                [n for n in nodes if n in sites_of],
+                MessageType.EVALUATE,
+                transport.encode(shared_params, precision),
+                {**config, "split": "val"},
+                server_round,
+                timeout=policy.round_timeout,
+                audit=audit,
+            )
+            _check_sites(validated, sites_of, federation, min_sites, "validate", server_round)
+            for reply in validated.replies:
+                for row in _metrics_rows(reply, server_round, split="val"):
+                    runlog.write("metrics", row)
         server.save(server_round, extra={"last_metrics": last_metrics})
         log.info(  # the one line per round of a non-terminal log (fedst/progress.py)
             "round %d/%d done in %.1f s",
@@ -493,13 +514,13 @@ def _param_bytes(record: ArrayRecord) -> int:
     return int(sum(array.numpy().nbytes for array in record.values()))
 
 
-def _metrics_rows(reply: Message, server_round: int) -> list[dict[str, Any]]:
-    """The metrics.jsonl rows of an evaluate reply: one per test split it scored (its site's own;
+def _metrics_rows(reply: Message, server_round: int, split: str = "test") -> list[dict[str, Any]]:
+    """The metrics.jsonl rows of an evaluate reply: one per split it scored (its site's own;
     the upper bound's pool: every federated site's), each with the scored site as "site"."""
     party = _site_of(reply)
     scored = {name: scored_site(name, party) for name in reply.content.metric_records}
     return [
-        _metrics_row(reply, server_round, record, site)
+        _metrics_row(reply, server_round, record, site, split)
         for record, site in scored.items()
         if site is not None
     ]
@@ -510,11 +531,12 @@ def _metrics_row(
     server_round: int,
     record: str = METRICS_RECORD,
     site: str | None = None,
+    split: str = "test",
 ) -> dict[str, Any]:
-    """One metrics.jsonl row from an evaluate reply's ``record`` (scores of ``site``'s test split,
-    default: the replying site's own), in the layout of SegmentationMeter.summary(): a metric the
-    reply leaves out (not scored: the class was absent from ground truth and prediction in every
-    evaluated frame) is ``None`` (JSON null), never a number."""
+    """One metrics.jsonl row from an evaluate reply's ``record`` (scores of ``site``'s ``split``,
+    default: the replying site's own test split), in the layout of SegmentationMeter.summary(): a
+    metric the reply leaves out (not scored: the class was absent from ground truth and prediction
+    in every evaluated frame) is ``None`` (JSON null), never a number."""
     metrics = dict(reply.content[record])
     per_class: dict[str, dict[str, float | int | None]] = {}
     for key in [k for k in metrics if "/" in k]:
@@ -526,7 +548,7 @@ def _metrics_row(
     return {
         "round": server_round,
         "site": site or _site_of(reply),
-        "split": "test",
+        "split": split,
         "model": "personal",
         "num_frames": int(metrics.pop("num-examples")),
         **{m: float(metrics[m]) if m in metrics else None for m in METRIC_NAMES},

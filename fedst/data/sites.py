@@ -17,6 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from fedst.config import ConfigError
+from fedst.data.splits import (
+    PARTITIONS,
+    VAL_SPLIT_SOURCES,
+    iid_site_root,
+    materialize_iid,
+    with_validation_split,
+)
 from fedst.data.base import SiteSource
 from fedst.data.registry import open_site
 
@@ -48,6 +55,21 @@ class DataConfig:
     procedural: str | None = None
     """Preset of the embedded procedural benchmark held in ``root`` (tiny | demo | full); training
     generates it there when missing. None for real data, which is never generated."""
+    val_split: str = "dataset"
+    """Where the training sites' validation videos come from (model selection, fedst/selection.py):
+    dataset (the dataset's own val split) | train (``val_videos`` whole training videos, seeded by
+    ``val_seed``, leave training). Rule and per-backend availability: fedst/data/splits.py."""
+    val_videos: int = 1
+    """Whole training videos per site moved to validation when ``val_split`` is train."""
+    val_seed: int = 0
+    """Seed of which training videos ``val_split=train`` moves (fixed across run seeds)."""
+    partition: str = "natural"
+    """natural (each site its own data, the paper) | iid (heterogeneity control, simulation only:
+    every split's videos of all federated sites pooled and dealt out again, each site getting as
+    many whole videos as it had, linked into ``<site root>/iid_s<seed>/<site>`` before training;
+    fedst/data/splits.py materialize_iid)."""
+    partition_seed: int = 0
+    """Seed of the iid re-partition."""
 
     def __post_init__(self) -> None:
         if not self.federation:
@@ -67,12 +89,43 @@ class DataConfig:
         missing = [s for s in named if s not in self.sites]
         if missing:
             raise ConfigError(f"data config names site(s) {missing} without an entry under 'sites'")
+        if self.val_split not in VAL_SPLIT_SOURCES:
+            raise ConfigError(f"data.val_split={self.val_split!r}; choose one of {VAL_SPLIT_SOURCES}")
+        if self.partition not in PARTITIONS:
+            raise ConfigError(f"data.partition={self.partition!r}; choose one of {PARTITIONS}")
+        if self.val_videos < 1:
+            raise ConfigError(f"data.val_videos={self.val_videos}: must be >= 1")
         if self.procedural is not None and not self.root:
             raise ConfigError(
                 "data.procedural is set but data.root is not: say where to generate it"
             )
 
     def open(self, name: str) -> SiteSource:
-        """The SiteSource of site ``name``."""
+        """The SiteSource of site ``name``; a site that trains or selects (neither the server's set
+        nor out of federation) with its validation split of ``val_split`` (fedst/data/splits.py)."""
         spec = self.sites[name]
-        return open_site(spec.backend, Path(spec.root), name, **spec.options)
+        source = open_site(spec.backend, Path(spec.root), name, **spec.options)
+        if name == self.server or name in self.out_of_federation:
+            return source
+        if self.partition == "iid" and name in self.federation:
+            iid_root = iid_site_root(spec.root, self.partition_seed)
+            if not (iid_root / name).is_dir():
+                raise ConfigError(
+                    f"data.partition=iid: {iid_root / name} is missing; the iid control is built "
+                    f"from every federated site's data before training (simulation: train_fed.py "
+                    f"builds it), so it cannot start at a deployed site"
+                )
+            source = open_site("generic", iid_root, name)
+        return with_validation_split(source, self.val_split, self.val_videos, self.val_seed)
+
+    def build_iid(self) -> dict[str, dict[str, list[str]]] | None:
+        """Write the iid control's sites (data.partition=iid; fedst/data/splits.py
+        materialize_iid) from every federated site's own data; None when the partition is natural."""
+        if self.partition != "iid":
+            return None
+        sources = {}
+        for site in self.federation:
+            spec = self.sites[site]
+            sources[site] = open_site(spec.backend, Path(spec.root), site, **spec.options)
+        roots = {site: self.sites[site].root for site in self.federation}
+        return materialize_iid(sources, roots, self.partition_seed)

@@ -179,6 +179,8 @@ class RunLog:
             raise _write_error(err, path) from err
         if self._writer is not None and "round" in row:
             tag = "/".join(str(row[k]) for k in ("site", "model") if k in row)
+            if row.get("split", "test") != "test":  # validation scores: their own curves
+                tag += f"/{row['split']}"
             for key, value in row.items():
                 if (
                     key != "round"

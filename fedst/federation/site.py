@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from fedst.config import ConfigError, to_dict
-from fedst.data.clips import BatchStream
+from fedst.data.clips import BatchStream, ClipDataset
+from fedst.data.splits import validation_dataset
 from fedst.experiment import ExperimentConfig, site_view, state_fingerprint
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
 from fedst.federation.run_io import (
@@ -32,6 +33,7 @@ from fedst.federation.run_io import (
     remove_stale_tmp,
 )
 from fedst.federation.site_data import open_party_data
+from fedst.federation.snapshots import save_personal_snapshot
 from fedst.methods import LocalPhase, method_of
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
@@ -144,6 +146,7 @@ class Site:
             num_workers=cfg.train.num_workers,
         )
         self.completed_round = 0
+        self._validation: dict[str, ClipDataset] | None = None
         remove_stale_tmp(state_dir)  # left by a site killed while saving
         self.fingerprint = claim_state_dir(state_dir, name, cfg)
 
@@ -227,24 +230,55 @@ class Site:
         return losses
 
     def evaluate(
-        self, received: dict[str, torch.Tensor], server_round: int, keep_examples: int = 0
+        self,
+        received: dict[str, torch.Tensor],
+        server_round: int,
+        keep_examples: int = 0,
+        split: str = "test",
     ) -> dict[str, EvaluationResult]:
         """Score v_k = gamma_g U rho_k on the test split of every site the method scores it on
-        (Method.scored_sites: the site's own), each prompted as that site; by scored site."""
+        (Method.scored_sites: the site's own), each prompted as that site; by scored site. With
+        ``split="val"`` on their validation splits, and the rho_k scored is kept for selection
+        (fedst/federation/snapshots.py)."""
         self.restore(server_round)
         load_subset(self.model, received)
+        if split == "val":
+            datasets = self.validation_data()
+            save_personal_snapshot(
+                self.state_dir,
+                server_round,
+                self.name,
+                self.personal_state(),
+                self.num_examples,
+            )
+        elif split == "test":
+            datasets = self.data.tests
+        else:
+            raise ValueError(f"site {self.name}: unknown evaluation split {split!r} (test | val)")
         return {
             site: evaluate_model(
                 self.model,
-                test,
+                dataset,
                 self.indicators.get(site),
                 self.device,
                 max_frames=self.cfg.train.eval_max_frames,
                 keep_examples=keep_examples,
                 progress=self.progress,
             )
-            for site, test in self.data.tests.items()
+            for site, dataset in datasets.items()
         }
+
+    def validation_data(self) -> dict[str, ClipDataset]:
+        """The validation clips of every site this model is scored on (data.val_split,
+        fedst/data/splits.py), opened once."""
+        if self._validation is None:
+            self._validation = {
+                site: validation_dataset(
+                    self.cfg.data.open(site), self.cfg.data.val_split, self.cfg.clip_config()
+                )
+                for site in self.method.scored_sites(self.name)
+            }
+        return self._validation
 
     def personal_state(self) -> dict[str, torch.Tensor]:
         """rho_k as CPU tensors (sent once, at the end, only when the site allows it)."""

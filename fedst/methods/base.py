@@ -170,11 +170,13 @@ class Method:
         )
 
     def site_order(self) -> list[str]:
-        """Fixed site order for one-hot / Gaussian indicators: federation, out-of-fed, server."""
-        data = self.cfg.data
+        """Fixed site order for one-hot / Gaussian indicators: federation, out-of-fed, the CBE
+        held-out site (selection.held_out_site), server."""
+        data, held_out = self.cfg.data, self.cfg.selection.held_out_site
         return [
             *data.federation,
             *data.out_of_federation,
+            *([held_out] if held_out else []),
             *([data.server] if data.server else []),
         ]
 

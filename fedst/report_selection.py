@@ -1,0 +1,356 @@
+"""Reports of model selection and cross-site evaluation: the msf and matrix commands of fedst.report.
+
+``msf RUN [RUN ...]``: per run, the round each selection rule chooses (fedst/selection.py), whether
+the conventional (``mixed``, GEN-Guard Eq. 6) and client-blocked (``cbe``, Eq. 7) choices differ (a
+model-selection failure, MSF), and each choice's test scores in federation (mean Dice of the
+training sites' personalized models) and out of federation (the averaged model on each
+``data.out_of_federation`` site), with the gap in - out. The test scores are those of
+``selection/selection.json``: measured after the rounds were chosen on validation (computed here
+when a run lacks the file). Also, per run, ``msf_<run>.png``: validation (solid) and test (dashed,
+logged during training every ``train.eval_every`` rounds) Dice per site, with the chosen rounds
+marked.
+
+``matrix RUN``: every training site's personalized model v_k and the out-of-federation model of the
+run's last round, each on every site's test split (rows: models; columns: test sites; diagonal:
+in-distribution, off-diagonal: cross-distribution, UltraFlwr). A personalized model is run as
+deployed, with its own site indicator; the out-of-federation model with the test site's own
+(fedst/outfed.py). Markdown table (``matrix.md``), CSV and heat map (``matrix.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedst.federation.run_io import read_jsonl
+from fedst.selection import OUTFED_MODEL, SELECTION_FILE, validation_rows
+
+log = logging.getLogger(__name__)
+
+SUBCOMMANDS = ("msf", "matrix")
+RULE_ORDER = ("last", "val", "mixed", "cbe")
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def load_selection(run_dir: Path, progress: bool = False) -> dict[str, Any]:
+    """``selection/selection.json`` of a run (computed now when absent: rounds on validation,
+    then test scores of the choices)."""
+    path = run_dir / SELECTION_FILE
+    if not path.exists():
+        from fedst.experiment import resolve_device
+        from fedst.selection import run_selection
+        from fedst.training import load_config
+
+        cfg = load_config(run_dir)
+        run_selection(cfg, run_dir, resolve_device(cfg.train.device), progress=progress)
+    return json.loads(path.read_text())
+
+
+def msf_rows(run_dir: Path, record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per rule: chosen rounds, in-/out-of-federation test Dice and their gap."""
+    rows = []
+    for rule in [r for r in RULE_ORDER if r in record["choices"]]:
+        choice, test = record["choices"][rule], record["test"][rule]
+        in_fed = _mean([v["dice"] for v in test["in_federation"].values()])
+        out_sites = {s: v["dice"] for s, v in test["out_of_federation"].items()}
+        out_fed = _mean(list(out_sites.values())) if out_sites else None
+        rows.append(
+            {
+                "run": run_dir.name,
+                "rule": rule,
+                "site_rounds": choice["sites"],
+                "outfed_round": choice["outfed"],
+                "in_fed_dice": in_fed,
+                "out_fed_dice": out_sites,
+                "out_fed_mean": out_fed,
+                "gap": None if in_fed is None or out_fed is None else in_fed - out_fed,
+            }
+        )
+    return rows
+
+
+def msf_markdown(runs: Mapping[Path, Mapping[str, Any]]) -> str:
+    """The MSF table of every run (markdown)."""
+    out_sites = sorted(
+        {s for r in runs.values() for t in r["test"].values() for s in t["out_of_federation"]}
+    )
+    header = ["run", "rule", "rounds (site: round)", "out-fed round", "in-fed Dice"]
+    header += [f"{s} Dice" for s in out_sites] + ["out-fed mean", "gap (in - out)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    notes = []
+    for run_dir, record in runs.items():
+        for row in msf_rows(run_dir, record):
+            rounds = ", ".join(f"{s}: {r}" for s, r in row["site_rounds"].items())
+            cells = [row["run"], row["rule"], rounds, str(row["outfed_round"] or "n/a")]
+            cells += [_fmt(row["in_fed_dice"])]
+            cells += [_fmt(row["out_fed_dice"].get(s)) for s in out_sites]
+            cells += [_fmt(row["out_fed_mean"]), _fmt(row["gap"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        msf = record["model_selection_failure"]
+        choices = record["choices"]
+        if msf is None:
+            notes.append(
+                f"- {run_dir.name}: no held-out site (selection.held_out_site), no MSF test"
+            )
+            continue
+        mixed, cbe = choices["mixed"]["outfed"], choices["cbe"]["outfed"]
+        delta = (
+            _mean([v["dice"] for v in record["test"]["cbe"]["out_of_federation"].values()]),
+            _mean([v["dice"] for v in record["test"]["mixed"]["out_of_federation"].values()]),
+        )
+        diff = None if None in delta else delta[0] - delta[1]
+        notes.append(
+            f"- {run_dir.name}: conventional (mixed, Eq. 6) round {mixed}, client-blocked (cbe, "
+            f"Eq. 7, held-out site {record['held_out_site']}) round {cbe}: "
+            f"{'MSF' if msf else 'no MSF'}; out-fed mean Dice cbe - mixed = {_fmt(diff)}"
+        )
+    failures = [r["model_selection_failure"] for r in runs.values()]
+    tested = [f for f in failures if f is not None]
+    summary = (
+        f"MSF in {sum(tested)} of {len(tested)} run(s) with a held-out site." if tested else ""
+    )
+    metric = {r["metric"] for r in runs.values()}
+    return "\n".join(
+        [
+            f"Selection on validation ({', '.join(sorted(metric))}); test Dice (%) of each choice, "
+            "measured after selection.",
+            "",
+            *lines,
+            "",
+            *notes,
+            summary,
+        ]
+    )
+
+
+def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
+    """Validation (solid) and test (dashed) Dice per site against the round, chosen rounds marked."""
+    from fedst.plots import _figure, _save
+
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    val = validation_rows(run_dir)
+    tests = [r for r in metrics if r.get("split", "test") == "test" and r["model"] == "personal"]
+    choices = record["choices"]
+    panels = list(choices["last"]["sites"])
+    held_out = record.get("held_out_site")
+    if held_out:
+        panels.append(held_out)
+    fig, axes = _figure(1, len(panels), figsize=(3.2 * len(panels), 3.0), sharey=True)
+    styles = {"last": ("grey", ":"), "mixed": ("tab:blue", "--"), "cbe": ("tab:red", "-.")}
+    for ax, site in zip(axes[0], panels, strict=True):
+        model = OUTFED_MODEL if site == held_out else "personal"
+        for rows, style, label in ((val, "-o", "val"), (tests, "--s", "test")):
+            points = sorted(
+                (r["round"], r["dice"])
+                for r in rows
+                if r["site"] == site
+                and r.get("model", "personal") == model
+                and r["dice"] is not None
+            )
+            if points:
+                ax.plot(*zip(*points, strict=True), style, ms=3, label=label)
+        for rule, (colour, line) in styles.items():
+            if rule in choices:
+                chosen = choices[rule]["sites"].get(site, choices[rule]["outfed"])
+                if chosen is not None:
+                    ax.axvline(chosen, color=colour, ls=line, lw=1, label=f"{rule}: {chosen}")
+        if site in choices["val"]["sites"]:
+            ax.axvline(
+                choices["val"]["sites"][site],
+                color="tab:green",
+                lw=1,
+                alpha=0.6,
+                label=f"val: {choices['val']['sites'][site]}",
+            )
+        title = f"{site} (held out, out-fed model)" if site == held_out else site
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("round")
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("Dice (%)")
+    fig.suptitle(f"{run_dir.name}: validation and test curves, selected rounds", fontsize=9)
+    return _save(fig, out_png)
+
+
+def msf_report(run_dirs: Sequence[Path], out: Path, progress: bool = False) -> list[Path]:
+    runs = {run_dir: load_selection(run_dir, progress) for run_dir in run_dirs}
+    out.mkdir(parents=True, exist_ok=True)
+    text = msf_markdown(runs)
+    (out / "msf.md").write_text(text + "\n")
+    written = [out / "msf.md"]
+    with open(out / "msf.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            [
+                "run",
+                "rule",
+                "site_rounds",
+                "outfed_round",
+                "in_fed_dice",
+                "out_fed_dice",
+                "out_fed_mean",
+                "gap",
+            ]
+        )
+        for run_dir, record in runs.items():
+            for row in msf_rows(run_dir, record):
+                writer.writerow(
+                    [
+                        row["run"],
+                        row["rule"],
+                        json.dumps(row["site_rounds"]),
+                        row["outfed_round"],
+                        row["in_fed_dice"],
+                        json.dumps(row["out_fed_dice"]),
+                        row["out_fed_mean"],
+                        row["gap"],
+                    ]
+                )
+    written.append(out / "msf.csv")
+    for run_dir, record in runs.items():
+        written.append(plot_msf(run_dir, record, out / f"msf_{run_dir.name}.png"))
+    print(text)
+    return written
+
+
+# -- the cross-site matrix ---------------------------------------------------------------------
+
+
+def cross_site_matrix(run_dir: Path, progress: bool = False) -> dict[str, Any]:
+    """{"models": [...], "sites": [...], "dice": [[...]], "iou": [[...]]}: each model of the run's
+    last round on each site's test split (rows: models, columns: test sites)."""
+    from fedst.experiment import resolve_device
+    from fedst.federation.evaluation import evaluate_model
+    from fedst.federation.site_data import open_site_data
+    from fedst.methods import method_of
+    from fedst.outfed import averaged_model, personalized_model
+    from fedst.training import load_config
+
+    cfg = load_config(run_dir)
+    device = resolve_device(cfg.train.device)
+    indicators = method_of(cfg).indicators()
+    sites = [*cfg.data.federation, *cfg.data.out_of_federation]
+    tests = {s: open_site_data(cfg, s, ("test",)).test for s in sites}
+    models = {s: (personalized_model(cfg, run_dir, s, device), s) for s in cfg.data.federation}
+    if cfg.data.out_of_federation:
+        models[OUTFED_MODEL] = (averaged_model(cfg, run_dir, device), None)
+    dice, iou = [], []
+    for name, (model, own_site) in models.items():
+        row_d, row_i = [], []
+        for site in sites:
+            indicator = indicators.get(own_site if own_site is not None else site)
+            summary = evaluate_model(
+                model,
+                tests[site],
+                indicator,
+                device,
+                max_frames=cfg.train.eval_max_frames,
+                progress=progress,
+            ).summary
+            row_d.append(summary["dice"])
+            row_i.append(summary["iou"])
+            log.info("matrix: model %s on %s test: Dice %s", name, site, _fmt(summary["dice"]))
+        dice.append(row_d)
+        iou.append(row_i)
+    return {"models": list(models), "sites": sites, "dice": dice, "iou": iou}
+
+
+def matrix_markdown(matrix: Mapping[str, Any], metric: str = "dice") -> str:
+    sites = matrix["sites"]
+    lines = [
+        f"{metric} (%) on each site's test split; rows: models (v_k of a training site, "
+        f"'{OUTFED_MODEL}': the out-of-federation model); diagonal: in-distribution.",
+        "",
+        "| model \\ test site | " + " | ".join(sites) + " |",
+        "|" + "---|" * (len(sites) + 1),
+    ]
+    for name, values in zip(matrix["models"], matrix[metric], strict=True):
+        cells = [
+            f"**{_fmt(v)}**" if name == s else _fmt(v) for s, v in zip(sites, values, strict=True)
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_matrix(matrix: Mapping[str, Any], out_png: Path, metric: str = "dice") -> Path:
+    from fedst.plots import _figure, _save
+
+    values = np.array(
+        [[np.nan if v is None else v for v in row] for row in matrix[metric]], dtype=float
+    )
+    fig, axes = _figure(
+        1, 1, figsize=(1.0 + 0.9 * len(matrix["sites"]), 1.0 + 0.6 * len(matrix["models"]))
+    )
+    ax = axes[0][0]
+    image = ax.imshow(values, cmap="viridis", vmin=0, vmax=100)
+    ax.set_xticks(range(len(matrix["sites"])), matrix["sites"])
+    ax.set_yticks(range(len(matrix["models"])), matrix["models"])
+    ax.set_xlabel("test site")
+    ax.set_ylabel("model")
+    for i, row in enumerate(values):
+        for j, value in enumerate(row):
+            ax.text(
+                j,
+                i,
+                "n/a" if np.isnan(value) else f"{value:.1f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if np.isnan(value) or value < 50 else "black",
+            )
+    fig.colorbar(image, ax=ax, label=f"{metric} (%)")
+    return _save(fig, out_png)
+
+
+def matrix_report(run_dir: Path, out: Path, progress: bool = False) -> list[Path]:
+    matrix = cross_site_matrix(run_dir, progress)
+    out.mkdir(parents=True, exist_ok=True)
+    text = matrix_markdown(matrix)
+    (out / "matrix.md").write_text(text + "\n\n" + matrix_markdown(matrix, "iou") + "\n")
+    (out / "matrix.json").write_text(json.dumps(matrix, indent=1))
+    with open(out / "matrix.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["model", *matrix["sites"]])
+        for name, row in zip(matrix["models"], matrix["dice"], strict=True):
+            writer.writerow([name, *row])
+    written = [out / "matrix.md", out / "matrix.json", out / "matrix.csv"]
+    written.append(plot_matrix(matrix, out / "matrix.png"))
+    print(text)
+    return written
+
+
+def main(argv: Sequence[str]) -> list[Path]:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedst.report", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    msf = sub.add_parser("msf", help="rounds chosen by each selection rule, MSF, test scores")
+    msf.add_argument("run_dirs", nargs="+", type=Path)
+    msf.add_argument("--out", type=Path, help="output folder (default: <first RUN>/report)")
+    matrix = sub.add_parser("matrix", help="every model on every site's test split")
+    matrix.add_argument("run_dir", type=Path)
+    matrix.add_argument("--out", type=Path, help="output folder (default: <RUN>/report)")
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "msf":
+        out = args.out or args.run_dirs[0] / "report"
+        written = msf_report(args.run_dirs, out)
+    else:
+        written = matrix_report(args.run_dir, args.out or args.run_dir / "report")
+    for path in written:
+        print(f"wrote {path}")
+    return written
