@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
-from fedst.methods.base import LocalPhase, Method
+from fedst.methods.base import PERSONAL_KEY_SEPARATOR, FinalStage, LocalPhase, Method
+from fedst.methods.feddp import FedDP
 
 METHODS: dict[str, type[Method]] = {
     "partial": Method,  # FedST, its ablations, FedAvg, Local (fedst/methods/base.py)
+    "feddp": FedDP,  # fedst/methods/feddp.py
 }
 
 
@@ -26,4 +28,4 @@ def method_of(cfg: ExperimentConfig) -> Method:
     return kind(cfg)
 
 
-__all__ = ["METHODS", "LocalPhase", "Method", "method_of"]
+__all__ = ["METHODS", "PERSONAL_KEY_SEPARATOR", "FinalStage", "LocalPhase", "Method", "method_of"]
