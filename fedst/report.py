@@ -447,7 +447,6 @@ def comm_table(runs: Sequence[dict]) -> Table:
         Column("upload_mb_per_round", "Upload (MB / round)"),
         Column("download_mb_per_round", "Download (MB / round)"),
         Column("rounds", "Rounds", digits=0),
-        Column("final_stage_mb", "Final-stage download (MB / site, once)"),
     ]
     values = [
         lambda r: r["final"].get("upload_mb_per_round"),
@@ -457,7 +456,6 @@ def comm_table(runs: Sequence[dict]) -> Table:
             if r["comm"]
             else None
         ),
-        lambda r: r["final"].get("final_stage", {}).get("download_mb_per_site"),
     ]
     return _build("comm", f"Communication (Table IX layout), {_std_note()}", runs, columns, values)
 

@@ -82,6 +82,18 @@ class FedDP(Method):
                 f"method.channel_selection=true and method.prompt=true (got "
                 f"{cfg.method.channel_selection}, {cfg.method.prompt})"
             )
+        defaults = NetworkConfig()
+        if cfg.network.channel_selection_kind not in (defaults.channel_selection_kind, "feddp"):
+            raise ConfigError(
+                f"network.channel_selection_kind={cfg.network.channel_selection_kind!r}: method "
+                f"{cfg.method.name} always builds FedDP's channel selection; drop the override"
+            )
+        if cfg.network.cs_stages not in (defaults.cs_stages, self.options.channel_selection_stages):
+            raise ConfigError(
+                f"network.cs_stages={list(cfg.network.cs_stages)}: method {cfg.method.name} takes "
+                f"its channel-selection stages from method.options.channel_selection_stages "
+                f"({list(self.options.channel_selection_stages)}); set that instead"
+            )
 
     def network_config(self) -> NetworkConfig:
         """The single-frame network with FedDP's channel selection at its stages."""

@@ -78,7 +78,8 @@ class NetworkConfig:
     # Table IV "CS": textual-guided channel selection (Eq. 7-8); requires prompt.
     channel_selection: bool = True
     # Which channel-selection network: "fedst" (Eq. 7-8, ChannelSelection) | "feddp" (the FedDP
-    # baseline's SiteChannelSelection: average and max pooling, embedded site vector).
+    # baseline's SiteChannelSelection: average and max pooling, embedded site vector). The FedDP
+    # method sets "feddp" itself, and its stages from method.options.channel_selection_stages.
     channel_selection_kind: str = "fedst"
     # 0-based encoder stages whose features get CS / the prompt bias. Default: the temporal
     # stage, since Eq. 7-8 act on the temporal module's output F*.
