@@ -22,7 +22,9 @@ from torch import nn
 
 from fedst import training
 from fedst.app import server_app
+from fedst.config import ConfigError
 from fedst.experiment import RoundPolicy
+from fedst.federation.site import Site
 from fedst.methods import method_of
 from fedst.methods.feddp import (
     ensemble_probabilities,
@@ -139,6 +141,22 @@ def test_feddp_keeps_encoder_queries_and_its_channel_selection_private_and_share
     assert set(partition.shared) == set(floats) - queries - selection
 
 
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("network.cs_stages=[2]", "method.options.channel_selection_stages"),
+        ("method.channel_selection=false", "method.channel_selection=true"),
+    ],
+)
+def test_feddp_refuses_network_settings_it_would_not_build(
+    tiny_root,  # noqa: F811 (fixture)
+    override,
+    named,
+):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        experiment(tiny_root, "method=feddp", override)
+
+
 # -- stage 2 over the wire: a one-round run where site D does not share -------------------------
 
 
@@ -246,3 +264,32 @@ def test_a_site_refuses_to_exchange_personal_parameters_for_a_method_without_the
     reply = reply_of_one_site(cfg, tmp_path, "query.personal_exchange", **{"server-round": 0})
     assert reply.has_error()
     assert "refusing query.personal_exchange" in reply.error.reason
+
+
+def test_a_run_interrupted_in_stage_two_resumes_into_it_and_finishes_once(
+    tiny_root,  # noqa: F811 (fixture)
+    tmp_path,
+):
+    cfg = experiment(
+        tiny_root,
+        "method=feddp",
+        "train.total_iters=2",
+        "train.local_iters=2",
+        "data.out_of_federation=[]",
+    )
+    run_dir = tmp_path / "run"
+
+    def power_cut(self, shared, others, server_round):
+        raise RuntimeError("site lost power in stage 2")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Site, "final_stage", power_cut)
+        with pytest.raises(server_app.FederationError, match="lost power"):
+            run_training(cfg, run_dir, progress=False)
+    assert torch.load(run_dir / "checkpoints/server.pt", weights_only=False)["round"] == 1
+    final = run_training(cfg, run_dir, progress=False)
+    stage = [r for r in read_jsonl(run_dir / "train.jsonl") if r.get("stage") == STAGE]
+    assert sorted(r["site"] for r in stage) == ["A", "B", "C", "D"]
+    scored = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["round"] == 2]
+    assert sorted(r["site"] for r in scored) == ["A", "B", "C", "D"]
+    assert final["final_stage"]["kind"] == STAGE
