@@ -18,6 +18,7 @@ it in memory and loses it on restart.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Iterator
 
@@ -30,6 +31,7 @@ from fedst.experiment import (
     experiment_from_json,
     resolve_device,
 )
+from fedst.federation import privacy, transport
 from fedst.federation.aggregation import UNIFORM_WEIGHT_KEY
 from fedst.federation.site import Site
 from fedst.methods import PERSONAL_KEY_SEPARATOR
@@ -102,8 +104,27 @@ def _site_record(site: Site) -> ConfigRecord:
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
+    """Local training (Site.train_round); with client-side DP the reply passes Flower's clipping
+    mod, which clips gamma_k against the shared part of what this site received."""
     site, config = _site_for(message, context)
-    received = message.content["arrays"].to_torch_state_dict()
+    mod = privacy.client_mod(site.cfg.privacy)
+    if mod is None:
+        return _train(site, message)
+    received = message.content["arrays"]
+    shared_received = copy.copy(message)  # the mod's view: gamma as received, in reply order
+    shared_received.content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: received[k] for k in site.partition.shared}),
+            "config": config,
+        }
+    )
+    return mod(shared_received, context, lambda _view, _context: _train(site, message))
+
+
+def _train(site: Site, message: Message) -> Message:
+    config = message.content["config"]
+    precision = site.cfg.comm.precision
+    received = transport.decode(message.content["arrays"], precision)
     with _forget_on_error(site):
         result = site.train_round(received, int(config["server-round"]), int(config["local-iters"]))
     metrics = MetricRecord(
@@ -116,7 +137,11 @@ def train(message: Message, context: Context) -> Message:
         }
     )
     content = RecordDict(
-        {"arrays": ArrayRecord(result.shared), "metrics": metrics, "site": _site_record(site)}
+        {
+            "arrays": transport.encode(result.shared, precision),
+            "metrics": metrics,
+            "site": _site_record(site),
+        }
     )
     return Message(content, reply_to=message)
 
@@ -141,7 +166,7 @@ def evaluation_metrics(summary: dict) -> dict[str, int | float]:
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
-    received = message.content["arrays"].to_torch_state_dict()
+    received = transport.decode(message.content["arrays"], site.cfg.comm.precision)
     with _forget_on_error(site):
         result = site.evaluate(received, int(config["server-round"]))
     content = RecordDict(
@@ -157,7 +182,7 @@ def export_personal(message: Message, context: Context) -> Message:
     With :func:`exchange_personal` the only messages that carry private parameters; a site whose
     node config says ``share-personal=false`` answers with its name and ``shared: 0`` instead.
     """
-    return _personal_reply(message, context, "for the out-of-federation model")
+    return _personal_reply(message, context, "for the out-of-federation model", "fp32")
 
 
 @app.query("personal_exchange")
@@ -172,11 +197,13 @@ def exchange_personal(message: Message, context: Context) -> Message:
             f"site {site.name}: method {site.method.name} exchanges no personalized parameters; "
             f"refusing query.personal_exchange"
         )
-    return _personal_reply(message, context, f"for the other sites' {stage.name}")
+    purpose = f"for the other sites' {stage.name}"
+    return _personal_reply(message, context, purpose, site.cfg.comm.precision)
 
 
-def _personal_reply(message: Message, context: Context, purpose: str) -> Message:
-    """rho_k of the round in the message (or ``shared: 0`` when the node does not allow it)."""
+def _personal_reply(message: Message, context: Context, purpose: str, precision: str) -> Message:
+    """rho_k of the round in the message in the wire ``precision`` (or ``shared: 0`` when the
+    node does not allow it)."""
     site, config = _site_for(message, context)
     server_round = int(config["server-round"])
     with _forget_on_error(site):
@@ -194,7 +221,7 @@ def _personal_reply(message: Message, context: Context, purpose: str) -> Message
     )
     content = RecordDict(
         {
-            "personal": ArrayRecord(personal),
+            "personal": transport.encode(personal, precision),
             "metrics": MetricRecord({"num-examples": site.num_examples}),
             "site": ConfigRecord({"site": site.name, "shared": 1}),
         }
@@ -208,10 +235,11 @@ def final_stage(message: Message, context: Context) -> Message:
     ("arrays") and the rho_j of the other sites that shared theirs ("personal", keys
     "<site>/<key>"); nothing but scalars travels back."""
     site, config = _site_for(message, context)
-    shared = message.content["arrays"].to_torch_state_dict()
+    precision = site.cfg.comm.precision
+    shared = transport.decode(message.content["arrays"], precision)
     others: dict[str, dict] = {}
     if "personal" in message.content:
-        for key, value in message.content["personal"].to_torch_state_dict().items():
+        for key, value in transport.decode(message.content["personal"], precision).items():
             other, name = key.split(PERSONAL_KEY_SEPARATOR, 1)
             others.setdefault(other, {})[name] = value
     with _forget_on_error(site):
