@@ -457,6 +457,7 @@ def _run_final_stage(
                 "download_param_bytes": _param_bytes(down) + _param_bytes(received),
                 "upload_bytes": sent.count_bytes(),
                 "upload_param_bytes": _param_bytes(sent),
+                "upload_param_bytes_by_component": _bytes_by_component(sent),
                 "personal_download_param_bytes": _param_bytes(received),
                 "personal_upload_param_bytes": _param_bytes(sent),
             },
