@@ -193,7 +193,9 @@ def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None)
     """Upload and download MB (10^6 bytes) per round, stacked by site (rows of comm.jsonl).
 
     Stacking keeps sites that send identical amounts visible; the top edge is the round's total.
-    A site absent from a round (not sampled) contributes 0 there.
+    A site absent from a round (not sampled) contributes 0 there. Rows of a method's final stage
+    (``kind`` other than "round", e.g. FedDP's exchange of personalized parameters, logged as
+    round T + 1) are stacked at their round and labelled with their kind.
     """
     if not comm_rows:
         raise ValueError("plot_communication got no rows (comm.jsonl is empty)")
@@ -215,6 +217,18 @@ def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None)
         ax.set_ylim(0, max(float(megabytes.sum(axis=0).max()), 1e-9) * 1.25)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, ncol=min(len(sites), 4), loc="upper left")
+        stages = {
+            int(r["round"]): str(r["kind"]) for r in comm_rows if r.get("kind", "round") != "round"
+        }
+        for stage_round, kind in stages.items():
+            total = float(megabytes[:, round_index[stage_round]].sum())
+            ax.annotate(
+                f"{kind} (after the last round)",
+                (stage_round, total),
+                ha="right",
+                va="bottom",
+                fontsize=7,
+            )
     return fig
 
 

@@ -455,7 +455,11 @@ def comm_table(runs: Sequence[dict]) -> Table:
     values = [
         lambda r: r["final"].get("upload_mb_per_round"),
         lambda r: r["final"].get("download_mb_per_round"),
-        lambda r: len({row["round"] for row in r["comm"]}) if r["comm"] else None,
+        lambda r: (
+            len({row["round"] for row in r["comm"] if row.get("kind", "round") == "round"})
+            if r["comm"]
+            else None
+        ),
     ]
     return _build("comm", f"Communication (Table IX layout), {_std_note()}", runs, columns, values)
 

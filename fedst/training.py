@@ -208,18 +208,20 @@ def finalize_run(
             )
             examples += _example_rows(cfg, result)
     comm = read_jsonl(run_dir / "comm.jsonl")
-    steady = [r for r in comm if r["round"] > 1] or comm  # round 1 also downloads the initial rho
+    rounds = [r for r in comm if r.get("kind", ROUND_KIND) == ROUND_KIND]
+    steady = [r for r in rounds if r["round"] > 1] or rounds  # round 1 also downloads initial rho
     final = {
         "method": cfg.method.name,
         "seed": cfg.seed,
         "experiment": cfg.name,
-        "rounds": last_round,
+        "rounds": min(last_round, cfg.train.rounds),  # federated rounds (not a final stage)
         "sites": sites,
         "out_of_federation": outfed,
         **_outfed_average(cfg, run_dir),
         # per site and round, parameter values only (fp32), as in the paper's Table IX
-        "upload_mb_per_round": _mean_mb(comm, "upload_param_bytes"),
+        "upload_mb_per_round": _mean_mb(rounds, "upload_param_bytes"),
         "download_mb_per_round": _mean_mb(steady, "download_param_bytes"),
+        **_final_stage_comm(comm),
     }
     if cfg.train.val_every is not None:  # rounds chosen on validation only, then tested
         record = run_selection(cfg, run_dir, device, progress=progress)
@@ -240,6 +242,26 @@ def finalize_run(
     if examples:
         plots.qualitative_grid(examples, run_dir / "plots" / "qualitative.png")
     return final
+
+
+ROUND_KIND = "round"
+"""comm.jsonl ``kind`` of a federated round's rows (the default when absent); a method's final
+stage writes its own (e.g. FedDP's "uncertainty_tuning")."""
+
+
+def _final_stage_comm(comm: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per site, MB (10^6 bytes, parameter values) of a final stage's one-off exchange."""
+    stage = [r for r in comm if r.get("kind", ROUND_KIND) != ROUND_KIND]
+    if not stage:
+        return {}
+    return {
+        "final_stage": {
+            "kind": stage[0]["kind"],
+            "upload_mb_per_site": _mean_mb(stage, "upload_param_bytes"),
+            "download_mb_per_site": _mean_mb(stage, "download_param_bytes"),
+            "personal_download_mb_per_site": _mean_mb(stage, "personal_download_param_bytes"),
+        }
+    }
 
 
 def _outfed_average(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from fedst.federation import privacy, transport
 from fedst.federation.aggregation import UNIFORM_WEIGHT_KEY
 from fedst.federation.evaluation import metrics_record
 from fedst.federation.site import Site
-from fedst.methods import method_of
+from fedst.methods import PERSONAL_KEY_SEPARATOR, method_of
 from fedst.metrics import METRIC_NAMES
 
 log = logging.getLogger(__name__)
@@ -184,30 +184,80 @@ def evaluate(message: Message, context: Context) -> Message:
 def export_personal(message: Message, context: Context) -> Message:
     """Once, after the last round: rho_k for the out-of-federation average, if this site allows it.
 
-    The only message that carries private parameters; a site whose node config says
-    ``share-personal=false`` answers with its name and ``shared: 0`` instead.
+    With :func:`exchange_personal` the only messages that carry private parameters; a site whose
+    node config says ``share-personal=false`` answers with its name and ``shared: 0`` instead.
     """
+    return _personal_reply(message, context, "for the out-of-federation model", "fp32")
+
+
+@app.query("personal_exchange")
+def exchange_personal(message: Message, context: Context) -> Message:
+    """Before a method's final stage that needs every site's model (FedDP's inter-site tuning):
+    rho_k for the other sites, if this site allows it (``share-personal``) and its method asks
+    for such an exchange (a site never sends rho_k only because a server asks for it)."""
+    site, _ = _site_for(message, context)
+    stage = site.method.final_stage()
+    if stage is None or not stage.exchange_personal:
+        raise ValueError(
+            f"site {site.name}: method {site.method.name} exchanges no personalized parameters; "
+            f"refusing query.personal_exchange"
+        )
+    purpose = f"for the other sites' {stage.name}"
+    return _personal_reply(message, context, purpose, site.cfg.comm.precision)
+
+
+def _personal_reply(message: Message, context: Context, purpose: str, precision: str) -> Message:
+    """rho_k of the round in the message in the wire ``precision`` (or ``shared: 0`` when the
+    node does not allow it)."""
     site, config = _site_for(message, context)
     server_round = int(config["server-round"])
     with _forget_on_error(site):
         site.restore(server_round)
     if not _node(context).share_personal:
-        log.warning("site %s declines to send its personalized parameters", site.name)
+        log.warning("site %s declines to send its personalized parameters %s", site.name, purpose)
         info = ConfigRecord({"site": site.name, "shared": 0})
         return Message(RecordDict({"site": info}), reply_to=message)
+    personal = site.personal_state()
     log.warning(
-        "site %s sends its personalized parameters (%d tensors) for the out-of-federation model",
+        "site %s sends its personalized parameters (%d tensors) %s",
         site.name,
-        len(site.partition.personal),
+        len(personal),
+        purpose,
     )
     content = RecordDict(
         {
-            "personal": ArrayRecord(site.personal_state()),
+            "personal": transport.encode(personal, precision),
             "metrics": MetricRecord({"num-examples": site.num_examples}),
             "site": ConfigRecord({"site": site.name, "shared": 1}),
         }
     )
     return Message(content, reply_to=message)
+
+
+@app.train("final_stage")
+def final_stage(message: Message, context: Context) -> Message:
+    """After the last round: the method's final stage (Method.final_stage) from gamma_g
+    ("arrays") and the rho_j of the other sites that shared theirs ("personal", keys
+    "<site>/<key>"); nothing but scalars travels back."""
+    site, config = _site_for(message, context)
+    precision = site.cfg.comm.precision
+    shared = transport.decode(message.content["arrays"], precision)
+    others: dict[str, dict] = {}
+    if "personal" in message.content:
+        for key, value in transport.decode(message.content["personal"], precision).items():
+            other, name = key.split(PERSONAL_KEY_SEPARATOR, 1)
+            others.setdefault(other, {})[name] = value
+    with _forget_on_error(site):
+        result = site.final_stage(shared, others, int(config["server-round"]))
+    metrics = MetricRecord(
+        {
+            "num-examples": result.num_examples,
+            "seconds": result.seconds,
+            "ensemble-size": 1 + len(others),
+            **result.metrics,
+        }
+    )
+    return Message(RecordDict({"metrics": metrics, "site": _site_record(site)}), reply_to=message)
 
 
 def make_client_app(local_nodes: list[dict]) -> ClientApp:
@@ -226,4 +276,6 @@ def make_client_app(local_nodes: list[dict]) -> ClientApp:
     simulated.train()(with_node(train))
     simulated.evaluate()(with_node(evaluate))
     simulated.query("personal")(with_node(export_personal))
+    simulated.query("personal_exchange")(with_node(exchange_personal))
+    simulated.train("final_stage")(with_node(final_stage))
     return simulated

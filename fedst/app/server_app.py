@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
 from fedst.federation.snapshots import save_shared_snapshot
+from fedst.methods import PERSONAL_KEY_SEPARATOR, FinalStage
 from fedst.metrics import METRIC_NAMES
 from fedst.model.partition import COMPONENTS
 from fedst.outfed import PERSONAL_EXPORT
@@ -93,15 +95,18 @@ def _broadcast(
     timeout: float | None = None,
     first_arrays: dict[int, ArrayRecord] | None = None,
     audit: RunLog | None = None,
+    records: dict[int, dict[str, ArrayRecord]] | None = None,
 ) -> _Round:
-    """Send arrays and config to every node (``first_arrays`` overrides the arrays per node) and
-    collect the replies; failures and silent nodes are returned, not raised."""
+    """Send arrays and config to every node (``first_arrays`` overrides the arrays per node,
+    ``records`` adds named array records per node) and collect the replies; failures and silent
+    nodes are returned, not raised."""
     messages = [
         Message(
             RecordDict(
                 {
                     "arrays": (first_arrays or {}).get(node, arrays),
                     "config": ConfigRecord(config),
+                    **(records or {}).get(node, {}),
                 }
             ),
             dst_node_id=node,
@@ -373,12 +378,155 @@ def run_federation(
             cfg.train.rounds,
             time.perf_counter() - started,
         )
+    stage = method.final_stage()
+    if stage is not None and server.completed_round == cfg.train.rounds:
+        nodes = _wait_for_nodes(
+            grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
+        )
+        last_metrics = _run_final_stage(
+            grid, server, stage, nodes, sites_of, base_config, policy, min_sites, runlog, audit
+        )
     if policy.collect_personal and cfg.data.out_of_federation:
         _collect_personal(
             grid, sites_of, base_config, server.completed_round, run_dir, policy, audit
         )
     runlog.close()
     return last_metrics
+
+
+PERSONAL_EXCHANGE = "query.personal_exchange"
+"""Before a final stage that needs every site's model: each site is asked for rho_k."""
+FINAL_STAGE = "train.final_stage"
+"""The final stage itself: gamma_g ("arrays") and the other sites' rho_j ("personal")."""
+
+
+def _run_final_stage(
+    grid: Grid,
+    server: FederationServer,
+    stage: FinalStage,
+    nodes: list[int],
+    sites_of: dict[int, str],
+    base_config: dict[str, Any],
+    policy: RoundPolicy,
+    min_sites: int,
+    runlog: RunLog,
+    audit: RunLog | None,
+) -> dict[str, Any]:
+    """The method's stage after the last round T, logged as round T + 1: (with
+    ``exchange_personal``) collect rho_k from the sites that allow it and send each of them the
+    others' rho_j, with gamma_g, in ``train.final_stage``; then every site scores its final model.
+    comm.jsonl gets one row per site with ``kind`` = the stage's name. Returns the metrics rows."""
+    federation = list(server.cfg.data.federation)
+    last_round, stage_round = server.completed_round, server.completed_round + 1
+    config = {**base_config, "server-round": stage_round}
+    personal: dict[str, ArrayRecord] = {}
+    if stage.exchange_personal:
+        collected = _broadcast(
+            grid,
+            nodes,
+            PERSONAL_EXCHANGE,
+            ArrayRecord({}),
+            {**base_config, "server-round": last_round},
+            stage_round,
+            timeout=policy.round_timeout,
+            audit=audit,
+        )
+        _check_sites(collected, sites_of, federation, min_sites, "personal exchange", stage_round)
+        for reply in collected.replies:
+            if int(reply.content["site"]["shared"]):
+                personal[_site_of(reply)] = reply.content["personal"]
+            else:
+                log.warning(
+                    "site %s keeps its personalized parameters: not in %s",
+                    _site_of(reply),
+                    stage.name,
+                )
+    records = {
+        node: {"personal": _others_personal(personal, sites_of[node])}
+        for node in nodes
+        if sites_of.get(node) in personal
+    }
+    log.warning(
+        "%s: personalized parameters of %s travel to the other sites that shared theirs",
+        stage.name,
+        sorted(personal) or "no site",
+    )
+    down = transport.encode(server.shared_payload(), server.cfg.comm.precision)
+    tuned = _broadcast(
+        grid,
+        nodes,
+        FINAL_STAGE,
+        down,
+        config,
+        stage_round,
+        timeout=policy.round_timeout,
+        audit=audit,
+        records=records,
+    )
+    _check_sites(tuned, sites_of, federation, min_sites, stage.name, stage_round)
+    node_of = {site: node for node, site in sites_of.items()}
+    for reply in tuned.replies:
+        site, metrics = _site_of(reply), reply.content["metrics"]
+        received = records.get(node_of[site], {}).get("personal", ArrayRecord({}))
+        sent = personal.get(site, ArrayRecord({}))
+        runlog.write(
+            "comm",
+            {
+                "round": stage_round,
+                "site": site,
+                "kind": stage.name,
+                "download_bytes": down.count_bytes() + received.count_bytes(),
+                "download_param_bytes": _param_bytes(down) + _param_bytes(received),
+                "upload_bytes": sent.count_bytes(),
+                "upload_param_bytes": _param_bytes(sent),
+                "upload_param_bytes_by_component": _bytes_by_component(sent),
+                "personal_download_param_bytes": _param_bytes(received),
+                "personal_upload_param_bytes": _param_bytes(sent),
+            },
+        )
+        runlog.write(
+            "train",
+            {
+                "round": stage_round,
+                "site": site,
+                "stage": stage.name,
+                "iterations": int(metrics.get("iterations", 0)),
+                "ensemble_size": int(metrics["ensemble-size"]),
+                "loss": float(metrics.get("train-loss", math.nan)),
+                "seconds": float(metrics["seconds"]),
+            },
+        )
+    evaluated = _broadcast(  # the sites' models are wholly their own now: nothing to send
+        grid,
+        [n for n in nodes if n in sites_of],
+        MessageType.EVALUATE,
+        ArrayRecord({}),
+        config,
+        stage_round,
+        timeout=policy.round_timeout,
+        audit=audit,
+    )
+    _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", stage_round)
+    last_metrics = {}
+    for reply in evaluated.replies:
+        row = _metrics_row(reply, stage_round)
+        runlog.write("metrics", row)
+        last_metrics[row["site"]] = row
+    server.save(stage_round, extra={"last_metrics": last_metrics, "final_stage": stage.name})
+    log.info("%s done (round %d of the logs)", stage.name, stage_round)
+    return last_metrics
+
+
+def _others_personal(personal: dict[str, ArrayRecord], site: str) -> ArrayRecord:
+    """The rho_j of every site but ``site``, keyed "<site j>/<key>" (client_app.final_stage)."""
+    return ArrayRecord(
+        {
+            f"{other}{PERSONAL_KEY_SEPARATOR}{key}": array
+            for other, record in personal.items()
+            if other != site
+            for key, array in record.items()
+        }
+    )
 
 
 def _wait_for_nodes(

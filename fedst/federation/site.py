@@ -16,6 +16,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,10 @@ def _differences(old: object, new: object, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix[:-1]}={old!r}->{new!r}"]
 
 
+BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""A loss of one batch from (clips [B, T, 3, H, W], logits [B, C, H, W], masks [B, H, W])."""
+
+
 class NonFiniteLossError(RuntimeError):
     """A training loss became NaN or infinite; the run stops and keeps its last good checkpoint."""
 
@@ -147,6 +152,8 @@ class Site:
         )
         self.completed_round = 0
         self._validation: dict[str, ClipDataset] | None = None
+        self.owns_whole_model = False
+        """True after a final stage (Method.final_stage): every float tensor is then the site's."""
         remove_stale_tmp(state_dir)  # left by a site killed while saving
         self.fingerprint = claim_state_dir(state_dir, name, cfg)
 
@@ -178,10 +185,18 @@ class Site:
             metrics=self.method.reply_metrics(self),
         )
 
-    def _train_phase(self, phase: LocalPhase, server_round: int) -> list[float]:
+    def _train_phase(
+        self,
+        phase: LocalPhase,
+        server_round: int,
+        optimizer: torch.optim.Optimizer | None = None,
+        loss_of: BatchLoss | None = None,
+    ) -> list[float]:
         """``phase.iterations`` AdamW steps on L (the method's local loss); parameters that the
         phase does not train get no gradient, so the optimizer leaves them (and their moments)
-        untouched."""
+        untouched. A final stage passes its own ``optimizer`` and ``loss_of(clips, logits,
+        masks)``."""
+        optimizer = optimizer or self.optimizer
         frozen = [
             p
             for key, p in self.model.named_parameters()
@@ -208,7 +223,11 @@ class Site:
                 )  # [B, T, 3, H, W], [B, H, W]
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
                     logits = self.model(clips, indicator)  # [B, C, H, W]
-                    loss = self.method.local_loss(self, logits.float(), masks)
+                    loss = (
+                        loss_of(clips, logits.float(), masks)
+                        if loss_of is not None
+                        else self.method.local_loss(self, logits.float(), masks)
+                    )
                 if not math.isfinite(loss.item()):
                     raise NonFiniteLossError(
                         f"site {self.name}: loss is {loss.item()} at round {server_round}, local "
@@ -216,18 +235,43 @@ class Site:
                         f"checkpoint of round {server_round - 1}. Lower train.lr or enable "
                         f"train.max_grad_norm."
                     )
-                self.optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if self.cfg.train.max_grad_norm is not None:
                     torch.nn.utils.clip_grad_norm_(
                         self.model.parameters(), self.cfg.train.max_grad_norm
                     )
-                self.optimizer.step()
+                optimizer.step()
                 losses.append(loss.item())
         finally:
             for parameter in frozen:
                 parameter.requires_grad_(True)
         return losses
+
+    def final_stage(
+        self,
+        shared: dict[str, torch.Tensor],
+        others: dict[str, dict[str, torch.Tensor]],
+        server_round: int,
+    ) -> LocalRoundResult:
+        """The method's stage after the last round (``server_round`` = T + 1): start from
+        v_k = gamma_g U rho_k of round T, run Method.run_final_stage with the other sites' rho_j
+        (``others``), then keep and save the whole model as this site's own."""
+        self.restore(server_round - 1)
+        load_subset(self.model, {k: v for k, v in shared.items() if k not in self.personal_keys})
+        seed_everything(self.cfg.seed, self.index, server_round)
+        started = time.perf_counter()
+        metrics = self.method.run_final_stage(self, shared, others, server_round)
+        self.owns_whole_model = True
+        self.completed_round = server_round
+        self.save(server_round)
+        return LocalRoundResult(
+            shared={},
+            num_examples=self.num_examples,
+            mean_loss=float(metrics.get("train-loss", float("nan"))),
+            seconds=time.perf_counter() - started,
+            metrics=metrics,
+        )
 
     def evaluate(
         self,
@@ -281,7 +325,10 @@ class Site:
         return self._validation
 
     def personal_state(self) -> dict[str, torch.Tensor]:
-        """rho_k as CPU tensors (sent once, at the end, only when the site allows it)."""
+        """rho_k as CPU tensors (sent once, at the end, only when the site allows it); after a
+        final stage every float tensor of the model (it is all the site's own)."""
+        if self.owns_whole_model:
+            return state_subset(self.model, [*self.partition.shared, *self.partition.personal])
         return state_subset(self.model, self.partition.personal)
 
     # -- private state on disk -----------------------------------------------------------------
@@ -299,6 +346,7 @@ class Site:
                 "optimizer": self.optimizer.state_dict(),
                 "stream": self.stream.state_dict(),
                 "num_examples": self.num_examples,
+                "whole_model": self.owns_whole_model,
             },
             self.state_path(server_round),
         )
@@ -345,6 +393,7 @@ class Site:
             ) from err
         load_subset(self.model, state["personal"])
         self.method.load_site_state(self, state.get("method", {}))
+        self.owns_whole_model = bool(state.get("whole_model", False))
         self.optimizer.load_state_dict(state["optimizer"])
         self.stream.load_state_dict(state["stream"])
         self.completed_round = server_round

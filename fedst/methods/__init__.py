@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
-from fedst.methods.base import LocalPhase, Method
+from fedst.methods.base import PERSONAL_KEY_SEPARATOR, FinalStage, LocalPhase, Method
 from fedst.methods.fedas import FedAS
+from fedst.methods.feddp import FedDP
 from fedst.methods.fedld import FedLD
 from fedst.methods.fedrep import FedRep
 from fedst.methods.upperbound import UpperBound
@@ -20,6 +21,7 @@ METHODS: dict[str, type[Method]] = {
     "upperbound": UpperBound,  # pooled training, no federation (fedst/methods/upperbound.py)
     "fedrep": FedRep,  # Collins et al. 2021 (fedst/methods/fedrep.py)
     "fedas": FedAS,  # Yang, Huang, Ye 2024 (fedst/methods/fedas.py)
+    "feddp": FedDP,  # Wang et al. 2023 (fedst/methods/feddp.py)
 }
 
 
@@ -34,4 +36,4 @@ def method_of(cfg: ExperimentConfig) -> Method:
     return kind(cfg)
 
 
-__all__ = ["METHODS", "LocalPhase", "Method", "method_of"]
+__all__ = ["METHODS", "PERSONAL_KEY_SEPARATOR", "FinalStage", "LocalPhase", "Method", "method_of"]

@@ -13,7 +13,9 @@ Every method answers the same questions, and the site and server code ask them t
   trains (:meth:`Method.local_phases`), the local objective (:meth:`Method.local_loss`) and the
   scalars the reply carries besides gamma_k (:meth:`Method.reply_metrics`);
 * the server's round (line 8): how the replies are combined (:meth:`Method.aggregate`); whether
-  SERQ runs after it (``uses_serq``) and whether anything travels at all (``communicates``).
+  SERQ runs after it (``uses_serq``) and whether anything travels at all (``communicates``);
+* after the last round: an optional final stage every site runs once (:meth:`Method.final_stage`,
+  run by :meth:`Method.run_final_stage`; e.g. FedDP's inter-site tuning), default none.
 
 :class:`Method` itself is *partial averaging*, the family of FedST: shared tensors are averaged by
 Flower's FedAvg (uniform or sample-count weights) or FedMedian, personal tensors stay. FedST, every
@@ -44,7 +46,7 @@ from fedst.federation.aggregation import (
     make_strategy,
 )
 from fedst.model.losses import SegmentationLoss
-from fedst.model.network import FedSTNet, build_network
+from fedst.model.network import FedSTNet, NetworkConfig, build_network
 from fedst.model.partition import (
     PRESETS,
     Partition,
@@ -67,6 +69,27 @@ class LocalPhase:
     iterations: int
     trainable: Callable[[str], bool] | None = None
     name: str = "local"
+
+
+PERSONAL_KEY_SEPARATOR = "/"
+"""Keys of the other sites' rho_j in a final-stage message: "<site>/<state-dict key>"."""
+
+
+@dataclass(frozen=True)
+class FinalStage:
+    """A stage every site runs once after the last federated round (round T + 1 in the logs).
+
+    The server sends each site gamma_g (message ``train.final_stage``); with
+    ``exchange_personal`` it first asks every site for rho_k (``query.personal_exchange``, only
+    sites whose node config allows sharing answer with it) and sends each such site the rho_j of
+    the other sites that agreed. The site then runs :meth:`Method.run_final_stage`, after which
+    its whole model is its own (saved, evaluated and exported as such).
+    """
+
+    name: str
+    """Label in the logs (train.jsonl ``stage``, comm.jsonl ``kind``)."""
+    exchange_personal: bool = False
+    """Every site needs the other sites' personalized parameters (an explicit, logged exchange)."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +142,14 @@ class Method:
         return self.config.serq
 
     # -- what every party builds ---------------------------------------------------------------
+    def network_config(self) -> NetworkConfig:
+        """The architecture the method trains (here: the experiment's, ``cfg.network_config()``)."""
+        return self.cfg.network_config()
+
     def build_model(self) -> FedSTNet:
         """The method's network, initialised identically for every party (seeded by ``cfg.seed``)."""
         seed_everything(self.cfg.seed, 0xC0FFEE)
-        return build_network(self.cfg.network_config())
+        return build_network(self.network_config())
 
     def partition(self, model: nn.Module) -> Partition:
         """Which state-dict keys stay at the site (rho), travel (gamma) or are fixed buffers."""
@@ -269,6 +296,24 @@ class Method:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "clipping_norm" in state:
             self.strategy.clipping_norm = state["clipping_norm"]
+
+    # -- after the last round ---------------------------------------------------------------------
+    def final_stage(self) -> FinalStage | None:
+        """The stage every site runs once after the last round; None (here): the run ends there."""
+        return None
+
+    def run_final_stage(
+        self,
+        site: Site,
+        shared: dict[str, torch.Tensor],
+        others: dict[str, dict[str, torch.Tensor]],
+        server_round: int,
+    ) -> dict[str, float]:
+        """At a site, the final stage on its model v_k = gamma_g U rho_k (``shared``: gamma_g,
+        already loaded into ``site.model``; ``others``: site -> rho_j of the other sites that
+        shared theirs). Returns the reply's scalars ("train-loss" and "iterations" when it trains);
+        the site saves its model afterwards."""
+        raise NotImplementedError(f"method {self.name} has no final stage")
 
     def describe(self) -> dict[str, Any]:
         """What the run log records about the method's choices."""

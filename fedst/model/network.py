@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from fedst.data.clips import FrameHistory
-from fedst.model.channel_selection import ChannelSelection, PromptBias
+from fedst.model.channel_selection import ChannelSelection, PromptBias, SiteChannelSelection
 from fedst.model.decoder import FPNDecoder
 from fedst.model.temporal import TemporalCrossAttention
 
@@ -36,6 +36,8 @@ __all__ = ["FedSTNet", "NetworkConfig", "StreamingState", "build_network"]
 log = logging.getLogger(__name__)
 
 NUM_STAGES = 4
+CHANNEL_SELECTIONS = {"fedst": ChannelSelection, "feddp": SiteChannelSelection}
+"""``NetworkConfig.channel_selection_kind`` -> the module built at each CS stage."""
 TEMPORAL_HEAD_DIM = 32
 
 
@@ -75,6 +77,10 @@ class NetworkConfig:
     prompt: bool = True
     # Table IV "CS": textual-guided channel selection (Eq. 7-8); requires prompt.
     channel_selection: bool = True
+    # Which channel-selection network: "fedst" (Eq. 7-8, ChannelSelection) | "feddp" (the FedDP
+    # baseline's SiteChannelSelection: average and max pooling, embedded site vector). The FedDP
+    # method sets "feddp" itself, and its stages from method.options.channel_selection_stages.
+    channel_selection_kind: str = "fedst"
     # 0-based encoder stages whose features get CS / the prompt bias. Default: the temporal
     # stage, since Eq. 7-8 act on the temporal module's output F*.
     cs_stages: tuple[int, ...] = (1,)
@@ -96,6 +102,11 @@ class NetworkConfig:
             raise ValueError(
                 "NetworkConfig: channel_selection=True needs prompt=True (the CS network is driven "
                 "by the site indicator); set prompt: true or channel_selection: false"
+            )
+        if self.channel_selection_kind not in CHANNEL_SELECTIONS:
+            raise ValueError(
+                f"NetworkConfig.channel_selection_kind={self.channel_selection_kind!r}; choose one "
+                f"of {sorted(CHANNEL_SELECTIONS)}"
             )
         if self.prompt and not self.cs_stages:
             raise ValueError("NetworkConfig: prompt/channel_selection is on but cs_stages is empty")
@@ -137,7 +148,8 @@ class FedSTNet(nn.Module):
         self.prompt = nn.ModuleDict()
         for s in cfg.cs_stages if cfg.prompt else ():
             if cfg.channel_selection:
-                self.channel_selection[str(s)] = ChannelSelection(dims[s], cfg.indicator_dim)
+                selection = CHANNEL_SELECTIONS[cfg.channel_selection_kind]
+                self.channel_selection[str(s)] = selection(dims[s], cfg.indicator_dim)
             else:
                 self.prompt[str(s)] = PromptBias(dims[s], cfg.indicator_dim)
         self.decoder = FPNDecoder(dims, num_classes=cfg.num_classes, decoder_dim=cfg.decoder_dim)
