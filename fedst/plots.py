@@ -23,6 +23,7 @@ from fedst.report import (
     METRIC_LABELS,
     STD_DDOF,
     Stat,
+    Table,
     group_by_method,
     run_average,
     site_names,
@@ -218,6 +219,32 @@ def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None)
         ax.set_ylim(0, max(float(megabytes.sum(axis=0).max()), 1e-9) * 1.25)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, ncol=min(len(sites), 4), loc="upper left")
+    return fig
+
+
+def plot_setting_curves(table: Table, out_png: str | Path, xlabel: str) -> Path:
+    """Write :func:`setting_curves_figure` to ``out_png``."""
+    return _save(setting_curves_figure(table, xlabel), out_png)
+
+
+def setting_curves_figure(table: Table, xlabel: str) -> Figure:
+    """One line per column of ``table`` (e.g. Dice of each site, Avg., E) over its rows (the
+    settings, e.g. Fig. 6's communication intervals), mean ± std over seeds; rows without runs
+    are gaps."""
+    fig, axes = _figure(1, 1, (7, 3.6))
+    ax = axes[0, 0]
+    labels = list(table.rows)
+    x = np.arange(len(labels))
+    for index, column in enumerate(table.columns):
+        cells = [table.rows[label][index] for label in labels]
+        mean = np.array([np.nan if c is None else c.mean for c in cells])
+        std = np.array([0.0 if c is None or c.std is None else c.std for c in cells])
+        ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, label=column.header)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(table.columns[0].header.split(" ")[0] if table.columns else "")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
     return fig
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "RunError",
     "Stat",
     "Table",
+    "build_table",
     "comm_columns",
     "comm_table",
     "comparison_table",
@@ -357,7 +358,7 @@ def site_names(runs: Sequence[dict], section: str) -> list[str]:
     return list(names)
 
 
-def _build(
+def build_table(
     name: str,
     title: str,
     runs: Sequence[dict],
@@ -394,7 +395,7 @@ def sites_table(
         columns.append(Column(f"{metric}_avg", f"{label} Avg.", metric))
         values.append(lambda r, m=metric: run_average(r, sites, m))
     title = f"Federated sites {', '.join(sites)} (Table II layout), {_std_note()}"
-    return _build("sites", title, runs, columns, values)
+    return build_table("sites", title, runs, columns, values)
 
 
 def outfed_table(
@@ -412,7 +413,7 @@ def outfed_table(
             columns.append(Column(f"{metric}_{site}", f"{site} {METRIC_LABELS[metric]}", metric))
             values.append(lambda r, s=site, m=metric: site_value(r, "out_of_federation", s, m))
     title = f"Out-of-federation sites {', '.join(sites)} (Tables III / VIII layout), {_std_note()}"
-    return _build("outfed", title, runs, columns, values)
+    return build_table("outfed", title, runs, columns, values)
 
 
 def comparison_table(runs: Sequence[dict]) -> Table:
@@ -432,7 +433,7 @@ def comparison_table(runs: Sequence[dict]) -> Table:
             else:
                 values.append(lambda r, s=site, m=metric: site_value(r, "out_of_federation", s, m))
     title = f"Comparison: federated sites, their mean and out-of-federation sites, {_std_note()}"
-    return _build("comparison", title, runs, columns, values)
+    return build_table("comparison", title, runs, columns, values)
 
 
 def class_value(run: dict, section: str, site: str, class_name: str, metric: str) -> float | None:
@@ -469,7 +470,7 @@ def per_class_table(runs: Sequence[dict], metric: str = "dice") -> Table:
         f"{METRIC_LABELS[metric]} per class (n/a: class not scored, absent from ground truth and "
         f"prediction in every evaluated frame), {_std_note()}"
     )
-    return _build(f"per_class_{metric}", title, runs, columns, values)
+    return build_table(f"per_class_{metric}", title, runs, columns, values)
 
 
 def size_value(run: dict, direction: str, unit: str) -> float | None:
@@ -504,7 +505,9 @@ def comm_table(runs: Sequence[dict]) -> Table:
     columns, values = comm_columns()
     columns.append(Column("rounds", "Rounds", digits=0))
     values.append(lambda r: len({row["round"] for row in r["comm"]}) if r["comm"] else None)
-    table = _build("comm", f"Communication (Table IX layout), {_std_note()}", runs, columns, values)
+    table = build_table(
+        "comm", f"Communication (Table IX layout), {_std_note()}", runs, columns, values
+    )
     table.notes.append(SIZE_NOTE)
     return table
 
@@ -530,7 +533,7 @@ def dice_table(
     for site in outfed:
         columns.append(Column(f"{metric}_{site}", f"{label} {site} (out of fed.)", metric))
         values.append(lambda r, s=site: site_value(r, "out_of_federation", s, metric))
-    return _build(name, f"{title}, {_std_note()}", runs, columns, values)
+    return build_table(name, f"{title}, {_std_note()}", runs, columns, values)
 
 
 def _mean_seconds(run: dict, site_is_server: bool, key: str) -> float | None:
@@ -576,7 +579,7 @@ def timing_table(runs: Sequence[dict]) -> Table:
     if not any(run.get("train") for run in runs):
         return Table(name="timing", title="timing", columns=[])
     title = f"Wall time per round (train.jsonl; rounds >= 1), {_std_note()}"
-    return _build("timing", title, runs, columns, values)
+    return build_table("timing", title, runs, columns, values)
 
 
 def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
