@@ -1,9 +1,9 @@
 """One command per table of the paper: train the runs a table needs, then write the table.
 
-    python -m fedst.experiments TABLE [--dry-run] [--runs runs] [--out results] [seeds=0,1,2]
-                                [rows=NAME,NAME] [Hydra overrides, e.g. experiment=demo]
+    python -m fedst.experiments table2 [--dry-run] [seeds=0,1,2] [experiment=demo]
+    python -m fedst.experiments table4 [--runs runs] [--out results] [rows=table4_row2_ts]
 
-TABLE is one of :data:`TABLES`: ``table2`` (sites A-D: Dice / IoU / HD95 / ASSD per site and
+The table (first argument) is one of :data:`TABLES`: ``table2`` (sites A-D: Dice / IoU / HD95 / ASSD per site and
 Avg.), ``table3`` (site E, out of federation), ``table8`` (GraSP, binary), ``table9``
 (communication per site and round in MB and MiB, training time, inference FPS), ``table4`` ..
 ``table7`` (the ablation rows of configs/ablation/) and ``fig6`` (communication interval).
@@ -656,24 +656,32 @@ def write_outputs(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    key_values = [t for t in tokens if "=" in t and not t.startswith("-")]  # anywhere on the line
     parser = argparse.ArgumentParser(
         prog="python -m fedst.experiments",
+        usage="%(prog)s TABLE [--dry-run] [--runs DIR] [--out DIR] [--fps-*] [seeds=0,1,2] "
+        "[rows=NAME,NAME] [Hydra overrides]",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Tables: " + ", ".join(f"{n} ({s.caption})" for n, s in TABLES.items()),
     )
     parser.add_argument("table", choices=list(TABLES))
-    parser.add_argument("args", nargs="*", help="seeds=0,1,2 rows=a,b and Hydra overrides")
     parser.add_argument("--dry-run", action="store_true", help="list the runs; train nothing")
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="root of run directories")
     parser.add_argument("--out", type=Path, default=Path("results"), help="root of the tables")
     parser.add_argument("--fps-frames", type=int, default=FpsSettings.frames)
     parser.add_argument("--fps-warmup", type=int, default=FpsSettings.warmup)
     parser.add_argument("--fps-threads", type=int, default=FpsSettings.threads)
-    options = parser.parse_intermixed_args(argv)
     setup_logging()
     try:
-        seeds, rows, overrides = parse_arguments(options.args)
+        seeds, rows, overrides = parse_arguments(key_values)
+    except RunnerError as err:
+        log.error("%s", err)
+        return 2
+    parser.set_defaults(seeds=seeds, rows=rows, overrides=overrides)
+    options = parser.parse_args([t for t in tokens if t not in key_values])
+    try:
         plan = plan_table(TABLES[options.table], seeds, overrides, options.runs, rows)
         print(describe(plan))
         if options.dry_run:
