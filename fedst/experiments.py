@@ -593,7 +593,14 @@ def _seed_note(plan: Plan) -> str:
 
 def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -> report.Table:
     """Table IX: upload / download per site and round (MB, MiB), training time, FPS."""
-    measured = {str(r["path"]): measure_fps(Path(r["path"]), settings) for r in runs}
+    measured: dict[str, dict[str, Any]] = {}
+    unmeasured: list[str] = []
+    for run in runs:
+        try:
+            measured[str(run["path"])] = measure_fps(Path(run["path"]), settings)
+        except Exception as err:  # the row shows n/a for this run's FPS and says why
+            log.exception("FPS of %s not measured", run["path"])
+            unmeasured.append(f"* FPS of {run['path']} not measured: {type(err).__name__}: {err}")
     columns, values = report.comm_columns()
     columns += [
         report.Column("local_minutes", "Local training (min)"),
@@ -605,7 +612,7 @@ def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -
         lambda r: training_minutes(r, server=False),
         lambda r: training_minutes(r, server=True),
         lambda r: _sum(training_minutes(r, server=False), training_minutes(r, server=True)),
-        lambda r: measured[str(r["path"])]["fps"],
+        lambda r: measured.get(str(r["path"]), {}).get("fps"),
     ]
     table = report.build_table(plan.spec.name, plan.spec.caption, runs, columns, values)
     table.notes = [
@@ -614,6 +621,7 @@ def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -
         "(aggregation, SERQ), from train.jsonl; the in-process engine runs the sites one after "
         "the other. The synthetic pre-training every method starts from is not included.",
         _fps_note(measured.values(), settings),
+        *unmeasured,
     ]
     return table
 
@@ -648,7 +656,11 @@ def write_outputs(
     atomic_write_text("\n".join(t.to_markdown() for t in markdown), md_path)
     written = [md_path, csv_table.to_csv(out / f"{plan.spec.name}.csv")]
     if plan.spec.name == "fig6":
-        written.append(plots.plot_setting_curves(csv_table, out / "fig6.png", "communication"))
+        written.append(
+            plots.plot_setting_curves(
+                csv_table, out / "fig6.png", "communication every E local iterations"
+            )
+        )
     return written
 
 
