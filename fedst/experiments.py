@@ -116,6 +116,11 @@ def _ablations(*rows: tuple[str, str, tuple[str, ...]]) -> tuple[Row, ...]:
     return tuple(Row(label, name, "ablation", marks) for label, name, marks in rows)
 
 
+def _variants(table: str, **suffixes: str) -> tuple[Row, ...]:
+    """Ablations ``configs/ablation/<table>_<suffix>.yaml``, labelled by keyword, in order."""
+    return tuple(Row(label, f"{table}_{suffix}", "ablation") for label, suffix in suffixes.items())
+
+
 LOCAL, UPPER, FEDST = ("Local Train", "local"), ("Upper Bound", "upperbound"), ("FedST", "fedst")
 FEDLD, FEDDP, FEDAVG = ("FedLD", "fedld"), ("FedDP", "feddp"), ("FedAvg", "fedavg")
 FEDREP, FEDAS = ("FedRep", "fedrep"), ("FedAS", "fedas")
@@ -177,30 +182,32 @@ TABLES: dict[str, TableSpec] = {
         TableSpec(
             "table6",
             "Table VI: personalized layers of the PVT backbone (Dice)",
-            _ablations(
-                ("Norm", "table6_norm", ()),
-                ("Key", "table6_key", ()),
-                ("Value", "table6_value", ()),
-                ("Key&Value", "table6_key_value", ()),
-                ("Ours (Query)", "table6_query", ()),
+            _variants(
+                "table6",
+                Norm="norm",
+                Key="key",
+                Value="value",
+                **{"Key&Value": "key_value"},
+                **{"Ours (Query)": "query"},
             ),
             "dice",
         ),
         TableSpec(
             "table7",
             "Table VII: site indicator of the channel selection network (Dice)",
-            _ablations(
-                ("Random", "table7_random", ()),
-                ("Gaussian", "table7_gaussian", ()),
-                ("One-hot", "table7_onehot", ()),
-                ("Ours (CLIP)", "table7_clip", ()),
+            _variants(
+                "table7",
+                Random="random",
+                Gaussian="gaussian",
+                **{"One-hot": "onehot"},
+                **{"Ours (CLIP)": "clip"},
             ),
             "dice",
         ),
         TableSpec(
             "fig6",
             "Fig. 6: communication every E local iterations at a fixed total (Dice)",
-            _ablations(*((f"every {e}", f"fig6_every_{e}", ()) for e in (10, 50, 100, 200, 500))),
+            _variants("fig6", **{f"every {e}": f"every_{e}" for e in (10, 50, 100, 200, 500)}),
             "dice",
         ),
     )
