@@ -623,8 +623,8 @@ def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -
     ]
     table = report.build_table(plan.spec.name, plan.spec.caption, runs, columns, values)
     table.notes = [
-        f"Communication: parameter values (fp32) per site and round; {report.SIZE_NOTE}.",
-        "Training time: sum over rounds of every site's local round and of the server step "
+        f"* Communication: parameter values (fp32) per site and round; {report.SIZE_NOTE}.",
+        "* Training time: sum over rounds of every site's local round and of the server step "
         "(aggregation, SERQ), from train.jsonl; the in-process engine runs the sites one after "
         "the other. The synthetic pre-training every method starts from is not included.",
         _fps_note(measured.values(), settings),
@@ -643,7 +643,7 @@ def _fps_note(measured: Any, settings: FpsSettings) -> str:
     )
     where = "; ".join(setups) if setups else "no finished run"
     return (
-        f"FPS: personalized model of the first federated site, batch 1, streaming its test videos "
+        f"* FPS: personalized model of the first federated site, batch 1, streaming its test videos "
         f"in time order (earlier frames' features cached), {settings.frames} timed frames after "
         f"{settings.warmup} warm-up frames, frames in memory; measured on {where}."
     )
