@@ -205,3 +205,14 @@ def test_the_dry_run_lists_every_run_with_its_state_and_trains_nothing(tmp_path,
     assert "fedst                              seed 0  done" in listing
     assert "fedst                              seed 1  new" in listing
     assert not (runs / "tiny" / "local_s0").exists()
+
+
+def test_seeds_and_rows_are_the_runners_keys_and_the_keys_it_sets_itself_are_refused():
+    seeds, rows, overrides = experiments.parse_arguments(
+        ["seeds=3,4", "rows=local,fedst", "experiment=demo", "method.aggregation_weights=uniform"]
+    )
+    assert seeds == (3, 4) and rows == ["local", "fedst"]
+    assert overrides == ["experiment=demo", "method.aggregation_weights=uniform"]
+    for refused in ("seed=1", "method=fedavg", "+ablation=table4_row2_ts", "resume=runs/x"):
+        with pytest.raises(RunnerError, match="the runner sets"):
+            experiments.parse_arguments([refused])
