@@ -31,7 +31,8 @@ over seeds (fedst/report.py). ``--dry-run`` lists every run and its state, and t
 
 Seeds and rows are the runner's own keys (``seeds=0,1,2``, ``rows=local,fedavg``); every other
 argument is a Hydra override applied to every run (``experiment=demo``, ``train.device=cpu``);
-``seed=``, ``resume=`` and ``site=`` are the runner's to set and are refused.
+``seed=``, ``method=``, ``+ablation=``, ``resume=`` and ``site=`` are the runner's to set and are
+refused.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ log = logging.getLogger("fedst.experiments")
 DEFAULT_SEEDS = (0, 1, 2)
 """The paper repeats every experiment with three seeds (Sec. IV-A3)."""
 RUNNER_KEYS = ("seeds", "rows")
-REFUSED_KEYS = ("seed", "resume", "site")
+REFUSED_KEYS = ("seed", "resume", "site", "method", "ablation")
 
 
 class RunnerError(ValueError):
@@ -260,8 +261,9 @@ def parse_arguments(args: Sequence[str]) -> tuple[tuple[int, ...], list[str] | N
             rows = [v for v in value.split(",") if v]
         elif bare in REFUSED_KEYS:
             raise RunnerError(
-                f"{arg}: the runner sets {bare} itself (seeds=0,1,2 chooses the seeds; runs are "
-                "resumed automatically); remove it"
+                f"{arg}: the runner sets {bare} itself (the table's rows choose the method or "
+                "ablation, rows=a,b a subset; seeds=0,1,2 the seeds; runs resume automatically); "
+                "remove it"
             )
         else:
             overrides.append(arg)
