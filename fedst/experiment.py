@@ -44,6 +44,10 @@ class MethodConfig:
     """Extra regexes of state-dict keys kept private, added to the preset (e.g. "^decoder\\.head")."""
     personalize_channel_selection: bool = True
     """Keep the channel-selection / prompt modules private (FedST: yes)."""
+    shared_components: tuple[str, ...] | None = None
+    """Partial aggregation by component (fedst.model.partition.COMPONENTS: encoder, temporal,
+    decoder, head, channel_selection): only these may travel, every other component stays at the
+    site like rho, on top of ``personalization``. None: every component may travel."""
     temporal: bool = True
     """Temporal cross-attention over 4-frame clips (Table IV 'TS')."""
     prompt: bool = True
@@ -84,6 +88,15 @@ class MethodConfig:
                 "method.aggregation_weights=uniform (got "
                 f"{self.aggregation_weights!r})"
             )
+        if self.shared_components is not None:
+            from fedst.model.partition import COMPONENTS
+
+            unknown = sorted(set(self.shared_components) - set(COMPONENTS))
+            if unknown:
+                raise ConfigError(
+                    f"method.shared_components has unknown component(s) {unknown}; choose from "
+                    f"{sorted(COMPONENTS)}"
+                )
         if self.indicator not in INDICATOR_KINDS:
             raise ConfigError(f"method.indicator={self.indicator!r}; choose {INDICATOR_KINDS}")
         if self.serq and not self.synthetic_pretraining:
@@ -173,6 +186,50 @@ class SerqConfig:
             raise ConfigError(f"serq.feature_stage={self.feature_stage!r}: choose 0, 1, 2 or 3")
 
 
+PRECISIONS = ("fp32", "fp16", "bf16")
+DP_MODES = ("none", "server_fixed", "server_adaptive", "client_fixed", "client_adaptive")
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    precision: str = "fp32"
+    """Wire precision of the shared tensors, both directions (fedst/federation/transport.py):
+    fp32 | fp16 | bf16. Receivers restore fp32; the server aggregates in fp32."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"comm.precision={self.precision!r}; choose {PRECISIONS}")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Central differential privacy with Flower's strategy wrappers (fedst/federation/privacy.py)
+    on the shared update gamma_k - gamma_g; personalized parameters never travel, so never need it."""
+
+    dp: str = "none"
+    """none | server_fixed | server_adaptive (the server clips each update) | client_fixed |
+    client_adaptive (each site clips its own update with Flower's client mods)."""
+    noise_multiplier: float = 1.0
+    """sigma: Gaussian noise std = noise_multiplier * clipping_norm / number of sites."""
+    clipping_norm: float = 1.0
+    """Fixed clipping: the L2 bound of one site's update. Adaptive: the initial bound."""
+    target_clipped_quantile: float = 0.5
+    """Adaptive clipping: the fraction of updates the bound should clip (0.5: the median norm)."""
+    clip_norm_lr: float = 0.2
+    """Adaptive clipping: learning rate of the bound's geometric update."""
+
+    def __post_init__(self) -> None:
+        if self.dp not in DP_MODES:
+            raise ConfigError(f"privacy.dp={self.dp!r}; choose {DP_MODES}")
+        require_at_least("privacy.noise_multiplier", self.noise_multiplier, 0)
+        require_positive("privacy.clipping_norm", self.clipping_norm)
+        if not 0 < self.target_clipped_quantile < 1:
+            raise ConfigError(
+                f"privacy.target_clipped_quantile={self.target_clipped_quantile!r}: must be in (0, 1)"
+            )
+        require_positive("privacy.clip_norm_lr", self.clip_norm_lr)
+
+
 @dataclass(frozen=True)
 class IndicatorConfig:
     clip_model: str = DEFAULT_CLIP_MODEL
@@ -198,6 +255,8 @@ class ExperimentConfig:
     clip: ClipConfig = field(default_factory=ClipConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     indicator: IndicatorConfig = field(default_factory=IndicatorConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def __post_init__(self) -> None:
         require_at_least("seed", self.seed, 0, "seeds are non-negative integers")

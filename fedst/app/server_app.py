@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 
 from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
+from fedst.federation import transport
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
 from fedst.metrics import METRIC_NAMES
+from fedst.model.partition import COMPONENTS
 from fedst.outfed import PERSONAL_EXPORT
 from fedst.progress import progress_bar
 
@@ -175,7 +178,7 @@ def _newcomer_payloads(
     newcomers = [n for n in nodes if n not in sites_of]
     if server_round == 1 or not server.method.communicates or not newcomers:
         return {}
-    full = ArrayRecord(server.initial_payload())
+    full = transport.encode(server.initial_payload(), server.cfg.comm.precision)
     return dict.fromkeys(newcomers, full)
 
 
@@ -192,6 +195,7 @@ def _log_training_reply(
             **down_sizes,
             "upload_bytes": up.count_bytes(),
             "upload_param_bytes": _param_bytes(up),
+            "upload_param_bytes_by_component": _bytes_by_component(up),
         },
     )
     runlog.write(
@@ -237,6 +241,7 @@ def run_federation(
         server.save(0)
 
     method = server.method
+    precision = cfg.comm.precision
     federation = list(cfg.data.federation)
     min_sites = policy.min_sites or len(federation)
     if min_sites > len(federation):
@@ -265,8 +270,12 @@ def run_federation(
                 grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
             )
         # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
-        config = {**base_config, "server-round": server_round}
-        down = ArrayRecord(_train_payload(server, server_round))
+        config = {
+            **base_config,
+            "server-round": server_round,
+            **method.instruction_config(server_round),
+        }
+        down = transport.encode(_train_payload(server, server_round), precision)
         first = _newcomer_payloads(server, server_round, nodes, sites_of)
         trained = _broadcast(
             grid,
@@ -286,6 +295,10 @@ def run_federation(
         }
         for reply in trained.replies:
             _log_training_reply(runlog, reply, down_sizes, server_round, cfg.train.local_iters)
+            # restored to fp32 before any aggregation (the bytes above are those sent)
+            reply.content["arrays"] = ArrayRecord(
+                transport.decode(reply.content["arrays"], precision)
+            )
         participants = sorted(_site_of(r) for r in trained.replies)
         runlog.write(
             "participation",
@@ -313,7 +326,9 @@ def run_federation(
             )
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
-            shared = ArrayRecord(server.shared_payload() if method.communicates else {})
+            shared = transport.encode(
+                server.shared_payload() if method.communicates else {}, precision
+            )
             evaluated = _broadcast(
                 grid,
                 [n for n in nodes if n in sites_of],
@@ -461,6 +476,15 @@ def _collect_personal(
         "unreachable": sorted(silent),
     }
     atomic_write_text(json.dumps(export, indent=1), run_dir / PERSONAL_EXPORT)
+
+
+def _bytes_by_component(record: ArrayRecord) -> dict[str, int]:
+    """Parameter bytes of a message per network component (fedst.model.partition.COMPONENTS)."""
+    sizes: dict[str, int] = {}
+    for key, array in record.items():
+        name = next((c for c, p in COMPONENTS.items() if re.search(p, key)), "other")
+        sizes[name] = sizes.get(name, 0) + int(array.numpy().nbytes)
+    return sizes
 
 
 def _param_bytes(record: ArrayRecord) -> int:

@@ -178,6 +178,7 @@ class FederationServer:
                 "global_model": self.global_model.state_dict(),
                 "shared_keys": list(self.partition.shared),
                 "serq": None if self.serq is None else self.serq.state_dict(),
+                "method": self.method.state_dict(),
                 "extra": extra or {},
             },
             self.run_dir / SERVER_CHECKPOINT,
@@ -190,5 +191,6 @@ class FederationServer:
         self.global_model.load_state_dict(state["global_model"])
         if self.serq is not None:
             self.serq.load_state_dict(state["serq"], self.global_model)
+        self.method.load_state_dict(state.get("method", {}))
         self.completed_round = state["round"]
         return state["extra"]

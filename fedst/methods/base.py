@@ -27,15 +27,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
+from flwr.serverapp.strategy import Strategy
 from torch import nn
 
-from fedst.config import build
+from fedst.config import ConfigError, build
 from fedst.experiment import ExperimentConfig
+from fedst.federation import privacy
 from fedst.federation.aggregation import make_strategy
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import FedSTNet, build_network
-from fedst.model.partition import PRESETS, Partition, PartitionRules, split_state
+from fedst.model.partition import (
+    PRESETS,
+    Partition,
+    PartitionRules,
+    component_rules,
+    split_state,
+)
 from fedst.model.state import load_subset
 from fedst.seeding import seed_everything
 
@@ -68,6 +76,13 @@ class Method:
         self.cfg = cfg
         self.config = cfg.method
         self.options = build(self.Options, cfg.method.options, "method.options")
+        privacy.check_privacy(cfg)
+        if cfg.privacy.dp != "none" and type(self).aggregate is not Method.aggregate:
+            raise ConfigError(
+                f"privacy.dp={cfg.privacy.dp} wraps Flower's averaging strategy; method "
+                f"{self.name} ({cfg.method.algorithm}) aggregates by its own rule"
+            )
+        self._strategy: Strategy | None = None
 
     @property
     def name(self) -> str:
@@ -92,7 +107,14 @@ class Method:
     def partition(self, model: nn.Module) -> Partition:
         """Which state-dict keys stay at the site (rho), travel (gamma) or are fixed buffers."""
         preset = PRESETS[self.config.personalization]
-        rules = PartitionRules((*preset.personal, *self.config.personal_patterns))
+        local_components = (
+            component_rules(model, self.config.shared_components)
+            if self.config.shared_components is not None
+            else ()
+        )
+        rules = PartitionRules(
+            (*preset.personal, *self.config.personal_patterns, *local_components)
+        )
         return split_state(
             model,
             rules,
@@ -151,6 +173,20 @@ class Method:
         return {}
 
     # -- the server's round (line 8) ------------------------------------------------------------
+    @property
+    def strategy(self) -> Strategy:
+        """The Flower strategy of the mean, wrapped for DP when ``privacy.dp`` asks (built once:
+        adaptive clipping keeps its bound from round to round)."""
+        if self._strategy is None:
+            inner = make_strategy(self.config.aggregation, self.config.aggregation_weights)
+            sites = len(self.cfg.data.federation)
+            self._strategy = privacy.with_privacy(inner, self.cfg.privacy, sites)
+        return self._strategy
+
+    def instruction_config(self, server_round: int) -> dict[str, float]:
+        """Values a train instruction carries besides the experiment (client-side DP: the bound)."""
+        return privacy.instruction_config(self.strategy)
+
     def aggregate(
         self,
         server_round: int,
@@ -162,9 +198,18 @@ class Method:
 
         Partial averaging: Flower's FedAvg with uniform (1/K, Algorithm 1 line 8) or sample-count
         weights, or FedMedian (fedst/federation/aggregation.py)."""
-        strategy = make_strategy(self.config.aggregation, self.config.aggregation_weights)
-        aggregated, _ = strategy.aggregate_train(server_round, replies)
+        privacy.prepare_aggregation(self.strategy, ArrayRecord(current))
+        aggregated, _ = self.strategy.aggregate_train(server_round, replies)
         return aggregated.to_torch_state_dict() if aggregated else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The method's own server state for the checkpoint (adaptive DP: the clipping bound)."""
+        bound = getattr(self.strategy, "clipping_norm", None)
+        return {} if bound is None else {"clipping_norm": float(bound)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "clipping_norm" in state:
+            self.strategy.clipping_norm = state["clipping_norm"]
 
     def describe(self) -> dict[str, Any]:
         """What the run log records about the method's choices."""
