@@ -16,8 +16,7 @@ from __future__ import annotations
 from fedst.cli import compose_experiment
 from fedst.federation import transport
 from fedst.methods import method_of
-
-MB, MIB = 1e6, 2.0**20
+from fedst.units import mebibytes, megabytes
 
 READINGS = {
     "FedAvg": ["method=fedavg"],
@@ -47,7 +46,7 @@ def main() -> None:
         for precision in ("fp32", "fp16", "bf16"):
             params, message = upload(overrides, precision)
             print(
-                f"| {name} | {precision} | {params / MB:.2f} | {params / MIB:.2f} | {message:,} | "
+                f"| {name} | {precision} | {megabytes(params):.2f} | {mebibytes(params):.2f} | {message:,} | "
                 f"{params / baseline:.3f} |"
             )
 

@@ -1,7 +1,8 @@
 """Size, upload and CPU speed of the FedST network vs the single-frame FedAvg network (Table IX).
 
 For PVTv2-b0 at the chosen input size(s) (demo 128x160, paper 512x640) this reports:
-* parameters total / shared / personalized and upload MB per round (fp32, 1 MB = 10^6 bytes) for
+* parameters total / shared / personalized and upload per round (fp32) in MB (10^6 bytes) and MiB
+  (2^20 bytes, the unit the paper's Table IX appears to use; fedst/units.py) for
   FedST (preset ``encoder_query`` + channel selection personal) and FedAvg (nothing personal; no
   temporal module, no CS);
 * inference time per frame (batch 1, best of N interleaved runs) of the single-frame network (no
@@ -15,7 +16,7 @@ Run from the repository root (2 threads, random init, nothing downloaded):
     .venv/bin/python -m bench.model --size demo --repeats 20
 
 The last two lines are ``streaming/single-frame FPS ratio: <x>`` (for the last size measured) and
-``upload MB per round fedst/fedavg: <a>/<b>``. On a shared CPU the wall-clock ratio swings with
+``upload per round fedst/fedavg: <a> MB (<a'> MiB)/<b> MB (<b'> MiB)``. On a shared CPU the wall-clock ratio swings with
 other jobs' load; the "from components" line (best-of times of the added temporal module and CS
 against the single-frame network) is the load-robust figure.
 """
@@ -32,9 +33,9 @@ import torch
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import FedSTNet, NetworkConfig, build_network
 from fedst.model.partition import PRESETS, bytes_of, count_parameters, split_state
+from fedst.units import format_size
 
 SIZES = {"demo": (128, 160), "paper": (512, 640)}
-MB = 1e6
 
 
 def interleaved_ms(
@@ -58,16 +59,16 @@ def interleaved_ms(
     return {name: (min(wall[name]), min(cpu[name])) for name in steps}
 
 
-def parameter_report(name: str, net: FedSTNet, preset: str, personalize_cs: bool) -> float:
-    """Print total / shared / personal parameter counts; return upload MB per round."""
+def parameter_report(name: str, net: FedSTNet, preset: str, personalize_cs: bool) -> int:
+    """Print total / shared / personal parameter counts; return upload bytes per round."""
     part = split_state(net, PRESETS[preset], personalize_channel_selection=personalize_cs)
     total = count_parameters(net, [*part.personal, *part.shared])
     shared = count_parameters(net, part.shared)
     personal = count_parameters(net, part.personal)
-    upload = bytes_of(net, part.shared) / MB
+    upload = bytes_of(net, part.shared)
     print(
         f"{name:7s} params total {total:,} | shared {shared:,} | personal {personal:,} "
-        f"(preset {preset}, CS personal {personalize_cs}) | upload {upload:.2f} MB/round"
+        f"(preset {preset}, CS personal {personalize_cs}) | upload {format_size(upload)}/round"
     )
     return upload
 
@@ -164,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
         single_fps, stream_fps = speed_report(SIZES[name], fedst, single, args.repeats)
         ratio = stream_fps / single_fps
     print(f"streaming/single-frame FPS ratio: {ratio:.2f}")
-    print(f"upload MB per round fedst/fedavg: {upload_fedst:.2f}/{upload_fedavg:.2f}")
+    print(
+        f"upload per round fedst/fedavg: {format_size(upload_fedst)}/{format_size(upload_fedavg)}"
+    )
 
 
 if __name__ == "__main__":

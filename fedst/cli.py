@@ -124,6 +124,15 @@ def resume_experiment(
     return saved
 
 
+def learning_differences(a: ExperimentConfig, b: ExperimentConfig) -> list[str]:
+    """Keys (``"train.lr"``) whose values differ between ``a`` and ``b``, ignoring the keys a
+    resumed run accepts (:data:`RESUME_SAFE_KEYS`: they change when and where a run computes, not
+    what it learns). Empty: a run of ``a`` is a run of ``b``."""
+    flat_a, flat_b = _flatten(to_dict(a)), _flatten(to_dict(b))
+    keys = sorted(set(flat_a) | set(flat_b))
+    return [k for k in keys if k not in RESUME_SAFE_KEYS and flat_a.get(k) != flat_b.get(k)]
+
+
 def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts as ``{"a.b.c": value}``."""
     if not isinstance(values, dict):

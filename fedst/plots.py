@@ -17,11 +17,13 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from fedst import units
 from fedst.data.base import IGNORE_INDEX
 from fedst.report import (
     METRIC_LABELS,
     STD_DDOF,
     Stat,
+    Table,
     group_by_method,
     run_average,
     site_names,
@@ -49,7 +51,6 @@ PART_COLORS: dict[int, tuple[str, tuple[int, int, int]]] = {
     3: ("jaw", (230, 159, 0)),
 }
 BINARY_COLORS: dict[int, tuple[str, tuple[int, int, int]]] = {1: ("instrument", (240, 228, 66))}
-BYTES_PER_MB = 1e6
 DPI = 120
 
 MetricRows = Sequence[Mapping]
@@ -190,7 +191,8 @@ def plot_communication(
 
 
 def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None) -> Figure:
-    """Upload and download MB (10^6 bytes) per round, stacked by site (rows of comm.jsonl).
+    """Upload and download per round, stacked by site (rows of comm.jsonl): MB (10^6 bytes) on
+    the left axis, MiB (2^20 bytes) on the right.
 
     Stacking keeps sites that send identical amounts visible; the top edge is the round's total.
     A site absent from a round (not sampled) contributes 0 there. Rows of a method's final stage
@@ -209,11 +211,13 @@ def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None)
         megabytes = np.zeros((len(sites), len(rounds)))  # (sites, rounds)
         for row in comm_rows:
             site_row = sites.index(str(row["site"]))
-            megabytes[site_row, round_index[int(row["round"])]] += row[key] / BYTES_PER_MB
+            megabytes[site_row, round_index[int(row["round"])]] += units.megabytes(row[key])
         ax.stackplot(rounds, megabytes, labels=[f"Site {s}" for s in sites], alpha=0.85, step="mid")
         ax.set_title(f"{title}: {name.lower()}" if title else name)
         ax.set_xlabel("Communication round")
         ax.set_ylabel("MB (10^6 bytes) per round, stacked")
+        mib = ax.secondary_yaxis("right", functions=(units.mb_to_mib, _mib_to_mb))
+        mib.set_ylabel("MiB (2^20 bytes)")
         ax.set_ylim(0, max(float(megabytes.sum(axis=0).max()), 1e-9) * 1.25)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, ncol=min(len(sites), 4), loc="upper left")
@@ -230,6 +234,36 @@ def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None)
                 fontsize=7,
             )
     return fig
+
+
+def plot_setting_curves(table: Table, out_png: str | Path, xlabel: str) -> Path:
+    """Write :func:`setting_curves_figure` to ``out_png``."""
+    return _save(setting_curves_figure(table, xlabel), out_png)
+
+
+def setting_curves_figure(table: Table, xlabel: str) -> Figure:
+    """One line per column of ``table`` (e.g. Dice of each site, Avg., E) over its rows (the
+    settings, e.g. Fig. 6's communication intervals), mean ± std over seeds; rows without runs
+    are gaps."""
+    fig, axes = _figure(1, 1, (7, 3.6))
+    ax = axes[0, 0]
+    labels = list(table.rows)
+    x = np.arange(len(labels))
+    for index, column in enumerate(table.columns):
+        cells = [table.rows[label][index] for label in labels]
+        mean = np.array([np.nan if c is None else c.mean for c in cells])
+        std = np.array([0.0 if c is None or c.std is None else c.std for c in cells])
+        ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, label=column.header)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(table.columns[0].header.split(" ")[0] if table.columns else "")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    return fig
+
+
+def _mib_to_mb(mib: float) -> float:
+    return mib * units.BYTES_PER_MIB / units.BYTES_PER_MB
 
 
 def plot_comparison(runs: Sequence[dict], out_png: str | Path, metric: str = "dice") -> Path:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from fedst import units
 from fedst.federation.run_io import read_jsonl
 
 __all__ = [
@@ -41,8 +43,11 @@ __all__ = [
     "RunError",
     "Stat",
     "Table",
+    "build_table",
+    "comm_columns",
     "comm_table",
     "comparison_table",
+    "dice_table",
     "find_runs",
     "group_by_method",
     "load_run",
@@ -54,6 +59,7 @@ __all__ = [
     "site_names",
     "site_value",
     "sites_table",
+    "size_value",
     "timing_table",
     "write_tables",
 ]
@@ -255,6 +261,25 @@ class Table:
     columns: list[Column]
     rows: dict[str, list[Stat | None]] = field(default_factory=dict)
     runs: dict[str, int] = field(default_factory=dict)
+    text_headers: list[str] = field(default_factory=list)
+    """Descriptive columns between "Runs" and the numbers (e.g. Table IV's component marks)."""
+    texts: dict[str, list[str]] = field(default_factory=dict)
+    """Per row, one string per text header (missing rows: empty strings)."""
+    notes: list[str] = field(default_factory=list)
+    """Lines printed under the markdown table (units, device, rows not available and why)."""
+
+    def arrange(self, order: Sequence[str]) -> Table:
+        """The same table with rows in ``order``; a label without runs becomes a row of "n/a"
+        with 0 runs (never dropped), and rows not in ``order`` are kept after them."""
+        labels = [*order, *(label for label in self.rows if label not in order)]
+        return dataclasses.replace(
+            self,
+            rows={k: self.rows.get(k, [None] * len(self.columns)) for k in labels},
+            runs={k: self.runs.get(k, 0) for k in labels},
+        )
+
+    def _texts(self, method: str) -> list[str]:
+        return self.texts.get(method, [""] * len(self.text_headers))
 
     def _best(self, index: int) -> float | None:
         metric = self.columns[index].metric
@@ -266,11 +291,12 @@ class Table:
     def to_markdown(self) -> str:
         """A GitHub markdown table; the best mean of each metric column is bold."""
         best = [self._best(i) for i in range(len(self.columns))]
+        headers = [*self.text_headers, *(c.header for c in self.columns)]
         lines = [
             f"### {self.title}",
             "",
-            "| Method | Runs | " + " | ".join(c.header for c in self.columns) + " |",
-            "|---|---:|" + "---:|" * len(self.columns),
+            "| Method | Runs | " + " | ".join(headers) + " |",
+            "|---|---:|" + ":-:|" * len(self.text_headers) + "---:|" * len(self.columns),
         ]
         for method, cells in self.rows.items():
             texts = []
@@ -281,20 +307,23 @@ class Table:
                     texts.append(f"**{cell.format(column.digits)}**")
                 else:
                     texts.append(cell.format(column.digits))
+            texts = [*self._texts(method), *texts]
             lines.append(f"| {method} | {self.runs[method]} | " + " | ".join(texts) + " |")
+        if self.notes:
+            lines += ["", *self.notes]
         return "\n".join(lines) + "\n"
 
     def to_csv(self, path: str | Path) -> Path:
         """Columns: method, runs, then ``<key>_mean`` and ``<key>_std`` per column."""
         path = Path(path)
-        header = ["method", "runs"]
+        header = ["method", "runs", *self.text_headers]
         for column in self.columns:
             header += [f"{column.key}_mean", f"{column.key}_std"]
         with path.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(header)
             for method, cells in self.rows.items():
-                row: list[object] = [method, self.runs[method]]
+                row: list[object] = [method, self.runs[method], *self._texts(method)]
                 for cell in cells:
                     row += (
                         ["", ""]
@@ -333,7 +362,7 @@ def site_names(runs: Sequence[dict], section: str) -> list[str]:
     return list(names)
 
 
-def _build(
+def build_table(
     name: str,
     title: str,
     runs: Sequence[dict],
@@ -370,14 +399,17 @@ def sites_table(
         columns.append(Column(f"{metric}_avg", f"{label} Avg.", metric))
         values.append(lambda r, m=metric: run_average(r, sites, m))
     title = f"Federated sites {', '.join(sites)} (Table II layout), {_std_note()}"
-    return _build("sites", title, runs, columns, values)
+    return build_table("sites", title, runs, columns, values)
 
 
 def outfed_table(
-    runs: Sequence[dict], metrics: Sequence[str] = ("dice", "iou", "hd95", "assd")
+    runs: Sequence[dict],
+    metrics: Sequence[str] = ("dice", "iou", "hd95", "assd"),
+    sites: Sequence[str] | None = None,
 ) -> Table:
-    """Tables III / VIII layout: per out-of-federation site, the metrics of the averaged model."""
-    sites = site_names(runs, "out_of_federation")
+    """Tables III / VIII layout: per out-of-federation site (default: every one the runs have),
+    the metrics of the averaged model."""
+    sites = list(sites) if sites is not None else site_names(runs, "out_of_federation")
     columns: list[Column] = []
     values: list = []
     for site in sites:
@@ -385,7 +417,7 @@ def outfed_table(
             columns.append(Column(f"{metric}_{site}", f"{site} {METRIC_LABELS[metric]}", metric))
             values.append(lambda r, s=site, m=metric: site_value(r, "out_of_federation", s, m))
     title = f"Out-of-federation sites {', '.join(sites)} (Tables III / VIII layout), {_std_note()}"
-    return _build("outfed", title, runs, columns, values)
+    return build_table("outfed", title, runs, columns, values)
 
 
 def comparison_table(runs: Sequence[dict]) -> Table:
@@ -405,7 +437,7 @@ def comparison_table(runs: Sequence[dict]) -> Table:
             else:
                 values.append(lambda r, s=site, m=metric: site_value(r, "out_of_federation", s, m))
     title = f"Comparison: federated sites, their mean and out-of-federation sites, {_std_note()}"
-    return _build("comparison", title, runs, columns, values)
+    return build_table("comparison", title, runs, columns, values)
 
 
 def class_value(run: dict, section: str, site: str, class_name: str, metric: str) -> float | None:
@@ -442,26 +474,76 @@ def per_class_table(runs: Sequence[dict], metric: str = "dice") -> Table:
         f"{METRIC_LABELS[metric]} per class (n/a: class not scored, absent from ground truth and "
         f"prediction in every evaluated frame), {_std_note()}"
     )
-    return _build(f"per_class_{metric}", title, runs, columns, values)
+    return build_table(f"per_class_{metric}", title, runs, columns, values)
+
+
+def size_value(run: dict, direction: str, unit: str) -> float | None:
+    """A run's mean ``direction`` ("upload" / "download") per site and round in ``unit`` ("mb":
+    10^6 bytes, "mib": 2^20 bytes) from final.json. Runs written before final.json carried MiB
+    have only MB; their MiB is the exact conversion of it."""
+    final = run["final"]
+    value = final.get(f"{direction}_{unit}_per_round")
+    if value is None and unit == "mib" and final.get(f"{direction}_mb_per_round") is not None:
+        value = units.mb_to_mib(float(final[f"{direction}_mb_per_round"]))
+    return None if value is None else float(value)
+
+
+SIZE_NOTE = "MB = 10^6 bytes, MiB = 2^20 bytes (the paper's Table IX figures appear to be MiB)"
+
+
+def comm_columns() -> tuple[list[Column], list]:
+    """Upload and download per site and round, each in MB and MiB (columns, cell values)."""
+    columns, values = [], []
+    for direction in ("upload", "download"):
+        for unit, label in (("mb", "MB"), ("mib", "MiB")):
+            columns.append(
+                Column(f"{direction}_{unit}_per_round", f"{direction.title()} ({label} / round)")
+            )
+            values.append(lambda r, d=direction, u=unit: size_value(r, d, u))
+    return columns, values
 
 
 def comm_table(runs: Sequence[dict]) -> Table:
-    """Table IX layout: communication per round (MB, as written in final.json) and rounds run."""
-    columns = [
-        Column("upload_mb_per_round", "Upload (MB / round)"),
-        Column("download_mb_per_round", "Download (MB / round)"),
-        Column("rounds", "Rounds", digits=0),
-    ]
-    values = [
-        lambda r: r["final"].get("upload_mb_per_round"),
-        lambda r: r["final"].get("download_mb_per_round"),
+    """Table IX layout: communication per site and round (MB and MiB, from final.json) and rounds
+    run (federated rounds; a final stage's one-off exchange is not a round)."""
+    columns, values = comm_columns()
+    columns.append(Column("rounds", "Rounds", digits=0))
+    values.append(
         lambda r: (
             len({row["round"] for row in r["comm"] if row.get("kind", "round") == "round"})
             if r["comm"]
             else None
-        ),
-    ]
-    return _build("comm", f"Communication (Table IX layout), {_std_note()}", runs, columns, values)
+        )
+    )
+    table = build_table(
+        "comm", f"Communication (Table IX layout), {_std_note()}", runs, columns, values
+    )
+    table.notes.append(SIZE_NOTE)
+    return table
+
+
+def dice_table(
+    runs: Sequence[dict],
+    name: str,
+    title: str,
+    outfed: Sequence[str] = ("E",),
+    metric: str = "dice",
+) -> Table:
+    """Tables IV-VII layout: ``metric`` per federated site, their Avg., and the given
+    out-of-federation sites (averaged model)."""
+    sites = site_names(runs, "sites")
+    label = METRIC_LABELS[metric]
+    columns: list[Column] = []
+    values: list = []
+    for site in sites:
+        columns.append(Column(f"{metric}_{site}", f"{label} {site}", metric))
+        values.append(lambda r, s=site: site_value(r, "sites", s, metric))
+    columns.append(Column(f"{metric}_avg", f"{label} Avg.", metric))
+    values.append(lambda r: run_average(r, sites, metric))
+    for site in outfed:
+        columns.append(Column(f"{metric}_{site}", f"{label} {site} (out of fed.)", metric))
+        values.append(lambda r, s=site: site_value(r, "out_of_federation", s, metric))
+    return build_table(name, f"{title}, {_std_note()}", runs, columns, values)
 
 
 def _mean_seconds(run: dict, site_is_server: bool, key: str) -> float | None:
@@ -507,7 +589,7 @@ def timing_table(runs: Sequence[dict]) -> Table:
     if not any(run.get("train") for run in runs):
         return Table(name="timing", title="timing", columns=[])
     title = f"Wall time per round (train.jsonl; rounds >= 1), {_std_note()}"
-    return _build("timing", title, runs, columns, values)
+    return build_table("timing", title, runs, columns, values)
 
 
 def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:

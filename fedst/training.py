@@ -16,7 +16,7 @@ from typing import Any
 from flwr.app import Context, RecordDict
 from omegaconf import OmegaConf
 
-from fedst import plots, report
+from fedst import plots, report, units
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import make_client_app, release_sites
 from fedst.app.inprocess import InProcessGrid
@@ -218,9 +218,10 @@ def finalize_run(
         "sites": sites,
         "out_of_federation": outfed,
         **_outfed_average(cfg, run_dir),
-        # per site and round, parameter values only (fp32), as in the paper's Table IX
-        "upload_mb_per_round": _mean_mb(rounds, "upload_param_bytes"),
-        "download_mb_per_round": _mean_mb(steady, "download_param_bytes"),
+        # per site and round, parameter values only (fp32), as in the paper's Table IX; MB =
+        # 10^6 bytes, MiB = 2^20 bytes (the unit the paper's figures appear to use, fedst/units.py)
+        **_sizes_per_round("upload", rounds, "upload_param_bytes"),
+        **_sizes_per_round("download", steady, "download_param_bytes"),
         **_final_stage_comm(comm),
     }
     if cfg.train.val_every is not None:  # rounds chosen on validation only, then tested
@@ -257,9 +258,11 @@ def _final_stage_comm(comm: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "final_stage": {
             "kind": stage[0]["kind"],
-            "upload_mb_per_site": _mean_mb(stage, "upload_param_bytes"),
-            "download_mb_per_site": _mean_mb(stage, "download_param_bytes"),
-            "personal_download_mb_per_site": _mean_mb(stage, "personal_download_param_bytes"),
+            **_sizes_per_round("upload", stage, "upload_param_bytes", "per_site"),
+            **_sizes_per_round("download", stage, "download_param_bytes", "per_site"),
+            **_sizes_per_round(
+                "personal_download", stage, "personal_download_param_bytes", "per_site"
+            ),
         }
     }
 
@@ -285,5 +288,12 @@ def _scalars(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in keep if k in row}
 
 
-def _mean_mb(rows: list[dict[str, Any]], key: str) -> float:
-    return sum(r[key] for r in rows) / len(rows) / 1e6 if rows else 0.0
+def _sizes_per_round(
+    name: str, rows: list[dict[str, Any]], key: str, per: str = "per_round"
+) -> dict[str, float]:
+    """``{<name>_mb_<per>, <name>_mib_<per>}``: the mean of ``key`` (bytes) over rows."""
+    mean_bytes = sum(r[key] for r in rows) / len(rows) if rows else 0.0
+    return {
+        f"{name}_mb_{per}": units.megabytes(mean_bytes),
+        f"{name}_mib_{per}": units.mebibytes(mean_bytes),
+    }

@@ -21,6 +21,7 @@ ENTRIES = {  # command -> text its help must show
     "-m fedst.report": "usage: python -m fedst.report",
     "-m fedst.demo": "--methods",
     "-m fedst.model.indicators": "--sites",
+    "-m fedst.experiments": "usage: python -m fedst.experiments",
 }
 
 

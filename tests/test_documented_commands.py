@@ -123,6 +123,7 @@ def test_the_documentation_shows_every_entry_point():
         "fedst.demo",
         "fedst.infer",
         "fedst.export",
+        "fedst.experiments",
     ):
         assert expected in programs
 

@@ -168,10 +168,20 @@ def test_outfed_and_comparison_tables_cover_out_of_federation_sites(multirun):
     assert str(comparison.rows["fedavg"][-2]) == "30.00"
 
 
-def test_comm_table_reports_megabytes_per_round_and_rounds(multirun):
+def test_comm_table_reports_megabytes_and_mebibytes_per_round_and_rounds(multirun):
     table = comm_table(load_runs([multirun]))
-    assert [str(c) for c in table.rows["fedst"]] == ["12.50 ± 0.00", "25.00 ± 0.00", "2.00 ± 0.00"]
+    # upload MB, upload MiB, download MB, download MiB, rounds; 12.5e6 B / 2^20 = 11.9209 MiB,
+    # 25e6 B / 2^20 = 23.8419 MiB (the fake runs' final.json has MB only: MiB is converted)
+    assert [str(c) for c in table.rows["fedst"]] == [
+        "12.50 ± 0.00",
+        "11.92 ± 0.00",
+        "25.00 ± 0.00",
+        "23.84 ± 0.00",
+        "2.00 ± 0.00",
+    ]
+    assert [c.header for c in table.columns][:2] == ["Upload (MB / round)", "Upload (MiB / round)"]
     assert str(table.rows["fedavg"][0]) == "19.70"
+    assert "MiB = 2^20 bytes" in table.to_markdown()
 
 
 def test_incomplete_run_is_an_error_naming_the_missing_file_or_skipped_on_request(multirun):

@@ -1,0 +1,725 @@
+"""One command per table of the paper: train the runs a table needs, then write the table.
+
+    python -m fedst.experiments table2 [--dry-run] [seeds=0,1,2] [experiment=demo]
+    python -m fedst.experiments table4 [--runs runs] [--out results] [rows=table4_row2_ts]
+
+The table (first argument) is one of :data:`TABLES`: ``table2`` (sites A-D: Dice / IoU / HD95 / ASSD per site and
+Avg.), ``table3`` (site E, out of federation), ``table8`` (GraSP, binary), ``table9``
+(communication per site and round in MB and MiB, training time, inference FPS), ``table4`` ..
+``table7`` (the ablation rows of configs/ablation/) and ``fig6`` (communication interval).
+
+Each table declares its rows (a method of configs/method/ or an ablation of configs/ablation/, in
+the paper's order); every row runs once per seed. A run is table-independent: its directory is
+``<runs>/<experiment name>/<row name>_s<seed>/`` (Tables II, III, VIII and IX share the same eight
+methods' runs). For each run the runner
+
+* skips it when it is finished: ``final.json`` present and the run's ``config.json`` equal to the
+  config the command composes (up to ``train.eval_every / device / num_workers``, which do not
+  change what a run learns: fedst/cli.py RESUME_SAFE_KEYS);
+* resumes it when it was interrupted (``checkpoints/server.pt`` present: the resume machinery of
+  ``fedst.training.run_training``, as ``train_fed.py resume=...``);
+* trains it otherwise, through the same entry as train_fed.py (``run_training``), logging
+  ``run i/N`` and the elapsed time;
+* refuses to start when a run directory holds a run of another config (the differing keys are
+  named; use another ``--runs`` folder or delete that directory).
+
+A row whose config file does not exist (a method not implemented yet) or does not compose stays
+in the table as "n/a" with 0 runs and a note saying why; it is never dropped. A run that fails is
+logged, the others still run, its row shows the runs that finished, and the command exits with 1.
+The tables (markdown and CSV) go to ``<out>/<experiment name>/<TABLE>.md|csv``: mean ± sample std
+over seeds (fedst/report.py). ``--dry-run`` lists every run and its state, and trains nothing.
+
+Seeds and rows are the runner's own keys (``seeds=0,1,2``, ``rows=local,fedavg``); every other
+argument is a Hydra override applied to every run (``experiment=demo``, ``train.device=cpu``);
+``seed=``, ``method=``, ``+ablation=``, ``resume=`` and ``site=`` are the runner's to set and are
+refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedst import plots, report
+from fedst.cli import CONFIG_DIR, compose_experiment, learning_differences, setup_logging
+from fedst.config import ConfigError
+from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.federation.run_io import atomic_write_text
+from fedst.federation.server import SERVER_CHECKPOINT
+from fedst.federation.site_data import open_site_data
+from fedst.training import load_config, run_training
+
+log = logging.getLogger("fedst.experiments")
+
+DEFAULT_SEEDS = (0, 1, 2)
+"""The paper repeats every experiment with three seeds (Sec. IV-A3)."""
+RUNNER_KEYS = ("seeds", "rows")
+REFUSED_KEYS = ("seed", "resume", "site", "method", "ablation")
+
+
+class RunnerError(ValueError):
+    """A runner request that cannot be carried out; the message names the key or file and the fix."""
+
+
+# -- what a table needs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a table: a method (``configs/method/<name>.yaml``) or an ablation
+    (``configs/ablation/<name>.yaml``, applied on top of the default method, FedST)."""
+
+    label: str
+    name: str
+    group: str = "method"
+    marks: tuple[str, ...] = ()
+    """Descriptive cells of the row (Table IV's component ticks, Table V's personalized layers)."""
+
+    @property
+    def config_file(self) -> Path:
+        return CONFIG_DIR / self.group / f"{self.name}.yaml"
+
+    def overrides(self) -> list[str]:
+        return [f"method={self.name}"] if self.group == "method" else [f"+ablation={self.name}"]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table of the paper: its rows in the paper's order and how its cells are computed."""
+
+    name: str
+    caption: str
+    rows: tuple[Row, ...]
+    kind: str
+    """"sites" (Table II), "outfed" (Tables III / VIII), "efficiency" (Table IX) or "dice"
+    (Tables IV-VII, Fig. 6: Dice per federated site, Avg. and site E)."""
+    site: str | None = None
+    """The out-of-federation site of an "outfed" table."""
+    mark_headers: tuple[str, ...] = ()
+
+
+def _methods(*pairs: tuple[str, str]) -> tuple[Row, ...]:
+    return tuple(Row(label, name) for label, name in pairs)
+
+
+def _ablations(*rows: tuple[str, str, tuple[str, ...]]) -> tuple[Row, ...]:
+    return tuple(Row(label, name, "ablation", marks) for label, name, marks in rows)
+
+
+def _variants(table: str, **suffixes: str) -> tuple[Row, ...]:
+    """Ablations ``configs/ablation/<table>_<suffix>.yaml``, labelled by keyword, in order."""
+    return tuple(Row(label, f"{table}_{suffix}", "ablation") for label, suffix in suffixes.items())
+
+
+LOCAL, UPPER, FEDST = ("Local Train", "local"), ("Upper Bound", "upperbound"), ("FedST", "fedst")
+FEDLD, FEDDP, FEDAVG = ("FedLD", "fedld"), ("FedDP", "feddp"), ("FedAvg", "fedavg")
+FEDREP, FEDAS = ("FedRep", "fedrep"), ("FedAS", "fedas")
+X = "x"
+TABLE_II_ORDER = _methods(LOCAL, UPPER, FEDLD, FEDDP, FEDAVG, FEDREP, FEDAS, FEDST)
+"""Table II's row order (the paper's Tables III, VIII and IX list the same methods in another)."""
+TABLE_III_ORDER = _methods(LOCAL, UPPER, FEDDP, FEDAS, FEDLD, FEDAVG, FEDREP, FEDST)
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec
+    for spec in (
+        TableSpec(
+            "table2",
+            "Table II: comparison on the federated sites A-D (personalized models)",
+            TABLE_II_ORDER,
+            "sites",
+        ),
+        TableSpec(
+            "table3", "Table III: out-of-federation site E", TABLE_III_ORDER, "outfed", site="E"
+        ),
+        TableSpec(
+            "table8",
+            "Table VIII: unseen binary segmentation site (GraSP)",
+            TABLE_III_ORDER,
+            "outfed",
+            site="grasp",
+        ),
+        TableSpec(
+            "table9", "Table IX: communication and efficiency", TABLE_III_ORDER, "efficiency"
+        ),
+        TableSpec(
+            "table4",
+            "Table IV: ablation of the key components (Dice)",
+            _ablations(
+                ("1 (FedDP baseline)", "table4_row1_baseline", ("", "", "", "")),
+                ("2", "table4_row2_ts", (X, "", "", "")),
+                ("3", "table4_row3_ts_prompt", (X, X, "", "")),
+                ("4", "table4_row4_ts_prompt_cs", (X, X, X, "")),
+                ("5", "table4_row5_serq", ("", "", "", X)),
+                ("6", "table4_row6_ts_serq", (X, "", "", X)),
+                ("7 (FedST)", "table4_row7_full", (X, X, X, X)),
+            ),
+            "dice",
+            mark_headers=("TS", "Prompt", "CS", "SERQ"),
+        ),
+        TableSpec(
+            "table5",
+            "Table V: personalizing different layers of the attention networks (Dice)",
+            _ablations(
+                ("1 (all shared)", "table5_row1_none", ("", "", "")),
+                ("2 (all personalized)", "table5_row2_all", ("Δ", "Δ", "Δ")),
+                ("3", "table5_row3_decoder_query", ("", "Δ", "")),
+                ("4", "table5_row4_encoder_decoder_query", ("Δ", "Δ", "")),
+                ("5 (FedST)", "table5_row5_encoder_query", ("Δ", "", "")),
+            ),
+            "dice",
+            mark_headers=("Encoder Attn.q", "Decoder Attn.q", "Decoder Other"),
+        ),
+        TableSpec(
+            "table6",
+            "Table VI: personalized layers of the PVT backbone (Dice)",
+            _variants(
+                "table6",
+                Norm="norm",
+                Key="key",
+                Value="value",
+                **{"Key&Value": "key_value"},
+                **{"Ours (Query)": "query"},
+            ),
+            "dice",
+        ),
+        TableSpec(
+            "table7",
+            "Table VII: site indicator of the channel selection network (Dice)",
+            _variants(
+                "table7",
+                Random="random",
+                Gaussian="gaussian",
+                **{"One-hot": "onehot"},
+                **{"Ours (CLIP)": "clip"},
+            ),
+            "dice",
+        ),
+        TableSpec(
+            "fig6",
+            "Fig. 6: communication every E local iterations at a fixed total (Dice)",
+            _variants("fig6", **{f"every {e}": f"every_{e}" for e in (10, 50, 100, 200, 500)}),
+            "dice",
+        ),
+    )
+}
+
+
+# -- runs: planned, done, to resume, to train -----------------------------------------------------
+
+
+@dataclass
+class PlannedRun:
+    row: Row
+    seed: int
+    run_dir: Path | None
+    cfg: ExperimentConfig | None
+    state: str
+    """"done", "resume", "new", "conflict" (the directory holds another config's run) or
+    "unavailable" (no config file, or it does not compose)."""
+    detail: str = ""
+
+
+@dataclass
+class Plan:
+    spec: TableSpec
+    experiment: str
+    seeds: tuple[int, ...]
+    runs: list[PlannedRun] = field(default_factory=list)
+    runtime: dict[str, Any] = field(default_factory=dict)
+
+    def with_state(self, *states: str) -> list[PlannedRun]:
+        return [r for r in self.runs if r.state in states]
+
+
+def parse_arguments(args: Sequence[str]) -> tuple[tuple[int, ...], list[str] | None, list[str]]:
+    """``key=value`` arguments -> (seeds, row names or None for all, Hydra overrides)."""
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    rows: list[str] | None = None
+    overrides: list[str] = []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        bare = key.lstrip("+~")
+        if bare == "seeds":
+            try:
+                seeds = tuple(int(v) for v in value.split(",") if v.strip())
+            except ValueError as err:
+                raise RunnerError(f"seeds={value!r}: give integers, e.g. seeds=0,1,2") from err
+            if not seeds or min(seeds) < 0:
+                raise RunnerError(f"seeds={value!r}: give non-negative integers, e.g. seeds=0,1,2")
+        elif bare == "rows":
+            rows = [v for v in value.split(",") if v]
+        elif bare in REFUSED_KEYS:
+            raise RunnerError(
+                f"{arg}: the runner sets {bare} itself (the table's rows choose the method or "
+                "ablation, rows=a,b a subset; seeds=0,1,2 the seeds; runs resume automatically); "
+                "remove it"
+            )
+        else:
+            overrides.append(arg)
+    return seeds, rows, overrides
+
+
+def plan_table(
+    spec: TableSpec,
+    seeds: Sequence[int],
+    overrides: Sequence[str],
+    runs_root: Path,
+    rows: Sequence[str] | None = None,
+) -> Plan:
+    """Every (row, seed) run of ``spec`` with its state; nothing is trained or written."""
+    selected = list(spec.rows)
+    if rows is not None:
+        names = [r.name for r in spec.rows]
+        unknown = [name for name in rows if name not in names]
+        if unknown:
+            raise RunnerError(
+                f"rows={','.join(rows)}: {unknown} not in {spec.name} (rows: {names})"
+            )
+        selected = [r for r in spec.rows if r.name in rows]
+    base, runtime = compose_experiment(list(overrides))
+    plan = Plan(spec, base.name, tuple(seeds), runtime=runtime)
+    for row in selected:
+        if not row.config_file.is_file():
+            detail = f"{row.config_file.relative_to(CONFIG_DIR.parent)} does not exist (yet)"
+            plan.runs += [PlannedRun(row, s, None, None, "unavailable", detail) for s in seeds]
+            continue
+        for seed in seeds:
+            try:
+                cfg, _ = compose_experiment([*overrides, *row.overrides(), f"seed={seed}"])
+            except ConfigError as err:
+                plan.runs.append(PlannedRun(row, seed, None, None, "unavailable", str(err)))
+                continue
+            run_dir = runs_root / cfg.name / f"{row.name}_s{seed}"
+            plan.runs.append(PlannedRun(row, seed, run_dir, cfg, *_run_state(cfg, run_dir)))
+    return plan
+
+
+def _run_state(cfg: ExperimentConfig, run_dir: Path) -> tuple[str, str]:
+    if not (run_dir / "config.json").is_file():
+        return "new", ""
+    try:
+        saved = load_config(run_dir)
+    except (ConfigError, ValueError) as err:
+        return "conflict", f"{run_dir / 'config.json'} cannot be read ({err})"
+    differences = learning_differences(saved, cfg)
+    if differences:
+        return "conflict", f"{run_dir} holds a run of another config (differs in {differences})"
+    if (run_dir / "final.json").is_file():
+        return "done", ""
+    if (run_dir / SERVER_CHECKPOINT).is_file():
+        return "resume", ""
+    return "new", "started before, no completed round"
+
+
+def describe(plan: Plan) -> str:
+    """The dry-run listing: one line per run with its state."""
+    lines = [f"{plan.spec.name} ({plan.spec.caption}), experiment {plan.experiment}:"]
+    for index, run in enumerate(plan.runs, 1):
+        where = str(run.run_dir) if run.run_dir else "-"
+        detail = f"  ({run.detail})" if run.detail else ""
+        lines.append(
+            f"  {index:3d}/{len(plan.runs)}  {run.row.name:34s} seed {run.seed}  "
+            f"{run.state:11s} {where}{detail}"
+        )
+    counts = {s: len(plan.with_state(s)) for s in ("done", "resume", "new", "conflict")}
+    counts["unavailable"] = len(plan.with_state("unavailable"))
+    lines.append("  " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return "\n".join(lines)
+
+
+def execute(plan: Plan) -> list[tuple[PlannedRun, str]]:
+    """Train (or resume) every run of ``plan`` that is not done; returns the failures.
+
+    Runs of another config in the way stop everything before anything trains.
+    """
+    conflicts = plan.with_state("conflict")
+    if conflicts:
+        raise RunnerError(
+            "these run directories hold runs of another config:\n"
+            + "\n".join(f"  {r.detail}" for r in conflicts)
+            + "\nUse another --runs folder, or delete those directories to train them again."
+        )
+    todo = plan.with_state("new", "resume")
+    log.info(
+        "%s: %d run(s) to train or resume, %d done, %d not available",
+        plan.spec.name,
+        len(todo),
+        len(plan.with_state("done")),
+        len(plan.with_state("unavailable")),
+    )
+    started = time.perf_counter()
+    failures: list[tuple[PlannedRun, str]] = []
+    for index, run in enumerate(todo, 1):
+        assert run.cfg is not None and run.run_dir is not None
+        setup_logging(run.run_dir)  # this run's log.txt, as train_fed.py
+        log.info(
+            "run %d/%d: %s seed %d (%s) in %s; elapsed %s",
+            index,
+            len(todo),
+            run.row.name,
+            run.seed,
+            "resuming" if run.state == "resume" else "new",
+            run.run_dir,
+            _clock(time.perf_counter() - started),
+        )
+        try:
+            run_training(
+                run.cfg,
+                run.run_dir,
+                engine=plan.runtime.get("engine", "inprocess"),
+                progress=plan.runtime.get("progress", True),
+                regenerate=plan.runtime.get("regenerate", False) and index == 1,
+            )
+        except Exception as err:  # the other runs still train; the command exits with 1
+            log.exception("run %s failed", run.run_dir)
+            failures.append((run, f"{type(err).__name__}: {err}"))
+            continue
+        run.state = "done"
+        log.info(
+            "run %d/%d finished; elapsed %s",
+            index,
+            len(todo),
+            _clock(time.perf_counter() - started),
+        )
+    setup_logging()
+    return failures
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60:d}:{minutes % 60:02d}:{secs:02d}"
+
+
+# -- Table IX: training time and inference speed --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FpsSettings:
+    """Inference speed of a run's final model: ``frames`` timed frames after ``warmup`` untimed
+    ones, batch 1, streaming in time order through the first federated site's test videos (each
+    frame encoded once, earlier frames' features cached, as ``fedst.infer``), frames read into
+    memory before timing, ``threads`` torch threads."""
+
+    frames: int = 50
+    warmup: int = 5
+    threads: int = 1
+
+
+FPS_FILE = "fps.json"
+"""In a run directory: the last FPS measurement and its settings (reused while they match)."""
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def measure_fps(run_dir: Path, settings: FpsSettings = FpsSettings()) -> dict[str, Any]:
+    """Frames per second of the run's personalized model of its first federated site (see
+    :class:`FpsSettings`); stored in ``<run>/fps.json`` and reused while the settings and the
+    run's final.json are unchanged."""
+    from fedst.infer import load_site_model
+
+    path = run_dir / FPS_FILE
+    final_mtime = (run_dir / "final.json").stat().st_mtime_ns
+    wanted = dataclasses.asdict(settings)
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        if cached.get("settings") == wanted and cached.get("final_mtime_ns") == final_mtime:
+            return cached
+    cfg = load_config(run_dir)
+    site = cfg.data.federation[0]
+    device = resolve_device(cfg.train.device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(settings.threads)
+    try:
+        _, model, indicator = load_site_model(run_dir, site, None, device)
+        dataset = open_site_data(cfg, site, ("test",)).test
+        assert dataset is not None
+        temporal = model.uses_temporal(dataset.clip_length)
+        frames = _video_frames(dataset, settings.warmup + settings.frames, device)
+        timed = 0.0
+        state, current = None, None
+        for index, (video, time_s, frame) in enumerate(frames):
+            if video != current:
+                state = model.stream(
+                    indicator, interval_s=dataset.clip.interval_s, use_temporal=temporal
+                )
+                current = video
+            assert state is not None
+            _synchronize(device)
+            start = time.perf_counter()
+            state.step(frame, time_s)
+            _synchronize(device)
+            if index >= settings.warmup:
+                timed += time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
+    result = {
+        "fps": settings.frames / timed,
+        "site": site,
+        "device": str(device),
+        "device_name": device_name(device),
+        "threads": settings.threads,
+        "image_size": list(cfg.clip.image_size),
+        "temporal": temporal,
+        "settings": wanted,
+        "final_mtime_ns": final_mtime,
+    }
+    atomic_write_text(json.dumps(result, indent=2), path)
+    return result
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _video_frames(dataset: Any, count: int, device: torch.device) -> list[tuple[int, float, Any]]:
+    """``count`` (video index, time s, frame [1, 3, H, W]) in time order through the test videos,
+    starting over from the first video when they hold fewer frames."""
+    refs = [
+        (v, position)
+        for v, video in enumerate(dataset.videos)
+        for position in range(len(video.frames))
+    ]
+    if not refs:
+        raise RunnerError(f"site {dataset.site_name}: the test split has no frame to time")
+    read: dict[tuple[int, int], Any] = {}
+    frames = []
+    for index in range(count):
+        v, position = refs[index % len(refs)]
+        if (v, position) not in read:
+            frame, _ = dataset.read_frame(dataset.videos[v], position)  # [3, H, W]
+            read[(v, position)] = frame[None].to(device)
+        # a new pass over the videos restarts the stream (video index made unique per pass)
+        frames.append(
+            (
+                v + len(dataset.videos) * (index // len(refs)),
+                dataset.videos[v].times[position],
+                read[(v, position)],
+            )
+        )
+    return frames
+
+
+def training_minutes(run: dict, server: bool) -> float | None:
+    """Sum of train.jsonl ``seconds`` over rounds >= 1, of the sites (every site's local rounds:
+    the in-process engine runs them one after the other, as on the paper's single GPU) or of the
+    server (aggregation + server step), in minutes. A run with site rows but no server rows (no
+    server step, e.g. Local) has 0 server time; a run without train.jsonl rows has None."""
+    rows = [r for r in run.get("train", []) if r.get("round", 0) >= 1 and "seconds" in r]
+    if not rows:
+        return None
+    return sum(float(r["seconds"]) for r in rows if (r.get("site") == "server") == server) / 60
+
+
+# -- writing the tables ---------------------------------------------------------------------------
+
+
+def runs_by_row(plan: Plan) -> dict[Row, list[dict]]:
+    """The finished runs of every row (report.load_run), labelled with the row's label."""
+    found: dict[Row, list[dict]] = {}
+    for run in plan.with_state("done"):
+        assert run.run_dir is not None
+        loaded = report.load_run(run.run_dir)
+        found.setdefault(run.row, []).append({**loaded, "method": run.row.label})
+    return found
+
+
+def _notes(plan: Plan, failures: Sequence[tuple[PlannedRun, str]]) -> list[str]:
+    notes = []
+    unavailable: dict[Row, str] = {}
+    for run in plan.with_state("unavailable"):
+        unavailable.setdefault(run.row, run.detail)
+    for row, why in unavailable.items():
+        notes.append(f"* {row.label}: not available: {why}")
+    for run, why in failures:
+        notes.append(
+            f"* {run.row.label}, seed {run.seed}: failed ({why}; see {run.run_dir}/log.txt)"
+        )
+    return notes
+
+
+def build_tables(
+    plan: Plan,
+    failures: Sequence[tuple[PlannedRun, str]] = (),
+    fps: FpsSettings = FpsSettings(),
+) -> tuple[list[report.Table], report.Table]:
+    """(markdown tables in the paper's layout, the one table written as CSV)."""
+    spec = plan.spec
+    grouped = runs_by_row(plan)
+    runs = [run for row in spec.rows for run in grouped.get(row, [])]
+    order = [row.label for row in spec.rows if row in {r.row for r in plan.runs}]
+    builders: dict[str, Callable[[Sequence[dict]], list[report.Table]]] = {
+        "sites": lambda rs: [
+            report.sites_table(rs, ("dice", "iou")),
+            report.sites_table(rs, ("hd95", "assd")),
+            report.sites_table(rs),
+        ],
+        "outfed": lambda rs: [report.outfed_table(rs, sites=[spec.site or ""])],
+        "dice": lambda rs: [report.dice_table(rs, spec.name, spec.caption)],
+        "efficiency": lambda rs: [_efficiency_table(rs, plan, fps)],
+    }
+    tables = [t.arrange(order) for t in builders[spec.kind](runs)]
+    parts = [": Dice, IoU", ": HD95, ASSD", ""] if spec.kind == "sites" else [""]
+    for table, part in zip(tables, parts, strict=True):
+        table.name = spec.name
+        table.title = f"{spec.caption}{part} ({plan.experiment}; {_seed_note(plan)})"
+        if spec.mark_headers:
+            table.text_headers = list(spec.mark_headers)
+            table.texts = {row.label: list(row.marks) for row in spec.rows}
+    notes = _notes(plan, failures)
+    if spec.kind == "sites":  # Dice / IoU and HD95 / ASSD as the paper's two blocks
+        markdown, csv_table = tables[:2], tables[2]
+    else:
+        markdown, csv_table = tables, tables[0]
+    markdown[-1].notes = [*markdown[-1].notes, *notes]
+    return markdown, csv_table
+
+
+def _seed_note(plan: Plan) -> str:
+    seeds = ", ".join(map(str, plan.seeds))
+    return f"seeds {seeds}; mean ± sample std (ddof={report.STD_DDOF}), one run: its value"
+
+
+def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -> report.Table:
+    """Table IX: upload / download per site and round (MB, MiB), training time, FPS."""
+    measured: dict[str, dict[str, Any]] = {}
+    unmeasured: list[str] = []
+    for run in runs:
+        try:
+            measured[str(run["path"])] = measure_fps(Path(run["path"]), settings)
+        except Exception as err:  # the row shows n/a for this run's FPS and says why
+            log.exception("FPS of %s not measured", run["path"])
+            unmeasured.append(f"* FPS of {run['path']} not measured: {type(err).__name__}: {err}")
+    columns, values = report.comm_columns()
+    columns += [
+        report.Column("local_minutes", "Local training (min)"),
+        report.Column("server_minutes", "Server (min)"),
+        report.Column("total_minutes", "Training time (min)"),
+        report.Column("fps", "FPS"),
+    ]
+    values += [
+        lambda r: training_minutes(r, server=False),
+        lambda r: training_minutes(r, server=True),
+        lambda r: _sum(training_minutes(r, server=False), training_minutes(r, server=True)),
+        lambda r: measured.get(str(r["path"]), {}).get("fps"),
+    ]
+    table = report.build_table(plan.spec.name, plan.spec.caption, runs, columns, values)
+    table.notes = [
+        f"* Communication: parameter values (fp32) per site and round; {report.SIZE_NOTE}.",
+        "* Training time: sum over rounds of every site's local round and of the server step "
+        "(aggregation, SERQ), from train.jsonl; the in-process engine runs the sites one after "
+        "the other. The synthetic pre-training every method starts from is not included.",
+        _fps_note(measured.values(), settings),
+        *unmeasured,
+    ]
+    return table
+
+
+def _fps_note(measured: Any, settings: FpsSettings) -> str:
+    setups = sorted(
+        {
+            f"{m['device']} ({m['device_name']}), {m['threads']} thread(s), "
+            f"{m['image_size'][0]}x{m['image_size'][1]}"
+            for m in measured
+        }
+    )
+    where = "; ".join(setups) if setups else "no finished run"
+    return (
+        f"* FPS: personalized model of the first federated site, batch 1, streaming its test videos "
+        f"in time order (earlier frames' features cached), {settings.frames} timed frames after "
+        f"{settings.warmup} warm-up frames, frames in memory; measured on {where}."
+    )
+
+
+def _sum(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
+
+
+def write_outputs(
+    plan: Plan, markdown: Sequence[report.Table], csv_table: report.Table, out_root: Path
+) -> list[Path]:
+    """``<out>/<experiment>/<table>.md`` and ``.csv`` (and ``fig6.png`` for Fig. 6)."""
+    out = out_root / plan.experiment
+    out.mkdir(parents=True, exist_ok=True)
+    md_path = out / f"{plan.spec.name}.md"
+    atomic_write_text("\n".join(t.to_markdown() for t in markdown), md_path)
+    written = [md_path, csv_table.to_csv(out / f"{plan.spec.name}.csv")]
+    if plan.spec.name == "fig6":
+        written.append(
+            plots.plot_setting_curves(
+                csv_table, out / "fig6.png", "communication every E local iterations"
+            )
+        )
+    return written
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    key_values = [t for t in tokens if "=" in t and not t.startswith("-")]  # anywhere on the line
+    parser = argparse.ArgumentParser(
+        prog="python -m fedst.experiments",
+        usage="%(prog)s TABLE [--dry-run] [--runs DIR] [--out DIR] [--fps-*] [seeds=0,1,2] "
+        "[rows=NAME,NAME] [Hydra overrides]",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Tables: " + ", ".join(f"{n} ({s.caption})" for n, s in TABLES.items()),
+    )
+    parser.add_argument("table", choices=list(TABLES))
+    parser.add_argument("--dry-run", action="store_true", help="list the runs; train nothing")
+    parser.add_argument("--runs", type=Path, default=Path("runs"), help="root of run directories")
+    parser.add_argument("--out", type=Path, default=Path("results"), help="root of the tables")
+    parser.add_argument("--fps-frames", type=int, default=FpsSettings.frames)
+    parser.add_argument("--fps-warmup", type=int, default=FpsSettings.warmup)
+    parser.add_argument("--fps-threads", type=int, default=FpsSettings.threads)
+    setup_logging()
+    try:
+        seeds, rows, overrides = parse_arguments(key_values)
+    except RunnerError as err:
+        log.error("%s", err)
+        return 2
+    parser.set_defaults(seeds=seeds, rows=rows, overrides=overrides)
+    options = parser.parse_args([t for t in tokens if t not in key_values])
+    try:
+        plan = plan_table(TABLES[options.table], seeds, overrides, options.runs, rows)
+        print(describe(plan))
+        if options.dry_run:
+            return 0
+        failures = execute(plan)
+        fps = FpsSettings(options.fps_frames, options.fps_warmup, options.fps_threads)
+        markdown, csv_table = build_tables(plan, failures, fps)
+        written = write_outputs(plan, markdown, csv_table, options.out)
+    except (RunnerError, ConfigError) as err:
+        log.error("%s", err)
+        return 2
+    print()
+    print("\n".join(t.to_markdown() for t in markdown))
+    for path in written:
+        print(f"wrote {path}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
