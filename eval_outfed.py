@@ -23,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedst import report
 from fedst.cli import register_resolvers, setup_logging
+from fedst.config import ConfigError
 from fedst.experiment import resolve_device
 from fedst.metrics import format_score
-from fedst.config import ConfigError
 from fedst.outfed import (
     evaluate_new_site,
     evaluate_out_of_federation,

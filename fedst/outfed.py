@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,7 +299,8 @@ def new_site_indicator(
             f"new site {site!r} (surgery type {surgery_type!r}): its prompt "
             f"{site_prompt(site, surgery_type)!r} has no CLIP text embedding in {cache} and CLIP "
             f"cannot be loaded here. Prepare it where the CLIP weights are: `python -m "
-            f"fedst.weights --run {run_dir} --extra-site {site}:{surgery_type} --prepare`, then "
+            f"fedst.weights --run {shlex.quote(str(run_dir))} --extra-site "
+            f"{shlex.quote(f'{site}:{surgery_type}')} --prepare`, then "
             f"copy {cache.name} into {cache.parent}. Details: {err}"
         ) from err
     return vectors[site]

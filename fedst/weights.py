@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 from pathlib import Path
 
 from fedst.cli import compose_experiment
@@ -102,7 +103,9 @@ def clip_status(
 def _overrides_hint(
     cfg: ExperimentConfig, extra_sites: list[tuple[str, str]] | None = None
 ) -> list[str]:
-    return [f"experiment={cfg.name}"] + [f"--extra-site {n}:{s}" for n, s in extra_sites or []]
+    return [f"experiment={cfg.name}"] + [
+        f"--extra-site {shlex.quote(f'{n}:{s}')}" for n, s in extra_sites or []
+    ]
 
 
 def prepare_clip(

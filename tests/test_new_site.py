@@ -38,6 +38,7 @@ TINY_PROMPTS = {  # configs/data/tiny.yaml: site -> surgery type, written out by
 }
 LUNG_PROMPT = "This is the Local site lung model and the surgery type is lobectomy"
 CLIP_CACHE_FILE = "clip_text_ViT-B-32_openai.json"
+QUIET = ("progress=false",)
 
 
 def experiment(root: Path, *overrides: str) -> ExperimentConfig:
@@ -107,8 +108,7 @@ def test_a_new_site_scores_as_the_configured_out_of_federation_path_on_the_same_
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
     env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run(
-        [sys.executable, "eval_outfed.py", f"run={run_dir}", f"site_root={lung_site}"]
-        + ["progress=false"],
+        [sys.executable, "eval_outfed.py", f"run={run_dir}", f"site_root={lung_site}", *QUIET],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -141,9 +141,14 @@ def test_a_new_site_is_prompted_with_its_own_name_and_surgery_type(clip_run, lun
     cfg = load_config(run_dir)
     site = open_new_site(cfg, lung_site)
     assert (site.name, site.surgery_type) == ("lung", "lobectomy")  # folder name, meta.json
-    cached = json.loads(cache_file.read_text())
+
+    pleura = "This is the Local site pleura model and the surgery type is wedge resection"
+    cache = json.loads(cache_file.read_text())
+    cache[pleura] = [0.0] * 511 + [1.0]  # a vector no other prompt has
+    cache_file.write_text(json.dumps(cache))
+    site = open_new_site(cfg, lung_site, site_name="pleura", surgery_type="wedge resection")
     vector = new_site_indicator(cfg, run_dir, site.name, site.surgery_type)
-    assert torch.equal(vector, torch.tensor(cached[LUNG_PROMPT], dtype=torch.float32))
+    assert torch.equal(vector, torch.tensor(cache[pleura], dtype=torch.float32))
 
 
 def test_an_unknown_surgery_type_without_clip_says_how_to_prepare_it(
