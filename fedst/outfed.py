@@ -267,17 +267,18 @@ def new_site_indicator(
     """The frozen indicator xi [dim] of a site outside the run (None when the method uses none).
 
     clip: the embedding of the site's own prompt (:func:`site_prompt`, paper Eq. 7 text);
-    onehot: the next id after every site of the run (:func:`site_order`), an id no site trained
+    onehot: the next id after every site of the run (``Method.site_order``), an id no site trained
     with, like an out-of-federation site's; random: seeded by the name. gaussian places a site by
     its position among the run's N sites, which a new site does not have: a ConfigError.
     """
     if not cfg.uses_indicator():
         return None
     kind = cfg.method.indicator
+    order = method_of(cfg).site_order()
     if kind == "gaussian":
         raise ConfigError(
             f"{run_dir} uses method.indicator=gaussian, whose bump sits at a site's position "
-            f"among the run's {len(method_of(cfg).site_order())} sites; a new site has none. Score it with a "
+            f"among the run's {len(order)} sites; a new site has none. Score it with a "
             f"run using clip, onehot or random indicators, or list it in a run's "
             f"data.out_of_federation before training"
         )
@@ -287,7 +288,7 @@ def new_site_indicator(
             kind,
             [(site, surgery_type)],
             dim=ind.dim,
-            site_order=[*method_of(cfg).site_order(), site],
+            site_order=[*order, site],
             clip_model=ind.clip_model,
             clip_pretrained=ind.clip_pretrained,
             cache_dir=Path(ind.cache_dir),
