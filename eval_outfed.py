@@ -2,8 +2,7 @@
 
     python eval_outfed.py run=runs/demo/fedst_s0_...             # site E and GraSP, tables and plots
     python eval_outfed.py run=runs/demo/fedst_s0_... sites=[E]
-    python eval_outfed.py run=runs/demo/fedst_s0_... site_root=/data/new_hospital/lung \
-        site_name=lung surgery_type=lobectomy                    # a site the run never listed
+    python eval_outfed.py run=runs/demo/fedst_s0_... site_root=/data/new_hospital/lung site_name=lung
 
 Writes <run>/final.json (with "out_of_federation"), <run>/tables/ and <run>/plots/, and prints
 the comparison table. With site_root: writes only <run>/external/<site_name>.json and

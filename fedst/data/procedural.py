@@ -54,7 +54,11 @@ shared 2-core machine): tiny 0.7 s (180 frames/s) and demo 8.0 s (138 frames/s) 
 ~6; demo took 25 s at load ~8. Full (18440 frames) was not run; E + grasp of full (503 frames at
 256 x 320) took 11.9 s (42 frames/s), so full takes roughly 7-8 minutes.
 
-Diagnosis only: ``--oracle-split E`` writes ``<out>/E_oracle``, E-like *training* videos (E's
+Diagnosis only (issue 15), the E-like *training* videos of an oracle:
+
+    python -m fedst.data.procedural --out data/procedural/demo_oracle --preset demo --oracle-split E
+
+writes ``<out>/E_oracle``, E-like training videos (E's
 style, video ids ``oracle_000``... so other random streams than E's test videos ``video_*``) in the
 train / val / test sizes of site A of the preset, for an oracle trained on E's domain (issue 15).
 It is refused inside a benchmark folder and is never part of one, so no federation reads it unless a
