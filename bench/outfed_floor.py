@@ -8,9 +8,10 @@ Every row is one ``train_fed.py`` run with overrides in its own run directory ``
 whose final.json exists is read back instead of run (an interrupted one is resumed from its last
 round), so the script can be stopped and restarted. Rows, all on the demo benchmark at seed 0:
 
-* ``oracle``: the Local network (method=local) trained on E-like *training* videos alone
-  (``python -m fedst.data.procedural --oracle-split E``, written to ``<data.root>_oracle``, never a
-  benchmark folder) and scored on E's test split like every other row: the ceiling of E;
+* ``oracle``: the Local network (method=local) trained on E-like *training* videos alone, scored
+  on E's test split like every other row: the ceiling of E. The script writes them first, as
+  ``python -m fedst.data.procedural --out data/procedural/demo_oracle --oracle-split E`` does
+  (``<data.root>_oracle``, never a benchmark folder);
 * ``upperbound`` (pooled A-D; only when configs/method/upperbound.yaml exists), ``fedavg`` and
   ``fedst``, each at 1x, 4x and 16x the demo's local iterations (``--budgets``; evaluation every
   k x ``train.eval_every`` rounds, so every run has as many learning-curve points);
