@@ -53,7 +53,12 @@ def main(cfg: DictConfig) -> None:
                 f"sites={cfg.sites} and site_root={cfg.site_root}: score either configured sites "
                 "or one new site per call"
             )
-        site = open_new_site(experiment, Path(cfg.site_root), cfg.site_name, cfg.surgery_type)
+        site = open_new_site(
+            experiment,
+            Path(str(cfg.site_root)),
+            None if cfg.site_name is None else str(cfg.site_name),  # site_name=2 is a name
+            None if cfg.surgery_type is None else str(cfg.surgery_type),
+        )
         _, record = evaluate_new_site(
             experiment, run_dir, site, resolve_device(experiment.train.device), cfg.progress
         )
