@@ -44,6 +44,10 @@ class MethodConfig:
     """Extra regexes of state-dict keys kept private, added to the preset (e.g. "^decoder\\.head")."""
     personalize_channel_selection: bool = True
     """Keep the channel-selection / prompt modules private (FedST: yes)."""
+    shared_components: tuple[str, ...] | None = None
+    """Partial aggregation by component (fedst.model.partition.COMPONENTS: encoder, temporal,
+    decoder, head, channel_selection): only these may travel, every other component stays at the
+    site like rho, on top of ``personalization``. None: every component may travel."""
     temporal: bool = True
     """Temporal cross-attention over 4-frame clips (Table IV 'TS')."""
     prompt: bool = True
@@ -84,6 +88,15 @@ class MethodConfig:
                 "method.aggregation_weights=uniform (got "
                 f"{self.aggregation_weights!r})"
             )
+        if self.shared_components is not None:
+            from fedst.model.partition import COMPONENTS
+
+            unknown = sorted(set(self.shared_components) - set(COMPONENTS))
+            if unknown:
+                raise ConfigError(
+                    f"method.shared_components has unknown component(s) {unknown}; choose from "
+                    f"{sorted(COMPONENTS)}"
+                )
         if self.indicator not in INDICATOR_KINDS:
             raise ConfigError(f"method.indicator={self.indicator!r}; choose {INDICATOR_KINDS}")
         if self.serq and not self.synthetic_pretraining:
@@ -173,6 +186,50 @@ class SerqConfig:
             raise ConfigError(f"serq.feature_stage={self.feature_stage!r}: choose 0, 1, 2 or 3")
 
 
+PRECISIONS = ("fp32", "fp16", "bf16")
+DP_MODES = ("none", "server_fixed", "server_adaptive", "client_fixed", "client_adaptive")
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    precision: str = "fp32"
+    """Wire precision of the shared tensors, both directions (fedst/federation/transport.py):
+    fp32 | fp16 | bf16. Receivers restore fp32; the server aggregates in fp32."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"comm.precision={self.precision!r}; choose {PRECISIONS}")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Central differential privacy with Flower's strategy wrappers (fedst/federation/privacy.py)
+    on the shared update gamma_k - gamma_g; personalized parameters never travel, so never need it."""
+
+    dp: str = "none"
+    """none | server_fixed | server_adaptive (the server clips each update) | client_fixed |
+    client_adaptive (each site clips its own update with Flower's client mods)."""
+    noise_multiplier: float = 1.0
+    """sigma: Gaussian noise std = noise_multiplier * clipping_norm / number of sites."""
+    clipping_norm: float = 1.0
+    """Fixed clipping: the L2 bound of one site's update. Adaptive: the initial bound."""
+    target_clipped_quantile: float = 0.5
+    """Adaptive clipping: the fraction of updates the bound should clip (0.5: the median norm)."""
+    clip_norm_lr: float = 0.2
+    """Adaptive clipping: learning rate of the bound's geometric update."""
+
+    def __post_init__(self) -> None:
+        if self.dp not in DP_MODES:
+            raise ConfigError(f"privacy.dp={self.dp!r}; choose {DP_MODES}")
+        require_at_least("privacy.noise_multiplier", self.noise_multiplier, 0)
+        require_positive("privacy.clipping_norm", self.clipping_norm)
+        if not 0 < self.target_clipped_quantile < 1:
+            raise ConfigError(
+                f"privacy.target_clipped_quantile={self.target_clipped_quantile!r}: must be in (0, 1)"
+            )
+        require_positive("privacy.clip_norm_lr", self.clip_norm_lr)
+
+
 @dataclass(frozen=True)
 class IndicatorConfig:
     clip_model: str = DEFAULT_CLIP_MODEL
@@ -198,6 +255,8 @@ class ExperimentConfig:
     clip: ClipConfig = field(default_factory=ClipConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     indicator: IndicatorConfig = field(default_factory=IndicatorConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def __post_init__(self) -> None:
         require_at_least("seed", self.seed, 0, "seeds are non-negative integers")
@@ -320,6 +379,10 @@ class SiteNodeConfig:
     """Dataset backend of this site (default: the one named in the experiment)."""
     site_options: str = "{}"
     """Backend options of this site, as a JSON object (e.g. '{"site_dir": "hyst_yt"}')."""
+    other_sites: str | None = None
+    """Data of further sites this node reads, as a JSON object site -> {"root", "backend",
+    "options"}: a party that trains or is scored on other sites' data (Method.data_sites, e.g.
+    the upper bound's pool of every federated site). None (a hospital's own node): none."""
     state_dir: str | None = None
     """Folder of this site's private state; each run gets a sub-folder named by the server."""
     run_state_dir: str | None = None
@@ -366,23 +429,43 @@ class SiteNodeConfig:
         return Path(self.state_dir) / run_name
 
     def local_experiment(self, view: ExperimentConfig, site: str) -> ExperimentConfig:
-        """The view completed with this node's own data location, backend options and hardware."""
-        spec = view.data.sites[site]
-        if self.data_path is None:
-            raise ConfigError(
-                f"site {site}: node config has no data-path; start the site with its data folder "
-                f"(train_fed.py site={site} data.sites.{site}.root=<folder>)"
-            )
+        """The view completed with this node's own data location (and those of the other sites
+        it reads), backend options and hardware."""
         try:
-            options = json.loads(self.site_options)
+            others = json.loads(self.other_sites) if self.other_sites else {}
         except json.JSONDecodeError as err:
-            raise ConfigError(f"node_config site-options is not JSON: {err}") from err
-        spec = dataclasses.replace(
-            spec, root=self.data_path, backend=self.backend or spec.backend, options=options
-        )
+            raise ConfigError(f"node_config other-sites is not JSON: {err}") from err
+        located = {}
+        if site in view.data.sites:  # a data site (the upper bound's pool is none)
+            if self.data_path is None:
+                raise ConfigError(
+                    f"site {site}: node config has no data-path; start the site with its data "
+                    f"folder (train_fed.py site={site} data.sites.{site}.root=<folder>)"
+                )
+            try:
+                options = json.loads(self.site_options)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"node_config site-options is not JSON: {err}") from err
+            located[site] = {"root": self.data_path, "backend": self.backend, "options": options}
+        located.update(others)
+        unknown = sorted(set(located) - set(view.data.sites))
+        if unknown:
+            raise ConfigError(
+                f"node of {site}: node_config other-sites names {unknown}, which are not sites "
+                f"of the experiment ({sorted(view.data.sites)})"
+            )
+        sites = {
+            name: dataclasses.replace(
+                view.data.sites[name],
+                root=where["root"],
+                backend=where.get("backend") or view.data.sites[name].backend,
+                options=where.get("options", {}),
+            )
+            for name, where in located.items()
+        }
         return dataclasses.replace(
             view,
-            data=dataclasses.replace(view.data, sites={**view.data.sites, site: spec}),
+            data=dataclasses.replace(view.data, sites={**view.data.sites, **sites}),
             train=dataclasses.replace(view.train, device=self.device, num_workers=self.num_workers),
             indicator=dataclasses.replace(view.indicator, cache_dir=self.clip_cache),
         )
@@ -391,13 +474,26 @@ class SiteNodeConfig:
 def site_node_config(
     cfg: ExperimentConfig, site: str, progress: bool = False, **settings: Any
 ) -> SiteNodeConfig:
-    """The node config of ``site`` from a full local experiment (the site's own config)."""
-    spec = cfg.data.sites[site]
+    """The node config of ``site`` (a training party of the method) from a full local experiment
+    (the site's own config): its own data and that of every other site it reads."""
+    from fedst.methods import method_of
+
+    spec = cfg.data.sites.get(site)
+    others = {
+        name: {
+            "root": cfg.data.sites[name].root,
+            "backend": cfg.data.sites[name].backend,
+            "options": cfg.data.sites[name].options,
+        }
+        for name in method_of(cfg).data_sites(site)
+        if name != site
+    }
     return SiteNodeConfig(
         site_name=site,
-        data_path=spec.root,
-        backend=spec.backend,
-        site_options=json.dumps(spec.options, sort_keys=True),
+        data_path=spec.root if spec else None,
+        backend=spec.backend if spec else None,
+        site_options=json.dumps(spec.options if spec else {}, sort_keys=True),
+        other_sites=json.dumps(others, sort_keys=True) if others else None,
         device=cfg.train.device,
         num_workers=cfg.train.num_workers,
         clip_cache=cfg.indicator.cache_dir,

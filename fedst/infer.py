@@ -187,7 +187,7 @@ def load_site_model(
         model = averaged_model(cfg, run_dir, device)
         indicator_site = prompt_site
     elif site in federation:
-        model = personalized_model(cfg, run_dir, site, device)
+        model = personalized_model(cfg, run_dir, method_of(cfg).party_of(site), device)
         indicator_site = site
     else:
         raise InferenceError(

@@ -96,7 +96,8 @@ def _site_model(
 def personalized_model(
     cfg: ExperimentConfig, run_dir: Path, site: str, device: torch.device
 ) -> FedSTNet:
-    """v_k = gamma_g U rho_k of a federated site after the run's last completed round."""
+    """v_k = gamma_g U rho_k of a federated site (a training party of the method: the upper
+    bound's is its pool, Method.party_of) after the run's last completed round."""
     checkpoint = _server_checkpoint(run_dir)
     personal = _site_state(run_dir, site, checkpoint["round"])["personal"]
     return _site_model(cfg, checkpoint, personal, device)
@@ -112,13 +113,14 @@ def averaged_sites(cfg: ExperimentConfig, run_dir: Path) -> tuple[list[str], lis
     In-process every federated site's state is in the run directory. In deployment only the
     sites that agreed to send rho_k at the end are averaged (personal_export.json).
     """
+    parties = method_of(cfg).training_sites()  # the federated sites (upper bound: its pool)
     path = run_dir / PERSONAL_EXPORT
     if not path.exists():
-        return list(cfg.data.federation), []
+        return list(parties), []
     export = json.loads(path.read_text())
     left_out = [f"{s} (declined)" for s in export["declined"]]
     left_out += [f"{s} (unreachable)" for s in export["unreachable"]]
-    return [s for s in cfg.data.federation if s in export["shared"]], left_out
+    return [s for s in parties if s in export["shared"]], left_out
 
 
 def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> FedSTNet:

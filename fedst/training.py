@@ -88,14 +88,15 @@ def run_training(
     """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run."""
     prepare_run(cfg, run_dir, progress, regenerate)
     server_app = make_server_app(cfg, run_dir, progress=progress)
-    num_sites = len(cfg.data.federation)
+    parties = method_of(cfg).training_sites()  # the federated sites (upper bound: its pool)
+    num_sites = len(parties)
     # each site's own settings (data folder, state folder, hardware) travel as node config, as
     # on a hospital's SuperNode; the messages carry no path
     nodes = [
         site_node_config(
             cfg, site, progress=progress, run_state_dir=str(site_state_dir(run_dir, site))
         ).to_node_config()
-        for site in cfg.data.federation
+        for site in parties
     ]
     if engine == "inprocess":
         grid = InProcessGrid(client_app, nodes)
@@ -186,9 +187,10 @@ def finalize_run(
             outfed[site] = _scalars(result.summary)
             examples += _example_rows(cfg, result)
     if qualitative and site_data:
-        indicators = method_of(cfg).indicators()
+        method = method_of(cfg)
+        indicators = method.indicators()
         for site in cfg.data.federation:
-            model = personalized_model(cfg, run_dir, site, device)
+            model = personalized_model(cfg, run_dir, method.party_of(site), device)
             data = open_site_data(cfg, site, ("test",))
             result = evaluate_model(
                 model,

@@ -153,10 +153,13 @@ def _validation_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory):
     patch.undo()
 
 
-def reply_of_one_site(cfg, run_root: Path, message_type: str, **config) -> Message:
+def reply_of_one_site(
+    cfg, run_root: Path, message_type: str, arrays: dict | None = None, **config
+) -> Message:
     """Send one message to site A's ClientApp as the in-process engine would (the site view of
     ``cfg``, run name "run", A's node config with its state under ``run_root/run/sites/A``) and
-    return the reply; ``config`` adds e.g. ``server-round`` and ``local-iters``."""
+    return the reply; ``arrays`` are the tensors sent (default none), ``config`` adds e.g.
+    ``server-round`` and ``local-iters``."""
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
     from fedst.app.client_app import app as client_app
@@ -169,7 +172,7 @@ def reply_of_one_site(cfg, run_root: Path, message_type: str, **config) -> Messa
     grid = InProcessGrid(client_app, [node])
     content = {"experiment": site_view(cfg).to_json(), "run-name": "run", **config}
     message = Message(
-        RecordDict({"arrays": ArrayRecord({}), "config": ConfigRecord(content)}),
+        RecordDict({"arrays": ArrayRecord(arrays or {}), "config": ConfigRecord(content)}),
         dst_node_id=1,
         message_type=message_type,
         group_id=str(config.get("server-round", 0)),
@@ -179,3 +182,27 @@ def reply_of_one_site(cfg, run_root: Path, message_type: str, **config) -> Messa
     finally:
         release_sites()
     return reply
+
+
+def train_reply(arrays: Mapping, num_examples: int = 1, **metrics: float) -> Message:
+    """A constructed train reply of a site, as the ClientApp sends it: ``arrays`` (key -> torch
+    tensor) as gamma_k, the weight keys every reply carries ("num-examples" = ``num_examples``,
+    "uniform-weight" = 1), a training loss and any further ``metrics``."""
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+    from fedst.app.client_app import app as client_app
+    from fedst.app.inprocess import InProcessGrid
+
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(dict(arrays)),
+            "metrics": MetricRecord(
+                {"num-examples": num_examples, "uniform-weight": 1, "train-loss": 0.5, **metrics}
+            ),
+            "site": ConfigRecord({"site": "X"}),
+        }
+    )
+    InProcessGrid(client_app, [])  # sets Flower's task identity for building messages
+    instruction = Message(RecordDict(), dst_node_id=1, message_type="train", group_id="1")
+    instruction.metadata.__dict__["_message_id"] = "m"
+    return Message(content, reply_to=instruction)

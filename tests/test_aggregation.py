@@ -8,14 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Message, MessageType
 
-from fedst.app.client_app import app as client_app
-from fedst.app.inprocess import InProcessGrid
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
 from fedst.methods import Method, method_of
-from tests.conftest import reply_of_one_site, write_generic_site
+from tests.conftest import reply_of_one_site, train_reply, write_generic_site
 
 # three sites: gamma values and training-sample counts
 GAMMAS = [np.array([1.0, 10.0]), np.array([2.0, 0.0]), np.array([6.0, 2.0])]
@@ -26,19 +24,7 @@ SAMPLE_MEAN = [(1 * 1 + 2 * 1 + 6 * 2) / 4, (10 * 1 + 0 * 1 + 2 * 2) / 4]  # [3.
 
 def _site_reply(gamma: np.ndarray, num_examples: int) -> Message:
     """A train reply with the metrics every ClientApp reply carries."""
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord({"w": torch.tensor(gamma)}),
-            "metrics": MetricRecord(
-                {"num-examples": num_examples, "uniform-weight": 1, "train-loss": 0.5}
-            ),
-            "site": ConfigRecord({"site": "X"}),
-        }
-    )
-    InProcessGrid(client_app, [])  # sets Flower's task identity for building messages
-    instruction = Message(RecordDict(), dst_node_id=1, message_type="train", group_id="1")
-    instruction.metadata.__dict__["_message_id"] = "m"
-    return Message(content, reply_to=instruction)
+    return train_reply({"w": torch.tensor(gamma)}, num_examples)
 
 
 def _aggregate(method_overrides: list[str]) -> np.ndarray:

@@ -265,6 +265,7 @@ def test_the_server_aggregates_the_shared_tensors_the_sites_send(
         tiny_root,
         "method=fedavg",
         "method.personalization=encoder_query",
+        "method.synthetic_pretraining=false",  # the server's v_g^0 is the initialisation
         "train.total_iters=2",
         f"method.aggregation={aggregation}",
         f"method.aggregation_weights={weights}",

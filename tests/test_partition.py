@@ -14,6 +14,7 @@ from fedst.model.partition import (
     PRESETS,
     PartitionRules,
     bytes_of,
+    component_rules,
     count_parameters,
     split_state,
 )
@@ -98,6 +99,12 @@ TABLE_ROWS = {
         "encoder_key_value",
         lambda net: encoder_attention("k") | encoder_attention("v"),
     ),
+    "Table IX reading (RSC private)": (
+        "rsc",
+        lambda net: (
+            encoder_attention("q") | {k for k in float_keys(net) if k.startswith("temporal.")}
+        ),
+    ),
 }
 
 # Parameter counts from the b0 shapes alone.
@@ -110,6 +117,11 @@ ENCODER_NORM = sum(
 )
 DECODER_QUERY = DECODER_ATTENTION_BLOCKS * linear(DECODER_DIM, DECODER_DIM)
 CHANNEL_SELECTION = linear(B0_DIMS[CS_STAGE] + INDICATOR_DIM, B0_DIMS[CS_STAGE])
+TEMPORAL = (
+    sum(linear(64 * p * p, 64) for p in (7, 4, 2))  # Eq. 3 pooling FCs (p = 1 has none)
+    + 4 * linear(64, 64)  # q, k, v, proj
+    + 2 * 49 * (49 + 25 + 9 + 49)  # relative position bias [heads, s*s, context tokens]
+)
 EXPECTED_COUNT = {  # personal scalars without channel selection; "all" is checked separately
     "none": 0,
     "encoder_query": ENCODER_ATTENTION_PROJECTION,
@@ -119,12 +131,8 @@ EXPECTED_COUNT = {  # personal scalars without channel selection; "all" is check
     "encoder_norm": ENCODER_NORM,
     "decoder_query": DECODER_QUERY,
     "encoder_decoder_query": ENCODER_ATTENTION_PROJECTION + DECODER_QUERY,
+    "rsc": ENCODER_ATTENTION_PROJECTION + TEMPORAL,
 }
-TEMPORAL = (
-    sum(linear(64 * p * p, 64) for p in (7, 4, 2))  # Eq. 3 pooling FCs (p = 1 has none)
-    + 4 * linear(64, 64)  # q, k, v, proj
-    + 2 * 49 * (49 + 25 + 9 + 49)  # relative position bias [heads, s*s, context tokens]
-)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +145,7 @@ def scalars(net: nn.Module, keys) -> int:
     return sum(state[k].numel() for k in keys)
 
 
-def test_there_is_one_preset_per_row_of_tables_v_and_vi():
+def test_there_is_one_preset_per_row_of_tables_v_and_vi_and_the_table_ix_reading():
     assert set(PRESETS) == {preset for preset, _ in TABLE_ROWS.values()}
 
 
@@ -200,10 +208,12 @@ def test_a_rule_that_matches_nothing_is_an_error(net):
         PartitionRules(("attn.q(",))
 
 
-def test_the_temporal_module_is_shared_unless_everything_is_personal(net):
-    with pytest.raises(ValueError, match="temporal module is shared"):
+def test_the_temporal_module_is_shared_or_private_as_a_whole(net):
+    with pytest.raises(ValueError, match="temporal module is shared or private as a whole"):
         split_state(net, PartitionRules((r"\.q\.weight$",)))
     assert "temporal.1.q.weight" in split_state(net, PRESETS["all"]).personal
+    rsc = split_state(net, PRESETS["rsc"])
+    assert not any(k.startswith("temporal.") for k in rsc.shared)
 
 
 def test_non_float_buffers_are_fixed_never_shared():
@@ -212,3 +222,14 @@ def test_non_float_buffers_are_fixed_never_shared():
     part = split_state(model, PRESETS["none"])
     assert set(part.fixed) == {"1.num_batches_tracked", "lookup"}
     assert "1.running_mean" in part.shared
+
+
+def test_a_component_not_shared_stays_private_whole(net):
+    """shared_components=[encoder]: temporal module, decoder, head and CS stay at the site."""
+    rules = PartitionRules(component_rules(net, ["encoder"]))
+    part = split_state(net, rules, personalize_channel_selection=False)
+    encoder = {k for k in float_keys(net) if k.startswith("encoder.")}
+    assert set(part.shared) == encoder
+    assert set(part.personal) == float_keys(net) - encoder
+    with pytest.raises(ValueError, match="unknown component"):
+        component_rules(net, ["encoder", "neck"])

@@ -18,6 +18,7 @@ it in memory and loses it on restart.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Iterator
 
@@ -30,8 +31,11 @@ from fedst.experiment import (
     experiment_from_json,
     resolve_device,
 )
+from fedst.federation import privacy, transport
 from fedst.federation.aggregation import UNIFORM_WEIGHT_KEY
+from fedst.federation.evaluation import metrics_record
 from fedst.federation.site import Site
+from fedst.methods import method_of
 from fedst.metrics import METRIC_NAMES
 
 log = logging.getLogger(__name__)
@@ -56,16 +60,17 @@ def _node(context: Context) -> SiteNodeConfig:
 
 
 def _site_name(view: ExperimentConfig, node: SiteNodeConfig) -> str:
+    parties = method_of(view).training_sites()  # the federated sites (upper bound: the pool)
     if node.site_name is not None:
-        if node.site_name not in view.data.federation:
+        if node.site_name not in parties:
             raise ValueError(
                 f"this node is site {node.site_name!r}, which is not in the federation "
-                f"{list(view.data.federation)}; check site-name in its node config"
+                f"{list(parties)}; check site-name in its node config"
             )
         return node.site_name
     if node.partition_id is None:
         raise ValueError("node config names no site: set site-name (or partition-id)")
-    return view.data.federation[node.partition_id]
+    return parties[node.partition_id]
 
 
 def _site_for(message: Message, context: Context) -> tuple[Site, ConfigRecord]:
@@ -101,8 +106,27 @@ def _site_record(site: Site) -> ConfigRecord:
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
+    """Local training (Site.train_round); with client-side DP the reply passes Flower's clipping
+    mod, which clips gamma_k against the shared part of what this site received."""
     site, config = _site_for(message, context)
-    received = message.content["arrays"].to_torch_state_dict()
+    mod = privacy.client_mod(site.cfg.privacy)
+    if mod is None:
+        return _train(site, message)
+    received = message.content["arrays"]
+    shared_received = copy.copy(message)  # the mod's view: gamma as received, in reply order
+    shared_received.content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: received[k] for k in site.partition.shared}),
+            "config": config,
+        }
+    )
+    return mod(shared_received, context, lambda _view, _context: _train(site, message))
+
+
+def _train(site: Site, message: Message) -> Message:
+    config = message.content["config"]
+    precision = site.cfg.comm.precision
+    received = transport.decode(message.content["arrays"], precision)
     with _forget_on_error(site):
         result = site.train_round(received, int(config["server-round"]), int(config["local-iters"]))
     metrics = MetricRecord(
@@ -115,7 +139,11 @@ def train(message: Message, context: Context) -> Message:
         }
     )
     content = RecordDict(
-        {"arrays": ArrayRecord(result.shared), "metrics": metrics, "site": _site_record(site)}
+        {
+            "arrays": transport.encode(result.shared, precision),
+            "metrics": metrics,
+            "site": _site_record(site),
+        }
     )
     return Message(content, reply_to=message)
 
@@ -140,12 +168,14 @@ def evaluation_metrics(summary: dict) -> dict[str, int | float]:
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
-    received = message.content["arrays"].to_torch_state_dict()
+    received = transport.decode(message.content["arrays"], site.cfg.comm.precision)
     with _forget_on_error(site):
-        result = site.evaluate(received, int(config["server-round"]))
-    content = RecordDict(
-        {"metrics": MetricRecord(evaluation_metrics(result.summary)), "site": _site_record(site)}
-    )
+        results = site.evaluate(received, int(config["server-round"]))
+    records = {
+        metrics_record(scored, site.name): MetricRecord(evaluation_metrics(result.summary))
+        for scored, result in results.items()
+    }
+    content = RecordDict({**records, "site": _site_record(site)})
     return Message(content, reply_to=message)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 
 from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
+from fedst.federation import transport
+from fedst.federation.evaluation import METRICS_RECORD, scored_site
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.site import site_state_file
 from fedst.metrics import METRIC_NAMES
+from fedst.model.partition import COMPONENTS
 from fedst.outfed import PERSONAL_EXPORT
 from fedst.progress import progress_bar
 
@@ -175,7 +179,7 @@ def _newcomer_payloads(
     newcomers = [n for n in nodes if n not in sites_of]
     if server_round == 1 or not server.method.communicates or not newcomers:
         return {}
-    full = ArrayRecord(server.initial_payload())
+    full = transport.encode(server.initial_payload(), server.cfg.comm.precision)
     return dict.fromkeys(newcomers, full)
 
 
@@ -192,6 +196,7 @@ def _log_training_reply(
             **down_sizes,
             "upload_bytes": up.count_bytes(),
             "upload_param_bytes": _param_bytes(up),
+            "upload_param_bytes_by_component": _bytes_by_component(up),
         },
     )
     runlog.write(
@@ -237,7 +242,8 @@ def run_federation(
         server.save(0)
 
     method = server.method
-    federation = list(cfg.data.federation)
+    precision = cfg.comm.precision
+    federation = list(method.training_sites())  # the federated sites (upper bound: its pool)
     min_sites = policy.min_sites or len(federation)
     if min_sites > len(federation):
         raise FederationError(
@@ -265,8 +271,12 @@ def run_federation(
                 grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
             )
         # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
-        config = {**base_config, "server-round": server_round}
-        down = ArrayRecord(_train_payload(server, server_round))
+        config = {
+            **base_config,
+            "server-round": server_round,
+            **method.instruction_config(server_round),
+        }
+        down = transport.encode(_train_payload(server, server_round), precision)
         first = _newcomer_payloads(server, server_round, nodes, sites_of)
         trained = _broadcast(
             grid,
@@ -286,6 +296,10 @@ def run_federation(
         }
         for reply in trained.replies:
             _log_training_reply(runlog, reply, down_sizes, server_round, cfg.train.local_iters)
+            # restored to fp32 before any aggregation (the bytes above are those sent)
+            reply.content["arrays"] = ArrayRecord(
+                transport.decode(reply.content["arrays"], precision)
+            )
         participants = sorted(_site_of(r) for r in trained.replies)
         runlog.write(
             "participation",
@@ -313,7 +327,9 @@ def run_federation(
             )
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
-            shared = ArrayRecord(server.shared_payload() if method.communicates else {})
+            shared = transport.encode(
+                server.shared_payload() if method.communicates else {}, precision
+            )
             evaluated = _broadcast(
                 grid,
                 [n for n in nodes if n in sites_of],
@@ -326,9 +342,9 @@ def run_federation(
             )
             _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
             for reply in evaluated.replies:
-                row = _metrics_row(reply, server_round)
-                runlog.write("metrics", row)
-                last_metrics[row["site"]] = row
+                for row in _metrics_rows(reply, server_round):
+                    runlog.write("metrics", row)
+                    last_metrics[row["site"]] = row
         server.save(server_round, extra={"last_metrics": last_metrics})
         log.info(  # the one line per round of a non-terminal log (fedst/progress.py)
             "round %d/%d done in %.1f s",
@@ -463,16 +479,43 @@ def _collect_personal(
     atomic_write_text(json.dumps(export, indent=1), run_dir / PERSONAL_EXPORT)
 
 
+def _bytes_by_component(record: ArrayRecord) -> dict[str, int]:
+    """Parameter bytes of a message per network component (fedst.model.partition.COMPONENTS)."""
+    sizes: dict[str, int] = {}
+    for key, array in record.items():
+        name = next((c for c, p in COMPONENTS.items() if re.search(p, key)), "other")
+        sizes[name] = sizes.get(name, 0) + int(array.numpy().nbytes)
+    return sizes
+
+
 def _param_bytes(record: ArrayRecord) -> int:
     """Bytes of the parameter values alone (numel x element size), the paper's Table IX measure."""
     return int(sum(array.numpy().nbytes for array in record.values()))
 
 
-def _metrics_row(reply: Message, server_round: int) -> dict[str, Any]:
-    """One metrics.jsonl row from an evaluate reply, in the layout of SegmentationMeter.summary():
-    a metric the reply leaves out (not scored: the class was absent from ground truth and
-    prediction in every evaluated frame) is ``None`` (JSON null), never a number."""
-    metrics = dict(reply.content["metrics"])
+def _metrics_rows(reply: Message, server_round: int) -> list[dict[str, Any]]:
+    """The metrics.jsonl rows of an evaluate reply: one per test split it scored (its site's own;
+    the upper bound's pool: every federated site's), each with the scored site as "site"."""
+    party = _site_of(reply)
+    scored = {name: scored_site(name, party) for name in reply.content.metric_records}
+    return [
+        _metrics_row(reply, server_round, record, site)
+        for record, site in scored.items()
+        if site is not None
+    ]
+
+
+def _metrics_row(
+    reply: Message,
+    server_round: int,
+    record: str = METRICS_RECORD,
+    site: str | None = None,
+) -> dict[str, Any]:
+    """One metrics.jsonl row from an evaluate reply's ``record`` (scores of ``site``'s test split,
+    default: the replying site's own), in the layout of SegmentationMeter.summary(): a metric the
+    reply leaves out (not scored: the class was absent from ground truth and prediction in every
+    evaluated frame) is ``None`` (JSON null), never a number."""
+    metrics = dict(reply.content[record])
     per_class: dict[str, dict[str, float | int | None]] = {}
     for key in [k for k in metrics if "/" in k]:
         class_name, metric = key.split("/", 1)
@@ -482,7 +525,7 @@ def _metrics_row(reply: Message, server_round: int) -> dict[str, Any]:
         values.update({m: float(values[m]) if m in values else None for m in METRIC_NAMES})
     return {
         "round": server_round,
-        "site": _site_of(reply),
+        "site": site or _site_of(reply),
         "split": "test",
         "model": "personal",
         "num_frames": int(metrics.pop("num-examples")),

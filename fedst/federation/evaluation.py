@@ -33,6 +33,26 @@ from fedst.progress import progress_bar
 log = logging.getLogger(__name__)
 
 
+METRICS_RECORD = "metrics"
+"""Name of the MetricRecord of an evaluate reply that scores the party's own test split; the
+split of another site ``S`` (a party scored on several sites, e.g. the upper bound's pool) is
+scored in the record ``"metrics@S"``."""
+
+
+def metrics_record(scored: str, party: str) -> str:
+    """The record name of ``party``'s scores on ``scored``'s test split in an evaluate reply."""
+    return METRICS_RECORD if scored == party else f"{METRICS_RECORD}@{scored}"
+
+
+def scored_site(record: str, party: str) -> str | None:
+    """The site whose test split the record ``record`` of ``party``'s reply scores (None: the
+    record holds no scores). Inverse of :func:`metrics_record`."""
+    if record == METRICS_RECORD:
+        return party
+    prefix = f"{METRICS_RECORD}@"
+    return record[len(prefix) :] if record.startswith(prefix) else None
+
+
 @dataclass
 class EvaluationResult:
     summary: dict[str, Any]

@@ -178,6 +178,7 @@ class FederationServer:
                 "global_model": self.global_model.state_dict(),
                 "shared_keys": list(self.partition.shared),
                 "serq": None if self.serq is None else self.serq.state_dict(),
+                "method": self.method.state_dict(),
                 "extra": extra or {},
             },
             self.run_dir / SERVER_CHECKPOINT,
@@ -186,9 +187,10 @@ class FederationServer:
 
     def load(self) -> dict:
         """Resume from the newest usable checkpoint (see :func:`load_server_checkpoint`)."""
-        state = load_server_checkpoint(self.run_dir, self.device, self.cfg.data.federation)
+        state = load_server_checkpoint(self.run_dir, self.device, self.method.training_sites())
         self.global_model.load_state_dict(state["global_model"])
         if self.serq is not None:
             self.serq.load_state_dict(state["serq"], self.global_model)
+        self.method.load_state_dict(state.get("method", {}))
         self.completed_round = state["round"]
         return state["extra"]

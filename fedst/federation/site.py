@@ -31,7 +31,7 @@ from fedst.federation.run_io import (
     load_checkpoint,
     remove_stale_tmp,
 )
-from fedst.federation.site_data import open_site_data
+from fedst.federation.site_data import open_party_data
 from fedst.methods import LocalPhase, method_of
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
@@ -125,14 +125,15 @@ class Site:
         self.state_dir = state_dir
         self.device = device
         self.progress = progress
-        self.index = cfg.data.federation.index(name)
         self.method = method_of(cfg)
-        self.data = open_site_data(cfg, name, ("train", "test"))
+        self.index = self.method.training_sites().index(name)
+        self.data = open_party_data(cfg, self.method, name)
         self.model = self.method.build_model().to(device)
         self.partition = self.method.partition(self.model)
         self.personal_keys = frozenset(self.partition.personal)
         self.loss_fn = self.method.segmentation_loss()
-        self.indicator = self.method.indicators().get(name)
+        self.indicators = self.method.indicators()
+        self.indicator = self.indicators.get(name)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
         )
@@ -227,19 +228,23 @@ class Site:
 
     def evaluate(
         self, received: dict[str, torch.Tensor], server_round: int, keep_examples: int = 0
-    ) -> EvaluationResult:
-        """Score v_k = gamma_g U rho_k on the site's test split."""
+    ) -> dict[str, EvaluationResult]:
+        """Score v_k = gamma_g U rho_k on the test split of every site the method scores it on
+        (Method.scored_sites: the site's own), each prompted as that site; by scored site."""
         self.restore(server_round)
         load_subset(self.model, received)
-        return evaluate_model(
-            self.model,
-            self.data.test,
-            self.indicator,
-            self.device,
-            max_frames=self.cfg.train.eval_max_frames,
-            keep_examples=keep_examples,
-            progress=self.progress,
-        )
+        return {
+            site: evaluate_model(
+                self.model,
+                test,
+                self.indicators.get(site),
+                self.device,
+                max_frames=self.cfg.train.eval_max_frames,
+                keep_examples=keep_examples,
+                progress=self.progress,
+            )
+            for site, test in self.data.tests.items()
+        }
 
     def personal_state(self) -> dict[str, torch.Tensor]:
         """rho_k as CPU tensors (sent once, at the end, only when the site allows it)."""

@@ -1,12 +1,21 @@
-"""A site's datasets, opened from an ExperimentConfig: training clips (augmented) and test clips."""
+"""A site's datasets, opened from an ExperimentConfig: training clips (augmented) and test clips;
+and what a training party reads (:func:`open_party_data`): one site's, or several sites' pooled."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+import torch
 
 from fedst.data.base import SiteSource
 from fedst.data.clips import ClipDataset
 from fedst.experiment import ExperimentConfig
+
+if TYPE_CHECKING:
+    from fedst.methods.base import Method
 
 
 @dataclass
@@ -24,3 +33,50 @@ def open_site_data(cfg: ExperimentConfig, name: str, splits: tuple[str, ...]) ->
     train = ClipDataset(source, "train", clip, cfg.augment) if "train" in splits else None
     test = ClipDataset(source, "test", clip, None) if "test" in splits else None
     return SiteData(source=source, train=train, test=test)
+
+
+class PooledClips(torch.utils.data.Dataset):
+    """Several sites' training clips as one dataset, in the given site order: pool index i is
+    sample i - offset of the site it falls in. Items are indexed like a :class:`ClipDataset`'s
+    (``index`` or ``(index, aug_seed)``, what :class:`fedst.data.clips.BatchStream` passes), so a
+    seeded stream shuffles the pool as it shuffles one site."""
+
+    def __init__(self, parts: list[ClipDataset]) -> None:
+        self.parts = parts
+        self.ends = list(accumulate(len(part) for part in parts))  # exclusive end of each part
+
+    def __len__(self) -> int:
+        return self.ends[-1]
+
+    def locate(self, index: int) -> tuple[ClipDataset, int]:
+        """The site dataset holding pool sample ``index`` and the sample's index in it."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"pool index {index} out of range 0..{len(self) - 1}")
+        part = bisect.bisect_right(self.ends, index)
+        return self.parts[part], index - (self.ends[part - 1] if part else 0)
+
+    def sample_id(self, index: int) -> str:
+        dataset, local = self.locate(index)
+        return dataset.sample_id(local)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        index, aug_seed = item if isinstance(item, tuple) else (item, None)
+        dataset, local = self.locate(int(index))
+        return dataset[(local, aug_seed)] if aug_seed is not None else dataset[local]
+
+
+@dataclass
+class PartyData:
+    """What a training party reads: its training clips and the test split of every site its
+    model is scored on (:meth:`fedst.methods.base.Method.scored_sites`)."""
+
+    train: ClipDataset | PooledClips
+    tests: dict[str, ClipDataset]
+
+
+def open_party_data(cfg: ExperimentConfig, method: Method, party: str) -> PartyData:
+    """The training split of ``party`` (one site's, or the pool of the method's train sources in
+    their order) and the test splits it is scored on."""
+    parts = [open_site_data(cfg, s, ("train",)).train for s in method.train_sources(party)]
+    tests = {s: open_site_data(cfg, s, ("test",)).test for s in method.scored_sites(party)}
+    return PartyData(train=parts[0] if len(parts) == 1 else PooledClips(parts), tests=tests)

@@ -9,9 +9,13 @@ from __future__ import annotations
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
 from fedst.methods.base import LocalPhase, Method
+from fedst.methods.fedld import FedLD
+from fedst.methods.upperbound import UpperBound
 
 METHODS: dict[str, type[Method]] = {
     "partial": Method,  # FedST, its ablations, FedAvg, Local (fedst/methods/base.py)
+    "fedld": FedLD,  # FedLD (fedst/methods/fedld.py)
+    "upperbound": UpperBound,  # pooled training, no federation (fedst/methods/upperbound.py)
 }
 
 

@@ -3,6 +3,9 @@
 Every method answers the same questions, and the site and server code ask them through one
 :class:`Method` object built from the experiment (``method_of(cfg)``, fedst/methods/__init__.py):
 
+* who trains on what: the training parties (:meth:`Method.training_sites`, one node each), the
+  sites whose training data each reads (:meth:`Method.train_sources`) and whose test splits score
+  its model (:meth:`Method.scored_sites`); by default every federated site on its own data;
 * what every party builds: the network (:meth:`Method.build_model`), which of its tensors stay at
   the site (:meth:`Method.partition`), the site indicators xi_k (:meth:`Method.indicators`);
 * the site's round (Algorithm 1, lines 5-7): how the received shared parameters are adopted
@@ -27,15 +30,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
+from flwr.serverapp.strategy import Strategy
 from torch import nn
 
-from fedst.config import build
+from fedst.config import ConfigError, build
 from fedst.experiment import ExperimentConfig
+from fedst.federation import privacy
 from fedst.federation.aggregation import make_strategy
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import FedSTNet, build_network
-from fedst.model.partition import PRESETS, Partition, PartitionRules, split_state
+from fedst.model.partition import (
+    PRESETS,
+    Partition,
+    PartitionRules,
+    component_rules,
+    split_state,
+)
 from fedst.model.state import load_subset
 from fedst.seeding import seed_everything
 
@@ -68,6 +79,13 @@ class Method:
         self.cfg = cfg
         self.config = cfg.method
         self.options = build(self.Options, cfg.method.options, "method.options")
+        privacy.check_privacy(cfg)
+        if cfg.privacy.dp != "none" and type(self).aggregate is not Method.aggregate:
+            raise ConfigError(
+                f"privacy.dp={cfg.privacy.dp} wraps Flower's averaging strategy; method "
+                f"{self.name} ({cfg.method.algorithm}) aggregates by its own rule"
+            )
+        self._strategy: Strategy | None = None
 
     @property
     def name(self) -> str:
@@ -92,11 +110,46 @@ class Method:
     def partition(self, model: nn.Module) -> Partition:
         """Which state-dict keys stay at the site (rho), travel (gamma) or are fixed buffers."""
         preset = PRESETS[self.config.personalization]
-        rules = PartitionRules((*preset.personal, *self.config.personal_patterns))
+        local_components = (
+            component_rules(model, self.config.shared_components)
+            if self.config.shared_components is not None
+            else ()
+        )
+        rules = PartitionRules(
+            (*preset.personal, *self.config.personal_patterns, *local_components)
+        )
         return split_state(
             model,
             rules,
             personalize_channel_selection=self.config.personalize_channel_selection,
+        )
+
+    # -- who trains on what, and whose test splits score which model ---------------------------
+    def training_sites(self) -> tuple[str, ...]:
+        """The parties that train, one ClientApp node and one state folder each (here every
+        federated site; the upper bound: one pooled party)."""
+        return tuple(self.cfg.data.federation)
+
+    def train_sources(self, party: str) -> tuple[str, ...]:
+        """The federated sites whose training splits ``party`` trains on (here its own)."""
+        return (party,)
+
+    def scored_sites(self, party: str) -> tuple[str, ...]:
+        """The federated sites whose test splits score ``party``'s model (here its own)."""
+        return (party,)
+
+    def data_sites(self, party: str) -> tuple[str, ...]:
+        """Every site whose data ``party`` reads: its training sources, then its scored sites."""
+        return tuple(dict.fromkeys((*self.train_sources(party), *self.scored_sites(party))))
+
+    def party_of(self, site: str) -> str:
+        """The party whose model is scored on federated site ``site``'s test split."""
+        for party in self.training_sites():
+            if site in self.scored_sites(party):
+                return party
+        raise ConfigError(
+            f"site {site!r}: no training party of method {self.name} is scored on it (parties: "
+            f"{list(self.training_sites())}; federation: {list(self.cfg.data.federation)})"
         )
 
     def site_order(self) -> list[str]:
@@ -151,6 +204,20 @@ class Method:
         return {}
 
     # -- the server's round (line 8) ------------------------------------------------------------
+    @property
+    def strategy(self) -> Strategy:
+        """The Flower strategy of the mean, wrapped for DP when ``privacy.dp`` asks (built once:
+        adaptive clipping keeps its bound from round to round)."""
+        if self._strategy is None:
+            inner = make_strategy(self.config.aggregation, self.config.aggregation_weights)
+            sites = len(self.cfg.data.federation)
+            self._strategy = privacy.with_privacy(inner, self.cfg.privacy, sites)
+        return self._strategy
+
+    def instruction_config(self, server_round: int) -> dict[str, float]:
+        """Values a train instruction carries besides the experiment (client-side DP: the bound)."""
+        return privacy.instruction_config(self.strategy)
+
     def aggregate(
         self,
         server_round: int,
@@ -162,9 +229,18 @@ class Method:
 
         Partial averaging: Flower's FedAvg with uniform (1/K, Algorithm 1 line 8) or sample-count
         weights, or FedMedian (fedst/federation/aggregation.py)."""
-        strategy = make_strategy(self.config.aggregation, self.config.aggregation_weights)
-        aggregated, _ = strategy.aggregate_train(server_round, replies)
+        privacy.prepare_aggregation(self.strategy, ArrayRecord(current))
+        aggregated, _ = self.strategy.aggregate_train(server_round, replies)
         return aggregated.to_torch_state_dict() if aggregated else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The method's own server state for the checkpoint (adaptive DP: the clipping bound)."""
+        bound = getattr(self.strategy, "clipping_norm", None)
+        return {} if bound is None else {"clipping_norm": float(bound)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "clipping_norm" in state:
+            self.strategy.clipping_norm = state["clipping_norm"]
 
     def describe(self) -> dict[str, Any]:
         """What the run log records about the method's choices."""

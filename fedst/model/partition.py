@@ -6,8 +6,11 @@ entries are shared (averaged by the server). Non-float buffers are ``fixed``: ne
 averaged. :data:`PRESETS` holds one rule set per row of Tables V and VI; the channel-selection /
 prompt modules have their own switch (``personalize_channel_selection``: FedST yes, FedAvg no).
 
-The temporal module is always shared unless every float key is personal (preset ``all``): a rule
-set that personalizes part of ``temporal.*`` is rejected.
+The temporal module travels or stays as a whole: a rule set that personalizes part of
+``temporal.*`` is rejected (the paper shares it; the Table IX reading ``rsc`` keeps all of it).
+
+Partial aggregation by component (UltraFlwr): :data:`COMPONENTS` names the network's parts by
+state-dict prefix; :func:`component_rules` makes every part that is not shared personal.
 """
 
 from __future__ import annotations
@@ -71,7 +74,33 @@ PRESETS: dict[str, PartitionRules] = {
     "decoder_query": PartitionRules((_DEC_Q,)),
     # Table V row 4: encoder and decoder attention queries.
     "encoder_decoder_query": PartitionRules((_ENC_Q, _DEC_Q)),
+    # Table IX reading: the whole RSC module stays at the site (encoder queries and the temporal
+    # module here; channel selection by its own switch), the only reading in which the upload
+    # shrinks by more than the queries (README, "Where we differ").
+    "rsc": PartitionRules((_ENC_Q, r"^temporal\.")),
 }
+
+COMPONENTS: dict[str, str] = {
+    "encoder": r"^encoder\.",
+    "temporal": r"^temporal\.",
+    "decoder": r"^decoder\.(?!head\.)",
+    "head": r"^decoder\.head\.",
+    "channel_selection": CHANNEL_SELECTION_PATTERN,
+}
+"""The network's components by state-dict key pattern (``method.shared_components``)."""
+
+
+def component_rules(model: nn.Module, shared: Iterable[str]) -> tuple[str, ...]:
+    """Patterns that keep every component not in ``shared`` (and present in ``model``) private."""
+    unknown = sorted(set(shared) - set(COMPONENTS))
+    if unknown:
+        raise ValueError(f"unknown component(s) {unknown}; choose from {sorted(COMPONENTS)}")
+    keys = list(model.state_dict())
+    return tuple(
+        pattern
+        for name, pattern in COMPONENTS.items()
+        if name not in shared and any(re.search(pattern, k) for k in keys)
+    )
 
 
 @dataclass(frozen=True)
@@ -104,12 +133,13 @@ def split_state(
         if any(p.search(k) for p in compiled)
         or (personalize_channel_selection and selection.search(k))
     }
-    partial_temporal = [k for k in personal_set if k.startswith(TEMPORAL_PREFIX)]
-    if partial_temporal and len(personal_set) != len(float_keys):
+    temporal = [k for k in float_keys if k.startswith(TEMPORAL_PREFIX)]
+    personal_temporal = [k for k in temporal if k in personal_set]
+    if personal_temporal and len(personal_temporal) != len(temporal):
         raise ValueError(
             f"partition rules {rules.personal} personalize temporal-module keys "
-            f"{sorted(partial_temporal)[:3]}; the temporal module is shared unless everything is "
-            f"personal (preset 'all')"
+            f"{sorted(personal_temporal)[:3]} but not all of them; the temporal module is shared "
+            f"or private as a whole (e.g. preset 'rsc')"
         )
     personal = tuple(k for k in float_keys if k in personal_set)
     shared = tuple(k for k in float_keys if k not in personal_set)

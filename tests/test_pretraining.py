@@ -1,0 +1,71 @@
+"""Every method starts from the same synthetic pre-training (paper Sec. IV-A), switchable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedst.cli import compose_experiment
+from fedst.data.procedural import generate
+from fedst.federation.server import FederationServer
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("procedural") / "tiny"
+    generate(root, seed=0, preset="tiny", workers=1, progress=False)
+    return root
+
+
+def initial_model(root: Path, run_dir: Path, *overrides: str) -> dict[str, torch.Tensor]:
+    """v_g^0 as the server hands it out before round 1."""
+    cfg, _ = compose_experiment(
+        ["experiment=tiny", f"data.root={root}", "serq.pretrain_iters=3", *overrides]
+    )
+    server = FederationServer(cfg, run_dir, torch.device("cpu"))
+    server.initialize()
+    return server.initial_payload()
+
+
+def test_a_method_without_serq_starts_from_the_same_pretrained_weights_as_fedst(
+    tiny_root, tmp_path
+):
+    """FedST pre-trains v_pre inside SERQ; the same network without SERQ must get the identical
+    pre-training from the server (same stream, optimizer, steps), not another one."""
+    with_serq = initial_model(tiny_root, tmp_path / "a", "method=fedst")
+    without_serq = initial_model(tiny_root, tmp_path / "b", "method=fedst", "method.serq=false")
+    initialisation = initial_model(
+        tiny_root,
+        tmp_path / "c",
+        "method=fedst",
+        "method.serq=false",
+        "method.synthetic_pretraining=false",
+    )
+    assert with_serq.keys() == without_serq.keys()
+    for key in with_serq:
+        torch.testing.assert_close(with_serq[key], without_serq[key], rtol=0, atol=0, msg=key)
+    moved = [k for k in with_serq if not torch.equal(with_serq[k], initialisation[k])]
+    assert len(moved) > len(with_serq) // 2  # pre-training changed the weights
+
+
+def test_the_fedavg_baseline_is_pretrained_unless_switched_off(tiny_root, tmp_path):
+    pretrained = initial_model(tiny_root, tmp_path / "a", "method=fedavg")
+    switched_off = initial_model(
+        tiny_root, tmp_path / "b", "method=fedavg", "method.synthetic_pretraining=false"
+    )
+    fresh, _ = compose_experiment(["experiment=tiny", "method=fedavg"])
+    from fedst.methods import method_of
+
+    initialisation = method_of(fresh).build_model().state_dict()
+    for key, value in switched_off.items():
+        assert torch.equal(value, initialisation[key]), key
+    assert any(not torch.equal(pretrained[k], initialisation[k]) for k in pretrained)
+
+
+def test_serq_without_pretraining_is_refused():
+    from fedst.config import ConfigError
+
+    with pytest.raises(ConfigError, match="synthetic_pretraining"):
+        compose_experiment(["method=fedst", "method.synthetic_pretraining=false"])
