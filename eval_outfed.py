@@ -2,9 +2,12 @@
 
     python eval_outfed.py run=runs/demo/fedst_s0_...             # site E and GraSP, tables and plots
     python eval_outfed.py run=runs/demo/fedst_s0_... sites=[E]
+    python eval_outfed.py run=runs/demo/fedst_s0_... site_root=/data/new_hospital/lung site_name=lung
 
 Writes <run>/final.json (with "out_of_federation"), <run>/tables/ and <run>/plots/, and prints
-the comparison table. The model: fedst/outfed.py.
+the comparison table. With site_root: writes only <run>/external/<site_name>.json and
+<run>/external/results.md (config.json and final.json stay as they are) and prints the site's
+line. The model: fedst/outfed.py.
 """
 
 from __future__ import annotations
@@ -19,9 +22,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedst import report
 from fedst.cli import register_resolvers, setup_logging
+from fedst.config import ConfigError
 from fedst.experiment import resolve_device
 from fedst.metrics import format_score
-from fedst.outfed import evaluate_out_of_federation
+from fedst.outfed import (
+    evaluate_new_site,
+    evaluate_out_of_federation,
+    open_new_site,
+    write_new_site_result,
+)
 from fedst.training import finalize_run, load_config
 
 register_resolvers()
@@ -38,6 +47,27 @@ def main(cfg: DictConfig) -> None:
             experiment,
             train=dataclasses.replace(experiment.train, eval_max_frames=int(cfg.max_frames)),
         )
+    if cfg.site_root is not None:
+        if cfg.sites is not None:
+            raise ConfigError(
+                f"sites={cfg.sites} and site_root={cfg.site_root}: score either configured sites "
+                "or one new site per call"
+            )
+        site = open_new_site(
+            experiment,
+            Path(str(cfg.site_root)),
+            None if cfg.site_name is None else str(cfg.site_name),  # site_name=2 is a name
+            None if cfg.surgery_type is None else str(cfg.surgery_type),
+        )
+        _, record = evaluate_new_site(
+            experiment, run_dir, site, resolve_device(experiment.train.device), cfg.progress
+        )
+        path, line = write_new_site_result(run_dir, record)
+        print(line)
+        print(f"written: {path} and {path.parent / 'results.md'}")
+        return
+    if cfg.site_name is not None or cfg.surgery_type is not None:
+        raise ConfigError("site_name and surgery_type describe a new site: give site_root too")
     if cfg.sites is None:
         finalize_run(experiment, run_dir, progress=cfg.progress, qualitative=int(cfg.qualitative))
         print(report.comparison_table(report.load_runs([run_dir])).to_markdown())

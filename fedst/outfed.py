@@ -8,6 +8,11 @@ site is prompted with its own text (e.g. "... surgery type is lobectomy"). On a 
 The site models are read from the run directory (``sites/<site>/state_rNNNN.pt``): in simulation
 the run directory holds them; in a deployment each hospital must choose to export its rho_k for
 this step, which is the only time private parameters leave a site.
+
+A new site that the run's config never listed (external validation at another hospital) is scored
+by :func:`evaluate_new_site` from a folder in the generic layout (fedst/data/generic.py), without
+touching the run's config.json or final.json: ``python eval_outfed.py run=RUN site_root=FOLDER``
+writes ``<run>/external/<site>.json`` and a line of ``<run>/external/results.md``.
 """
 
 from __future__ import annotations
@@ -15,19 +20,32 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from fedst.config import ConfigError
+from fedst.data.base import DataError
+from fedst.data.clips import ClipDataset
+from fedst.data.generic import GenericLayoutSource
 from fedst.experiment import ExperimentConfig, site_state_dir
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
-from fedst.federation.run_io import load_checkpoint
+from fedst.federation.run_io import atomic_write_text, load_checkpoint
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site import site_state_file
 from fedst.federation.site_data import open_site_data
 from fedst.methods import method_of
 from fedst.metrics import format_score
+from fedst.model.indicators import (
+    IndicatorUnavailableError,
+    clip_cache_path,
+    site_indicators,
+    site_prompt,
+)
 from fedst.model.network import FedSTNet
 from fedst.model.state import load_subset
 
@@ -171,3 +189,195 @@ def evaluate_out_of_federation(
             format_score(results[site].summary["iou"]),
         )
     return results
+
+
+# -- a new site the run never listed (external validation) ---------------------------------------
+
+EXTERNAL_DIR = "external"
+"""Sub-folder of a run directory with the results of new sites (never final.json)."""
+EXTERNAL_TABLE = "results.md"
+SITE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class NewSite:
+    """A site folder in the generic layout that the run's config does not list."""
+
+    name: str
+    """Its name: the file name of its results and the ``{site}`` of its CLIP prompt."""
+    folder: Path
+    """The site folder (holds meta.json, videos/, splits/test.txt)."""
+    surgery_type: str
+    """Its surgery type: the ``{surgery_type}`` of its CLIP prompt (default: meta.json's)."""
+    source: GenericLayoutSource
+
+
+def open_new_site(
+    cfg: ExperimentConfig,
+    site_root: Path,
+    site_name: str | None = None,
+    surgery_type: str | None = None,
+) -> NewSite:
+    """Open and check a new site folder: the layout (meta.json, splits/test.txt and the videos it
+    lists), its name (not a site of the run) and its surgery type. Raises DataError / ConfigError
+    naming the file, key or value and the fix."""
+    folder = Path(site_root).expanduser().resolve()
+    if not folder.is_dir():
+        raise DataError(
+            f"site_root={site_root}: folder does not exist; pass the folder of one site in the "
+            f"generic layout (it holds meta.json, videos/ and splits/test.txt)"
+        )
+    if not (folder / "meta.json").is_file():
+        inner = sorted(p.name for p in folder.iterdir() if (p / "meta.json").is_file())
+        if inner:
+            raise DataError(
+                f"site_root={site_root} has no meta.json but holds the site folder(s) {inner}: "
+                f"pass one of them, e.g. site_root={folder / inner[0]}"
+            )
+    name = site_name or folder.name
+    if not SITE_NAME_PATTERN.match(name):
+        raise ConfigError(
+            f"site_name={name!r}: use letters, digits, '_', '.' or '-' (it names the results "
+            f"file {EXTERNAL_DIR}/<site_name>.json); pass site_name=..."
+        )
+    known = sorted({*cfg.data.sites, *method_of(cfg).site_order()})
+    if name in known:
+        raise ConfigError(
+            f"site_name={name!r} is already a site of this run ({known}); a new site needs its "
+            f"own name (it enters the site prompt): pass site_name=<another name>, or score the "
+            f"configured site with sites=[{name}]"
+        )
+    source = GenericLayoutSource(folder.parent, name, site_dir=folder.name)  # checks meta.json
+    if not (folder / "splits" / "test.txt").is_file():
+        raise DataError(
+            f"{folder / 'splits' / 'test.txt'}: the site has no test split; a new site is scored "
+            f"on its test split: list the videos to score there, one video_id per line"
+        )
+    source.videos("test")  # checks the split file and every listed video's folders
+    surgery = surgery_type or source.surgery_type
+    if not isinstance(surgery, str) or not surgery.strip():
+        raise ConfigError(
+            f"surgery_type={surgery!r} (from {folder / 'meta.json'} unless given): pass a surgery "
+            f"type, e.g. surgery_type=lobectomy"
+        )
+    return NewSite(name=name, folder=folder, surgery_type=surgery, source=source)
+
+
+def new_site_indicator(
+    cfg: ExperimentConfig, run_dir: Path, site: str, surgery_type: str
+) -> torch.Tensor | None:
+    """The frozen indicator xi [dim] of a site outside the run (None when the method uses none).
+
+    clip: the embedding of the site's own prompt (:func:`site_prompt`, paper Eq. 7 text);
+    onehot: the next id after every site of the run (``Method.site_order``), an id no site trained
+    with, like an out-of-federation site's; random: seeded by the name. gaussian places a site by
+    its position among the run's N sites, which a new site does not have: a ConfigError.
+    """
+    if not cfg.uses_indicator():
+        return None
+    kind = cfg.method.indicator
+    order = method_of(cfg).site_order()
+    if kind == "gaussian":
+        raise ConfigError(
+            f"{run_dir} uses method.indicator=gaussian, whose bump sits at a site's position "
+            f"among the run's {len(order)} sites; a new site has none. Score it with a "
+            f"run using clip, onehot or random indicators, or list it in a run's "
+            f"data.out_of_federation before training"
+        )
+    ind = cfg.indicator
+    try:
+        vectors = site_indicators(
+            kind,
+            [(site, surgery_type)],
+            dim=ind.dim,
+            site_order=[*order, site],
+            clip_model=ind.clip_model,
+            clip_pretrained=ind.clip_pretrained,
+            cache_dir=Path(ind.cache_dir),
+            seed=cfg.seed,
+        )
+    except IndicatorUnavailableError as err:
+        cache = clip_cache_path(Path(ind.cache_dir), ind.clip_model, ind.clip_pretrained)
+        raise IndicatorUnavailableError(
+            f"new site {site!r} (surgery type {surgery_type!r}): its prompt "
+            f"{site_prompt(site, surgery_type)!r} has no CLIP text embedding in {cache} and CLIP "
+            f"cannot be loaded here. Prepare it where the CLIP weights are: `python -m "
+            f"fedst.weights --run {shlex.quote(str(run_dir))} --extra-site "
+            f"{shlex.quote(f'{site}:{surgery_type}')} --prepare`, then "
+            f"copy {cache.name} into {cache.parent}. Details: {err}"
+        ) from err
+    return vectors[site]
+
+
+def evaluate_new_site(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    site: NewSite,
+    device: torch.device,
+    progress: bool = False,
+) -> tuple[EvaluationResult, dict[str, Any]]:
+    """Score the out-of-federation model (:func:`averaged_model`) on a new site's test split,
+    prompted as that site; returns the result and the record :func:`write_new_site_result`
+    stores (what was scored, with which prompt, after which round)."""
+    indicator = new_site_indicator(cfg, run_dir, site.name, site.surgery_type)
+    dataset = ClipDataset(site.source, "test", cfg.clip_config(), None)
+    model = averaged_model(cfg, run_dir, device)
+    result = evaluate_model(
+        model,
+        dataset,
+        indicator,
+        device,
+        max_frames=cfg.train.eval_max_frames,
+        progress=progress,
+    )
+    log.info(
+        "new site %s: Dice %s IoU %s",
+        site.name,
+        format_score(result.summary["dice"]),
+        format_score(result.summary["iou"]),
+    )
+    sites, _ = averaged_sites(cfg, run_dir)
+    record = {
+        "site": site.name,
+        "site_root": str(site.folder),
+        "surgery_type": site.surgery_type,
+        "indicator": cfg.method.indicator if indicator is not None else None,
+        "prompt": site_prompt(site.name, site.surgery_type)
+        if indicator is not None and cfg.method.indicator == "clip"
+        else None,
+        "binary": site.source.binary,
+        "test_videos": len(dataset.videos),
+        "eval_max_frames": cfg.train.eval_max_frames,
+        "round": _server_checkpoint(run_dir)["round"],
+        "averaged_sites": sites,
+        "method": cfg.method.name,
+        "seed": cfg.seed,
+        "summary": result.summary,
+    }
+    return result, record
+
+
+def write_new_site_result(run_dir: Path, record: dict[str, Any]) -> tuple[Path, str]:
+    """Write ``<run>/external/<site>.json`` and rebuild ``<run>/external/results.md`` (one line per
+    new site scored so far); returns the JSON path and the site's markdown line."""
+    folder = run_dir / EXTERNAL_DIR
+    path = folder / f"{record['site']}.json"
+    atomic_write_text(json.dumps(record, indent=2, sort_keys=True, default=float), path)
+    records = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    header = (
+        "| site | surgery type | Dice | IoU | HD95 | ASSD | frames | round | site_root |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+    )
+    atomic_write_text(
+        header + "".join(_markdown_line(r) + "\n" for r in records), folder / EXTERNAL_TABLE
+    )
+    return path, _markdown_line(record)
+
+
+def _markdown_line(record: dict[str, Any]) -> str:
+    s = record["summary"]
+    return (
+        f"| {record['site']} | {record['surgery_type']} | {format_score(s['dice'])} | "
+        f"{format_score(s['iou'])} | {format_score(s['hd95'], 1)} | {format_score(s['assd'], 1)} | "
+        f"{s.get('num_frames', 'n/a')} | {record['round']} | {record['site_root']} |"
+    )

@@ -3,6 +3,7 @@
     python -m fedst.weights                                   # what experiment=paper needs
     python -m fedst.weights experiment=paper --prepare        # also build its CLIP prompt cache
     python -m fedst.weights experiment=demo method.indicator=clip
+    python -m fedst.weights --run runs/demo/fedst_s0_... --extra-site lung:lobectomy --prepare
 
 Looks for the PVTv2 ImageNet checkpoint of the configured encoder (models/pvt/weights.py: the
 weights directory, $FEDST_WEIGHTS_DIR, the Hugging Face cache) and, when the method uses CLIP
@@ -11,8 +12,11 @@ text indicators, for the cached embedding of the prompt of every site the experi
 (fedst/model/indicators.py). ``--prepare`` builds the missing embeddings with the code path
 training uses (fedst.methods.Method.indicators: same model, tag, cache folder and
 prompts), so the cache it writes is the one training reads; without local or downloadable CLIP
-weights it says what is missing and how to provide it. Exit code 0 when everything the experiment
-needs is present, 1 otherwise.
+weights it says what is missing and how to provide it. ``--run RUN_DIR`` reads the experiment of a
+finished run (its config.json) instead of composing one; ``--extra-site NAME:SURGERY_TYPE``
+(repeatable) adds the prompt of a site the experiment does not list, as eval_outfed.py's
+``site_root=`` prompts a new site (fedst.outfed.new_site_indicator). Exit code 0 when everything
+the experiment needs is present, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -20,12 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 from pathlib import Path
 
 from fedst.cli import compose_experiment
-from fedst.experiment import ExperimentConfig
+from fedst.experiment import ExperimentConfig, experiment_from_json
 from fedst.methods import method_of
-from fedst.model.indicators import IndicatorUnavailableError, clip_cache_path, site_prompt
+from fedst.model.indicators import (
+    IndicatorUnavailableError,
+    clip_cache_path,
+    site_indicators,
+    site_prompt,
+)
 from models.pvt.weights import (
     describe_weights,
     find_in_hf_cache,
@@ -54,8 +64,11 @@ def encoder_status(cfg: ExperimentConfig) -> tuple[bool, str]:
     return found, describe_weights(network.encoder, network.weights_dir)
 
 
-def clip_status(cfg: ExperimentConfig) -> tuple[bool, str]:
-    """(every site prompt has a cached embedding or CLIP weights are local, description)."""
+def clip_status(
+    cfg: ExperimentConfig, extra_sites: list[tuple[str, str]] | None = None
+) -> tuple[bool, str]:
+    """(every site prompt has a cached embedding or CLIP weights are local, description);
+    ``extra_sites``: (name, surgery type) of sites outside the experiment whose prompts count too."""
     if not cfg.uses_indicator() or cfg.method.indicator != "clip":
         return (
             True,
@@ -64,6 +77,7 @@ def clip_status(cfg: ExperimentConfig) -> tuple[bool, str]:
     ind = cfg.indicator
     cache = clip_cache_path(Path(ind.cache_dir), ind.clip_model, ind.clip_pretrained)
     prompts = [site_prompt(s, cfg.data.sites[s].surgery_type) for s in method_of(cfg).site_order()]
+    prompts += [site_prompt(name, surgery) for name, surgery in extra_sites or []]
     cached = json.loads(cache.read_text()) if cache.is_file() else {}
     missing = [p for p in prompts if p not in cached]
     local = weights_directory(None) / "open_clip"
@@ -80,24 +94,41 @@ def clip_status(cfg: ExperimentConfig) -> tuple[bool, str]:
     return False, (
         f"CLIP text indicators: {len(missing)} of {len(prompts)} prompts not cached in {cache} and no "
         f"checkpoint {local}/{ind.clip_model}_{ind.clip_pretrained}.(safetensors|bin|pt); run "
-        f"`python -m fedst.weights {' '.join(_overrides_hint(cfg))} --prepare` where CLIP is "
+        f"`python -m fedst.weights {' '.join(_overrides_hint(cfg, extra_sites))} --prepare` where "
+        f"CLIP is "
         f"available (or add --prepare here once the checkpoint is in place) and copy the cache file"
     )
 
 
-def _overrides_hint(cfg: ExperimentConfig) -> list[str]:
-    return [f"experiment={cfg.name}"]
+def _overrides_hint(
+    cfg: ExperimentConfig, extra_sites: list[tuple[str, str]] | None = None
+) -> list[str]:
+    return [f"experiment={cfg.name}"] + [
+        f"--extra-site {shlex.quote(f'{n}:{s}')}" for n, s in extra_sites or []
+    ]
 
 
-def prepare_clip(cfg: ExperimentConfig) -> tuple[bool, str]:
-    """Build the CLIP prompt cache exactly as training will read it (build_indicators)."""
+def prepare_clip(
+    cfg: ExperimentConfig, extra_sites: list[tuple[str, str]] | None = None
+) -> tuple[bool, str]:
+    """Build the CLIP prompt cache exactly as training (Method.indicators) and a new site's
+    evaluation (site_indicators with the run's model, tag and cache folder) will read it."""
     if not cfg.uses_indicator() or cfg.method.indicator != "clip":
         return True, "prepare: the method uses no CLIP indicator; nothing to build"
+    ind = cfg.indicator
     try:
         vectors = method_of(cfg).indicators()
+        if extra_sites:
+            vectors |= site_indicators(
+                "clip",
+                extra_sites,
+                dim=ind.dim,
+                clip_model=ind.clip_model,
+                clip_pretrained=ind.clip_pretrained,
+                cache_dir=Path(ind.cache_dir),
+            )
     except IndicatorUnavailableError as err:
         return False, f"prepare: CLIP prompt cache not built. {err}"
-    ind = cfg.indicator
     cache = clip_cache_path(Path(ind.cache_dir), ind.clip_model, ind.clip_pretrained)
     return True, f"prepare: {len(vectors)} site prompts ({', '.join(vectors)}) cached in {cache}"
 
@@ -118,20 +149,54 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="build the CLIP text embeddings of every site prompt the experiment needs",
     )
+    parser.add_argument(
+        "--run",
+        type=Path,
+        default=None,
+        help="a run directory: use its experiment (config.json) instead of overrides",
+    )
+    parser.add_argument(
+        "--extra-site",
+        action="append",
+        default=[],
+        metavar="NAME:SURGERY_TYPE",
+        help="also the prompt of a site outside the experiment (eval_outfed.py site_root=...)",
+    )
     return parser
+
+
+def _parse_extra_sites(values: list[str]) -> list[tuple[str, str]]:
+    sites = []
+    for value in values:
+        name, _, surgery = value.partition(":")
+        if not name or not surgery:
+            raise SystemExit(
+                f"--extra-site {value!r}: write NAME:SURGERY_TYPE, e.g. lung:lobectomy"
+            )
+        sites.append((name, surgery))
+    return sites
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    overrides = list(args.overrides)
-    if not any(o.startswith("experiment=") for o in overrides):
-        overrides.insert(0, "experiment=paper")
+    extra_sites = _parse_extra_sites(args.extra_site)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg, _ = compose_experiment(overrides)
+    if args.run is not None:
+        if args.overrides:
+            raise SystemExit(f"--run {args.run} uses the run's own config: drop {args.overrides}")
+        path = args.run / "config.json"
+        if not path.is_file():
+            raise SystemExit(f"{path} is missing: --run takes a run directory of train_fed.py")
+        cfg = experiment_from_json(path.read_text())
+    else:
+        overrides = list(args.overrides)
+        if not any(o.startswith("experiment=") for o in overrides):
+            overrides.insert(0, "experiment=paper")
+        cfg, _ = compose_experiment(overrides)
     results = [encoder_status(cfg)]
     if args.prepare:
-        results.append(prepare_clip(cfg))
-    results.append(clip_status(cfg))
+        results.append(prepare_clip(cfg, extra_sites))
+    results.append(clip_status(cfg, extra_sites))
     for ok, line in results:
         print(f"[{'ok' if ok else 'MISSING'}] {line}")
     return 0 if all(ok for ok, _ in results) else 1

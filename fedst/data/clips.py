@@ -5,8 +5,9 @@ A sample is one labelled frame (the *current* frame) plus ``num_frames - 1`` ear
 no frame at the wanted time the nearest earlier frame is used; before the video's first frame the
 current frame is duplicated. Only the current frame needs a label.
 
-Augmentation (paper: rotation and scale; flips and colour jitter optional) draws ONE random
-transform per sample and applies it to every frame of the clip and to the mask. Areas rotated into
+Augmentation (paper: rotation and scale; flips, colour jitter (brightness, contrast, saturation,
+hue) and Gaussian blur optional, all off by default) draws ONE random transform per sample and
+applies it to every frame of the clip and to the mask (photometric parts: frames only). Areas rotated into
 view are 0 in the images (before normalisation) and 255 (ignore) in the mask.
 
 The dataset returns normalised tensors: frames resized to ``image_size`` (bilinear; masks nearest),
@@ -107,14 +108,21 @@ class AugmentConfig:
     vflip: bool = False
     """Vertical flip with probability 0.5."""
     color_jitter: float = 0.0
-    """Brightness, contrast and saturation jitter strength (0: off; hue is never changed)."""
+    """Brightness, contrast and saturation jitter strength (0: off; hue: ``hue``)."""
+    hue: float = 0.0
+    """Hue shift of the colour jitter, drawn from [-hue, hue] of the hue circle (0: off; <= 0.5)."""
+    blur_sigma: float = 0.0
+    """Gaussian blur, sigma drawn uniformly from [0, blur_sigma] pixels at the network input
+    (0: off)."""
 
     def __post_init__(self) -> None:
-        for name in ("rotate_limit_deg", "scale_limit", "color_jitter"):
+        for name in ("rotate_limit_deg", "scale_limit", "color_jitter", "hue", "blur_sigma"):
             if getattr(self, name) < 0:
                 raise ValueError(f"augment.{name} must be >= 0, got {getattr(self, name)}")
         if self.scale_limit >= 1:
             raise ValueError(f"augment.scale_limit must be < 1, got {self.scale_limit}")
+        if self.hue > 0.5:
+            raise ValueError(f"augment.hue must be <= 0.5 (half the hue circle), got {self.hue}")
 
 
 def clip_frame_positions(
@@ -224,11 +232,15 @@ def build_augmentation(augment: AugmentConfig, num_frames: int) -> A.Compose:
         transforms.append(A.HorizontalFlip(p=0.5))
     if augment.vflip:
         transforms.append(A.VerticalFlip(p=0.5))
-    if augment.color_jitter > 0:
+    if augment.color_jitter > 0 or augment.hue > 0:
         strength = augment.color_jitter
         transforms.append(
-            A.ColorJitter(brightness=strength, contrast=strength, saturation=strength, hue=0, p=1)
+            A.ColorJitter(
+                brightness=strength, contrast=strength, saturation=strength, hue=augment.hue, p=1
+            )
         )
+    if augment.blur_sigma > 0:
+        transforms.append(A.GaussianBlur(blur_limit=0, sigma_limit=(0.0, augment.blur_sigma), p=1))
     extra_frames = {f"frame_{i}": "image" for i in range(1, num_frames)}
     return A.Compose(transforms, additional_targets=extra_frames)
 

@@ -146,10 +146,12 @@ class GenericLayoutSource(SiteSource):
         duplicates = sorted({v for v in video_ids if video_ids.count(v) > 1})
         if duplicates:
             raise DataError(f"{path}: video id(s) {duplicates} listed more than once")
+        lines = [line.strip() for line in text.splitlines()]
         for video_id in video_ids:
             if not (self.site_root / "videos" / video_id).is_dir():
                 raise DataError(
-                    f"{path}: lists unknown video {video_id!r} (no folder "
+                    f"{path}: lists unknown video {video_id!r} on line "
+                    f"{lines.index(video_id) + 1} (no folder "
                     f"{self.site_root / 'videos' / video_id}); fix the split file or add the video"
                 )
         return video_ids

@@ -54,6 +54,16 @@ shared 2-core machine): tiny 0.7 s (180 frames/s) and demo 8.0 s (138 frames/s) 
 ~6; demo took 25 s at load ~8. Full (18440 frames) was not run; E + grasp of full (503 frames at
 256 x 320) took 11.9 s (42 frames/s), so full takes roughly 7-8 minutes.
 
+Diagnosis only (issue 15), the E-like *training* videos of an oracle:
+
+    python -m fedst.data.procedural --out data/procedural/demo_oracle --preset demo --oracle-split E
+
+writes ``<out>/E_oracle``, E-like training videos (E's
+style, video ids ``oracle_000``... so other random streams than E's test videos ``video_*``) in the
+train / val / test sizes of site A of the preset, for an oracle trained on E's domain (issue 15).
+It is refused inside a benchmark folder and is never part of one, so no federation reads it unless a
+config names it explicitly. The benchmark's own sites and their bytes do not change.
+
 Bump :data:`GENERATOR_VERSION` whenever the rendering changes. Existing sites are never deleted
 silently: a site whose meta.json matches (seed, preset, version) is skipped, one that differs stops
 generation with the difference named (``--force`` / ``regenerate=true`` regenerates on purpose).
@@ -89,7 +99,9 @@ __all__ = [
     "SiteStyle",
     "SplitSize",
     "generate",
+    "generate_oracle_split",
     "main",
+    "oracle_site_name",
     "render_video",
     "video_ids",
 ]
@@ -1120,7 +1132,9 @@ def generate(
         for split, ids in video_ids(site, spec).items():
             frames = size.split(split).frames
             tasks.extend((site_dir, site, preset, seed, v, frames, size.label_every) for v in ids)
-    bar = progress_bar(total=len(tasks), desc=f"procedural {preset}", unit="video", enabled=progress)
+    bar = progress_bar(
+        total=len(tasks), desc=f"procedural {preset}", unit="video", enabled=progress
+    )
     if workers > 1 and len(tasks) > 1:
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             for _ in pool.imap_unordered(_write_video, tasks, chunksize=4):
@@ -1145,6 +1159,100 @@ def generate(
     return result
 
 
+ORACLE_SUFFIX = "_oracle"
+ORACLE_VIDEO_PREFIX = "oracle"
+ORACLE_SIZE_OF = "A"
+"""The oracle split has the train / val / test sizes of this federated site of the preset."""
+
+
+def oracle_site_name(site: str) -> str:
+    """Folder and site name of the diagnosis-only training split of ``site`` (E -> E_oracle)."""
+    return f"{site}{ORACLE_SUFFIX}"
+
+
+def oracle_video_ids(preset: Preset) -> dict[str, list[str]]:
+    """``oracle_000``... numbered train, then val, then test (never an id of the benchmark)."""
+    size, ids, counter = preset.sites[ORACLE_SIZE_OF], {}, 0
+    for split in SPLITS:
+        count = size.split(split).videos
+        ids[split] = [f"{ORACLE_VIDEO_PREFIX}_{i:03d}" for i in range(counter, counter + count)]
+        counter += count
+    return ids
+
+
+def _oracle_meta(site: str, preset: Preset, seed: int) -> dict:
+    meta = _meta(site, preset, seed)
+    meta["generator"] |= {"oracle_of": site}
+    meta["diagnosis_only"] = True
+    return meta
+
+
+def generate_oracle_split(
+    out: Path,
+    seed: int,
+    preset: str,
+    site: str = "E",
+    *,
+    force: bool = False,
+    workers: int = 2,
+    progress: bool = True,
+) -> dict:
+    """Write ``<out>/<site>_oracle``: ``site``-style videos in the split sizes of site A of
+    ``preset``, for diagnosis only (an oracle trained on the site's domain). Refused when ``out``
+    holds a benchmark site (it must never become part of a federation's data folder). Returns the
+    counts of :func:`generate`."""
+    _check_names(preset, [site])
+    spec = PRESETS[preset]
+    out = Path(out)
+    if not spec.sites[site].test.videos or spec.sites[site].train.videos:
+        raise DataError(
+            f"--oracle-split {site}: only a test-only site (out of federation) has no training "
+            f"videos to add; choose one of {[s for s in SITES if not spec.sites[s].train.videos]}"
+        )
+    benchmark = sorted(name for name in SITES if (out / name / "meta.json").is_file())
+    if benchmark:
+        raise DataError(
+            f"{out} holds benchmark site(s) {benchmark}: write the diagnosis-only split into its "
+            f"own folder (e.g. {out.parent / (out.name + '_oracle')}), never a benchmark root, so "
+            "no federation reads it"
+        )
+    name = oracle_site_name(site)
+    site_dir, meta = out / name, _oracle_meta(site, spec, seed)
+    generated = _needs_generation(site_dir, meta, force)
+    if generated:
+        site_dir.mkdir(parents=True, exist_ok=True)
+        (site_dir / INCOMPLETE_MARKER).touch()
+        (site_dir / "meta.json").unlink(missing_ok=True)
+        for sub in ("videos", "splits"):
+            shutil.rmtree(site_dir / sub, ignore_errors=True)
+        size = spec.sites[ORACLE_SIZE_OF]
+        tasks = [
+            (site_dir, site, preset, seed, v, size.split(split).frames, 1)
+            for split, ids in oracle_video_ids(spec).items()
+            for v in ids
+        ]
+        bar = progress_bar(total=len(tasks), desc=f"oracle {name}", unit="video", enabled=progress)
+        if workers > 1 and len(tasks) > 1:
+            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+                for _ in pool.imap_unordered(_write_video, tasks, chunksize=1):
+                    bar.update()
+        else:
+            for task in tasks:
+                _write_video(task)
+                bar.update()
+        bar.close()
+        (site_dir / "splits").mkdir(parents=True, exist_ok=True)
+        for split, ids in oracle_video_ids(spec).items():
+            (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in ids))
+        tmp = site_dir / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp, site_dir / "meta.json")
+        (site_dir / INCOMPLETE_MARKER).unlink()
+    else:
+        logger.info("oracle split %s: up to date in %s, skipped", name, site_dir)
+    return {name: _count(site_dir) | {"generated": generated}}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI: ``python -m fedst.data.procedural --out DIR --seed N --preset demo``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -1158,12 +1266,31 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="regenerate existing generated sites (deletes their videos/ and splits/)",
     )
     parser.add_argument("--workers", type=int, default=2, help="processes rendering videos")
+    parser.add_argument(
+        "--oracle-split",
+        metavar="SITE",
+        default=None,
+        help="instead of the benchmark: write <out>/<SITE>_oracle, training videos in a test-only "
+        "site's style for diagnosis only (never into a benchmark folder)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    sites = args.sites.split(",") if args.sites else None
-    counts = generate(
-        args.out, args.seed, args.preset, sites, force=args.force, workers=args.workers
-    )
+    if args.oracle_split is not None:
+        if args.sites:
+            parser.error("--oracle-split writes one site: drop --sites")
+        counts = generate_oracle_split(
+            args.out,
+            args.seed,
+            args.preset,
+            args.oracle_split,
+            force=args.force,
+            workers=args.workers,
+        )
+    else:
+        sites = args.sites.split(",") if args.sites else None
+        counts = generate(
+            args.out, args.seed, args.preset, sites, force=args.force, workers=args.workers
+        )
     for site, c in counts.items():
         state = "generated" if c["generated"] else "up to date"
         print(
