@@ -67,6 +67,16 @@ class Loopback:
         command += [f"hydra.run.dir={self.run_dir}", "deploy.audit=true", *self.common, *extra]
         return self._start("server", command)
 
+    def restart_server(self, name: str = "server_resumed") -> subprocess.Popen:
+        """``train_fed.py site=server resume=<run dir>`` on the same port: the restarted server
+        takes the run's own config from the run directory; only deploy.* and runtime keys are
+        given on its command line."""
+        command = [sys.executable, str(REPO / "train_fed.py"), "site=server"]
+        command += [f"resume={self.run_dir}", "deploy.host=127.0.0.1", f"deploy.port={self.port}"]
+        command += [f"deploy.certs={self.certs}", f"deploy.keys={self.keys}", "deploy.audit=true"]
+        command += ["progress=false", f"hydra.run.dir={self.work / 'hydra' / name}"]
+        return self._start(name, command)
+
     def start_site(
         self, site: str, *extra: str, name: str | None = None, state: str | None = None
     ) -> subprocess.Popen:
@@ -248,3 +258,54 @@ def test_a_site_killed_during_a_round_is_left_out_and_rejoins_with_its_saved_sta
     # message; a fresh start would have 2
     assert steps in ({4}, {6})
     assert saved  # D had saved round 1 before it was killed
+
+
+@pytest.mark.slow
+def test_a_restarted_server_resumes_after_its_last_completed_round_and_matches_in_process(
+    tiny_root, tmp_path
+):
+    """Two sites, three rounds; the server (train_fed.py, SuperLink, ServerApp) is SIGKILLed once
+    round 1 is complete and restarted with ``resume=<run dir>``; the sites keep running."""
+    overrides = ["train.total_iters=6", "train.eval_every=3", "data.out_of_federation=[]"]
+    loop = Loopback(tmp_path / "loop", tiny_root, ["A", "D"], overrides)
+    server_log = loop.run_dir / "log.txt"
+    try:
+        server = loop.start_server()
+        for site in loop.sites:
+            loop.start_site(site)
+        deadline = time.monotonic() + SERVER_TIMEOUT
+        while not (server_log.exists() and "round 1/3 done" in server_log.read_text()):
+            assert time.monotonic() < deadline and server.poll() is None, loop.output("server")
+            time.sleep(0.5)
+        os.killpg(server.pid, signal.SIGKILL)  # train_fed.py, SuperLink, flwr run, ServerApp
+        server.wait(30)
+        assert leftover_processes(str(loop.run_dir)) == []  # nothing of the server survived
+        checkpoint = torch.load(loop.run_dir / "checkpoints" / "server.pt", weights_only=False)
+        assert checkpoint["round"] in (1, 2)  # killed after round 1 (or 2) was complete
+        killed_after = checkpoint["round"]
+        restarted = loop.restart_server()
+        assert restarted.wait(timeout=SERVER_TIMEOUT) == 0, loop.output("server_resumed")[-3000:]
+    finally:
+        loop.stop_all()
+    assert leftover_processes(str(tmp_path / "loop")) == []
+    assert f"resuming {loop.run_dir} after round {killed_after}" in server_log.read_text()
+    # every round appears once in the run's records, as in an uninterrupted run
+    participation = read_jsonl(loop.run_dir / "participation.jsonl")
+    assert [row["round"] for row in participation] == [1, 2, 3]
+    assert all(row["missing"] == [] for row in participation)
+
+    cfg = experiment(tiny_root, *overrides, "data.federation=[A,D]")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in every deployed process (OMP_NUM_THREADS=1)
+    try:
+        inprocess = run_training(cfg, tmp_path / "inprocess", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    deployed = json.loads((loop.run_dir / "final.json").read_text())
+    assert deployed["rounds"] == inprocess["rounds"] == 3
+    assert deployed["sites"] == inprocess["sites"]
+    losses = {
+        name: sorted((r["round"], r["site"], r.get("loss")) for r in read_jsonl(d / "train.jsonl"))
+        for name, d in (("deployed", loop.run_dir), ("inprocess", tmp_path / "inprocess"))
+    }
+    assert losses["deployed"] == losses["inprocess"]
