@@ -188,7 +188,15 @@ def start(
 
 
 def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the process group of ``process``, SIGKILL it after ``grace`` seconds."""
+    """SIGTERM the process group of ``process``, SIGKILL it after ``grace`` seconds. A process
+    started in our own group (``start(..., new_group=False)``) is stopped alone."""
+    try:
+        leader = os.getpgid(process.pid) == process.pid
+    except ProcessLookupError:  # already reaped
+        leader = False
+    if not leader:
+        stop_child(process, grace)
+        return
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -300,11 +308,12 @@ def run_config_overrides(run_dir: Path, policy: RoundPolicy) -> str:
     return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
 
 
-def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str, Any]:
-    """``train_fed.py site=server``: SuperLink up, sites registered, one run, SuperLink down."""
-    from fedst.training import prepare_run
-
-    prepare_run(cfg, run_dir, progress=False)
+@contextlib.contextmanager
+def superlink(sites: Sequence[str], dcfg: DeployConfig, log_dir: Path) -> Iterator[dict[str, str]]:
+    """A running SuperLink (TLS and SuperNode authentication unless ``deploy.insecure``) with the
+    public keys of ``sites`` registered and the ``fedst`` connection of the flwr CLI written to
+    its FLWR_HOME (``deploy.flwr_home``, default ``<log_dir>/flwr``); yields the environment of
+    the flwr CLI (``flwr run <app> fedst ...``) and stops the SuperLink at the end."""
     certs = None
     if not dcfg.insecure:
         certs = Path(dcfg.certs)
@@ -316,23 +325,36 @@ def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str,
                 "<this server's name or IP>, then set deploy.certs=<folder>",
             )
         certs = certs.resolve()
-    flwr_home = Path(dcfg.flwr_home or run_dir / "flwr").resolve()
+    flwr_home = Path(dcfg.flwr_home or log_dir / "flwr").resolve()
     connect_host = "127.0.0.1" if dcfg.host in ("0.0.0.0", "::") else dcfg.host
     address = f"{connect_host}:{dcfg.port}"
     write_connection(flwr_home, address, certs / "ca.crt" if certs else None)
     env = process_env(flwr_home)
-    superlink = start(superlink_command(dcfg, certs), run_dir / "superlink.log", env, False)
+    process = start(superlink_command(dcfg, certs), log_dir / "superlink.log", env, False)
     try:
-        wait_for_port(connect_host, dcfg.port, 60, superlink)
+        wait_for_port(connect_host, dcfg.port, 60, process)
         if certs is not None:
-            register_sites(cfg.data.federation, Path(dcfg.keys), env)
+            register_sites(sites, Path(dcfg.keys), env)
         log.info(
             "SuperLink on %s:%d; waiting up to %.0f s for sites %s",
             dcfg.host,
             dcfg.port,
             dcfg.join_timeout,
-            ", ".join(cfg.data.federation),
+            ", ".join(sites),
         )
+        yield env
+    finally:
+        stop(process)
+
+
+def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str, Any]:
+    """``train_fed.py site=server``: SuperLink up, sites registered, one run, SuperLink down.
+    A ``run_dir`` that holds a server checkpoint (``train_fed.py site=server resume=<run dir>``)
+    continues after its last completed round (fedst.app.server_app.run_federation)."""
+    from fedst.training import prepare_run
+
+    prepare_run(cfg, run_dir, progress=False)
+    with superlink(cfg.data.federation, dcfg, run_dir) as env:
         command = [str(BIN / "flwr"), "run", str(APP_DIR), CONNECTION, "--stream"]
         command += ["--run-config", run_config_overrides(run_dir, dcfg.policy())]
         flwr_run = start(command, run_dir / "flwr_run.log", env, False)
@@ -340,8 +362,6 @@ def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str,
             time.sleep(1.0)
         if flwr_run.poll() is None:  # --stream may linger after the run has finished
             stop(flwr_run, grace=5)
-    finally:
-        stop(superlink)
     final = run_dir / "final.json"
     if not final.exists():
         raise DeploymentError(

@@ -123,6 +123,15 @@ def leftover_processes(marker: str) -> list[str]:
     return found
 
 
+def test_stop_ends_a_process_in_its_own_group_and_one_that_shares_ours(tmp_path):
+    env = deploy.process_env()
+    own = deploy.start(["sleep", "60"], tmp_path / "own.log", env)
+    shared = deploy.start(["sleep", "60"], tmp_path / "shared.log", env, new_group=False)
+    deploy.stop(own, grace=2)
+    deploy.stop(shared, grace=2)
+    assert own.poll() is not None and shared.poll() is not None
+
+
 def wire_rows(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "wire.jsonl")
 
@@ -279,12 +288,14 @@ def test_a_restarted_server_resumes_after_its_last_completed_round_and_matches_i
             time.sleep(0.5)
         os.killpg(server.pid, signal.SIGKILL)  # train_fed.py, SuperLink, flwr run, ServerApp
         server.wait(30)
-        assert leftover_processes(str(loop.run_dir)) == []  # nothing of the server survived
         checkpoint = torch.load(loop.run_dir / "checkpoints" / "server.pt", weights_only=False)
         assert checkpoint["round"] in (1, 2)  # killed after round 1 (or 2) was complete
         killed_after = checkpoint["round"]
         restarted = loop.restart_server()
         assert restarted.wait(timeout=SERVER_TIMEOUT) == 0, loop.output("server_resumed")[-3000:]
+        # the server stopped its SuperLink itself (FLWR_HOME is under the run directory)
+        superlinks = [p for p in leftover_processes(str(loop.run_dir)) if "flower-superlink" in p]
+        assert superlinks == []
     finally:
         loop.stop_all()
     assert leftover_processes(str(tmp_path / "loop")) == []
