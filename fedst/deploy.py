@@ -49,6 +49,8 @@ APP_DIR = Path(__file__).resolve().parents[1]
 """The Flower app (pyproject.toml with [tool.flwr.app]) that ``flwr run`` bundles."""
 CONNECTION = "fedst"
 """Name of the SuperLink connection in $FLWR_HOME/config.toml."""
+CONNECTED = "SuperNode ID:"
+"""What flower-supernode logs once the SuperLink has activated it."""
 EXIT_AUTH_FAILED = 305
 """flower-supernode's exit code when the SuperLink refuses to activate it."""
 BIN = Path(sys.executable).parent
@@ -404,10 +406,15 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
 
 
 def supernode_command(
-    cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: bool = False
+    cfg: ExperimentConfig,
+    site: str,
+    dcfg: DeployConfig,
+    progress: bool = False,
+    max_wait: float | None = None,
 ) -> list[str]:
     """``flower-supernode`` for ``site`` with its node config (absolute paths: the ClientApp
-    runs in another working directory)."""
+    runs in another working directory); it gives up reconnecting to the SuperLink after
+    ``max_wait`` seconds (default ``deploy.connect_timeout``)."""
     spec = cfg.data.sites[site]
     node = site_node_config(
         cfg,
@@ -424,7 +431,7 @@ def supernode_command(
     command = [str(BIN / "flower-supernode"), "--superlink", dcfg.server]
     command += ["--host", "127.0.0.1", "--port", str(dcfg.site_port)]
     command += ["--isolation", "process", "--node-config", node.to_cli()]
-    command += ["--max-wait-time", str(dcfg.connect_timeout)]
+    command += ["--max-wait-time", str(dcfg.connect_timeout if max_wait is None else max_wait)]
     if dcfg.insecure:
         return [*command, "--insecure"]
     certs, keys = Path(dcfg.certs), Path(dcfg.keys)
@@ -485,21 +492,28 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
     A SuperNode that crashed stays 'online' at the SuperLink for up to a minute (two missed
     heartbeats); restarting within that time is refused, so this retries until
     ``deploy.connect_timeout``. An unregistered key or an unreachable server is one line.
+
+    Flower's SuperNode ends when the SuperLink it was connected to goes away (a restarted
+    SuperLink does not know it). A site that was connected therefore starts a new SuperNode, and
+    keeps trying for ``deploy.connect_timeout`` seconds: a restarted server (``train_fed.py
+    site=server resume=<run dir>``) finds it again; if the server does not come back (the
+    federation has ended, or the server is down), the site process ends with one line.
     """
     from fedst.training import prepare_data
 
     prepare_data(cfg, progress=progress)
     check_site_data(cfg, site)
-    command = supernode_command(cfg, site, dcfg, progress)
     state_dir = Path(dcfg.state_dir).resolve()
     flwr_home = Path(dcfg.flwr_home or state_dir / "flwr" / site)
     env = process_env(flwr_home)
     deadline = time.monotonic() + dcfg.connect_timeout
+    connected_before = False
     log_path = state_dir / f"supernode_{site}.log"
     log.info("site %s: connecting to %s (log: %s)", site, dcfg.server, log_path)
     while True:
         offset = log_path.stat().st_size if log_path.exists() else 0
-        node = start(command, log_path, env, new_group=False)
+        wait = max(deadline - time.monotonic(), 5.0)  # the SuperNode's own reconnection window
+        node = start(supernode_command(cfg, site, dcfg, progress, wait), log_path, env, False)
         executor = start(executor_command(dcfg), log_path, env, new_group=False)
         try:
             while (code := node.poll()) is None:
@@ -516,15 +530,38 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
             if node.poll() is None:
                 stop_child(node)
         output = log_path.read_text(errors="replace")[offset:]
-        if code == 0 or code < 0:
+        if code < 0:
             return code
+        if CONNECTED in output:  # it was part of the federation until the server went away
+            connected_before = True
+            deadline = time.monotonic() + dcfg.connect_timeout
+            log.warning(
+                "site %s: lost the server at %s; reconnecting for up to %.0f s (a restarted "
+                "server resumes the run; this site's state is on disk)",
+                site,
+                dcfg.server,
+                dcfg.connect_timeout,
+            )
+            continue
         refused = "Failed to activate SuperNode" in output  # Flower exit code 305, printed
-        if refused and time.monotonic() < deadline:
-            # not registered yet (the server registers keys after it starts), or the server still
-            # sees this site's previous SuperNode as online (up to two missed heartbeats)
-            log.info("site %s: the server does not accept the key yet; retrying in 5 s", site)
+        if (refused or connected_before) and time.monotonic() < deadline:
+            # not registered yet (the server registers keys after it starts), the server still
+            # sees this site's previous SuperNode as online (up to two missed heartbeats), or a
+            # server that is restarting
+            log.info("site %s: the server does not accept this site yet; retrying in 5 s", site)
             time.sleep(5)
             continue
+        if connected_before:
+            log.info(
+                "site %s: the server at %s has not come back for %.0f s (the federation has "
+                "ended, or the server is down); stopping. The site's state stays in %s: start "
+                "this command again to rejoin a resumed run",
+                site,
+                dcfg.server,
+                dcfg.connect_timeout,
+                state_dir,
+            )
+            return 0
         if refused:
             raise DeploymentError(
                 f"the server at {dcfg.server} refused site {site}'s key "
@@ -538,6 +575,8 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
                 f"check deploy.server=<host:port>, that the server runs (python train_fed.py "
                 f"site=server) and that deploy.certs has its ca.crt. Details: {log_path}"
             )
+        if code == 0:
+            return 0
         raise DeploymentError(f"site {site}: flower-supernode exited with {code}; see {log_path}")
 
 

@@ -11,7 +11,9 @@ seconds per round here, so the default test is kept to two sites and two rounds;
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,8 +97,10 @@ class Loopback:
         """The state folder of the site process ``name`` (a site, or a test's extra process)."""
         return self.work / "sites" / name
 
-    def _start(self, name: str, command: list[str]) -> subprocess.Popen:
-        process = deploy.start(command, self.work / f"{name}.out", deploy.process_env())
+    def _start(
+        self, name: str, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        process = deploy.start(command, self.work / f"{name}.out", env or deploy.process_env())
         self.processes[name] = process
         return process
 
@@ -146,6 +150,36 @@ def test_missing_certificates_and_unreadable_data_are_one_line_naming_the_fix(ti
     elsewhere = experiment(tiny_root, f"data.sites.A.root={tmp_path / 'nowhere'}")
     with pytest.raises(deploy.DeploymentError, match=r"set data\.sites\.A\.root="):
         deploy.check_site_data(elsewhere, "A")
+
+
+def test_each_setup_mistake_ends_train_fed_with_one_error_line_naming_the_fix(
+    tiny_root, tmp_path, caplog, monkeypatch
+):
+    """``train_fed.py site=...`` (its ``deploy`` function, in-process): exit code 2 and exactly
+    one ERROR line, no exception, for a missing certificate (site and server), a missing site
+    key and a data folder that cannot be read. (A wrong server address and an unregistered key
+    need a SuperLink: the loopback test checks them through the same function.)"""
+    import train_fed
+    from fedst.cli import compose_experiment
+
+    monkeypatch.setattr(train_fed, "setup_logging", lambda *args: None)  # keep pytest's capture
+    certs = deploy.make_certificates(tmp_path / "certs")
+    tiny = experiment(tiny_root)
+    unreadable, _ = compose_experiment(["data=paper", f"data.sites.A.root={tmp_path / 'nowhere'}"])
+    cases = [
+        (tiny, "A", {"certs": str(tmp_path / "none")}, r"ca\.crt is missing: copy ca\.crt"),
+        (tiny, "server", {"certs": str(tmp_path / "none")}, r"TLS file .* make certificates"),
+        (tiny, "A", {"certs": str(certs), "keys": str(tmp_path / "none")}, r"fedst\.deploy key"),
+        (unreadable, "A", {"certs": str(certs)}, r"set data\.sites\.A\.root=<folder"),
+    ]
+    for cfg, site, options, fix in cases:
+        caplog.clear()
+        runtime = {"deploy": options, "progress": False}
+        with caplog.at_level(logging.INFO):
+            assert train_fed.deploy(cfg, tmp_path / "run", site, runtime) == 2, (site, options)
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and re.search(fix, errors[0]), (site, options, errors)
+        assert "\n" not in errors[0]
 
 
 def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tiny_root, tmp_path):
@@ -320,3 +354,46 @@ def test_a_restarted_server_resumes_after_its_last_completed_round_and_matches_i
         for name, d in (("deployed", loop.run_dir), ("inprocess", tmp_path / "inprocess"))
     }
     assert losses["deployed"] == losses["inprocess"]
+
+
+@pytest.mark.slow
+def test_flwr_run_with_an_empty_run_dir_makes_and_writes_a_new_run_directory(tiny_root, tmp_path):
+    """``flwr run <app> <connection>`` as a Flower user would, against a SuperLink with TLS and
+    SuperNode authentication and two sites: run-dir is empty, so the ServerApp composes the
+    experiment from the run config's Hydra ``overrides`` and makes its own run directory."""
+    sites, overrides = ["A", "D"], ["train.total_iters=2", "data.out_of_federation=[]"]
+    loop = Loopback(tmp_path / "loop", tiny_root, sites, overrides)
+    runs = tmp_path / "runs"
+    hydra = ["experiment=tiny", f"data.root={tiny_root}", "data.federation=[A,D]", *overrides]
+    run_config = {"run-dir": "", "overrides": " ".join(hydra), "runs": str(runs)}
+    dcfg = DeployConfig(
+        host="127.0.0.1", port=loop.port, certs=str(loop.certs), keys=str(loop.keys)
+    )
+    try:
+        with deploy.superlink(sites, dcfg, tmp_path / "superlink") as env:
+            for site in sites:
+                loop.start_site(site)
+            command = [str(deploy.BIN / "flwr"), "run", str(REPO), deploy.CONNECTION, "--stream"]
+            command += [
+                "--run-config",
+                " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items()),
+            ]
+            flwr_run = loop._start("flwr_run", command, env)
+            deadline = time.monotonic() + SERVER_TIMEOUT
+            while not list(runs.glob("tiny/*/final.json")):
+                assert time.monotonic() < deadline, loop.output("flwr_run")[-3000:]
+                assert flwr_run.poll() in (None, 0), loop.output("flwr_run")[-3000:]
+                time.sleep(1)
+    finally:
+        loop.stop_all()
+    assert leftover_processes(str(tmp_path / "loop")) == []
+    assert leftover_processes(str(tmp_path / "superlink")) == []  # FLWR_HOME of the SuperLink
+    (run_dir,) = (runs / "tiny").iterdir()  # runs/<experiment name>/<method>_s<seed>_<time>
+    assert run_dir.name.startswith("fedst_s0_")
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["data"]["federation"] == ["A", "D"] and saved["train"]["total_iters"] == 2
+    final = json.loads((run_dir / "final.json").read_text())
+    assert final["rounds"] == 1 and set(final["sites"]) == {"A", "D"}
+    assert {row["site"] for row in read_jsonl(run_dir / "metrics.jsonl")} == {"A", "D"}
+    assert (run_dir / "checkpoints" / "server.pt").is_file()
+    assert f"deployed run {run_dir}" in (run_dir / "log.txt").read_text()
