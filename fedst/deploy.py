@@ -355,7 +355,7 @@ def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str,
     continues after its last completed round (fedst.app.server_app.run_federation)."""
     from fedst.training import prepare_run
 
-    prepare_run(cfg, run_dir, progress=False)
+    prepare_run(cfg, run_dir, progress=False, federated_data=False)
     with superlink(cfg.data.federation, dcfg, run_dir) as env:
         command = [str(BIN / "flwr"), "run", str(APP_DIR), CONNECTION, "--stream"]
         command += ["--run-config", run_config_overrides(run_dir, dcfg.policy())]
@@ -388,7 +388,7 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path(str(run_config.get("runs", "runs"))) / cfg.name
         run_dir = run_dir / f"{cfg.method.name}_s{cfg.seed}_{stamp}"
-        prepare_run(cfg, run_dir, progress=False)
+        prepare_run(cfg, run_dir, progress=False, federated_data=False)
     setup_logging(run_dir)
     policy = RoundPolicy(
         min_sites=int(run_config.get("min-sites", 0)) or None,

@@ -166,9 +166,14 @@ def test_each_setup_mistake_ends_train_fed_with_one_error_line_naming_the_fix(
     certs = deploy.make_certificates(tmp_path / "certs")
     tiny = experiment(tiny_root)
     unreadable, _ = compose_experiment(["data=paper", f"data.sites.A.root={tmp_path / 'nowhere'}"])
+    # the server of a trial has none of the hospitals' data (and needs none: method=fedavg has
+    # no SERQ set, no out-of-federation site here)
+    trial, _ = compose_experiment(
+        ["data=paper", "method=fedavg", "data.federation=[A,B]", "data.out_of_federation=[]"]
+    )
     cases = [
         (tiny, "A", {"certs": str(tmp_path / "none")}, r"ca\.crt is missing: copy ca\.crt"),
-        (tiny, "server", {"certs": str(tmp_path / "none")}, r"TLS file .* make certificates"),
+        (trial, "server", {"certs": str(tmp_path / "none")}, r"TLS file .* make certificates"),
         (tiny, "A", {"certs": str(certs), "keys": str(tmp_path / "none")}, r"fedst\.deploy key"),
         (unreadable, "A", {"certs": str(certs)}, r"set data\.sites\.A\.root=<folder"),
     ]
@@ -180,6 +185,23 @@ def test_each_setup_mistake_ends_train_fed_with_one_error_line_naming_the_fix(
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and re.search(fix, errors[0]), (site, options, errors)
         assert "\n" not in errors[0]
+
+
+def test_the_deployed_server_validates_the_data_it_reads_not_the_hospitals(tmp_path):
+    from fedst.cli import compose_experiment
+    from fedst.data.base import DataError
+    from fedst.training import prepare_run
+
+    overrides = ["data=paper", "method=fedavg", "data.federation=[A,B]"]
+    overrides.append(f"data.root={tmp_path / 'empty'}")  # no site's data anywhere
+    server_only, _ = compose_experiment([*overrides, "data.out_of_federation=[]"])
+    prepare_run(server_only, tmp_path / "run", federated_data=False)  # nothing the server reads
+    with pytest.raises(DataError, match=r"site 'A'"):  # the in-process engine reads them all
+        prepare_run(server_only, tmp_path / "run")
+    evaluated_here, _ = compose_experiment([*overrides, "data.out_of_federation=[E]"])
+    with pytest.raises(DataError, match=r"site 'E'") as caught:  # the server evaluates E itself
+        prepare_run(evaluated_here, tmp_path / "run", federated_data=False)
+    assert "site 'A'" not in str(caught.value)
 
 
 def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tiny_root, tmp_path):
