@@ -377,8 +377,14 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
     """Body of the deployed ServerApp: train the run of ``run-dir`` (or of the Hydra ``overrides``
     in a new folder under ``runs``) over ``grid`` and finalize it on the server."""
     from fedst.app.server_app import run_federation
+    from fedst.app.site_executor import exit_with_parent
     from fedst.cli import compose_experiment, setup_logging
     from fedst.training import finalize_run, load_config, prepare_run
+
+    # the SuperLink starts flower-superexec (our parent) in a session of its own, so a killed
+    # server does not take this process with it, and Flower's own exit on SIGINT waits minutes
+    # for its connection retries: end as soon as the SuperExec is gone
+    exit_with_parent()
 
     if str(run_config.get("run-dir", "")):
         run_dir = Path(str(run_config["run-dir"]))

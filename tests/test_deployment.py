@@ -344,6 +344,12 @@ def test_a_restarted_server_resumes_after_its_last_completed_round_and_matches_i
             time.sleep(0.5)
         os.killpg(server.pid, signal.SIGKILL)  # train_fed.py, SuperLink, flwr run, ServerApp
         server.wait(30)
+        # nothing of the killed server outlives it for long: Flower starts the ServerApp under a
+        # SuperExec in a session of its own, and the ServerApp ends when the SuperExec is gone
+        deadline = time.monotonic() + 60
+        while leftover := leftover_processes(str(loop.run_dir)):
+            assert time.monotonic() < deadline, leftover
+            time.sleep(1)
         checkpoint = torch.load(loop.run_dir / "checkpoints" / "server.pt", weights_only=False)
         assert checkpoint["round"] in (1, 2)  # killed after round 1 (or 2) was complete
         killed_after = checkpoint["round"]
