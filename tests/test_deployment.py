@@ -5,7 +5,9 @@ SuperNode authentication, through the real entry points (``train_fed.py site=ser
 Every process is started in its own process group with OMP_NUM_THREADS=1 (fedst.deploy.start)
 and stopped at the end, also on failure; each wait has a hard timeout. Each site runs one
 ClientApp process (fedst.app.site_executor), but Flower's message transport still costs tens of
-seconds per round here, so the default test is kept to two sites and two rounds; the dropout scenario with four sites is marked ``slow`` (``pytest -m slow``).
+seconds per round here, so the default test is kept to two sites and two rounds; the scenarios
+of several minutes (a site killed during a round, a server killed and resumed, ``flwr run`` with
+an empty run-dir) are marked ``slow`` (``pytest -m slow``).
 """
 
 from __future__ import annotations
