@@ -492,6 +492,22 @@ def check_site_data(cfg: ExperimentConfig, site: str) -> None:
         ) from err
 
 
+SUPERNODE_EXITING = "SuperNode terminated gracefully."
+"""flower-supernode's last log line when it leaves (also when it lost its SuperLink)."""
+EXIT_GRACE = 20.0
+"""Seconds a SuperNode that logged its exit may take to end before it is stopped."""
+
+
+def _tail(path: Path, offset: int) -> str:
+    """The text of ``path`` from ``offset`` on ('' if absent)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: bool = False) -> int:
     """``train_fed.py site=A``: run the site's SuperNode until the server ends the federation.
 
@@ -521,8 +537,18 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
         wait = max(deadline - time.monotonic(), 5.0)  # the SuperNode's own reconnection window
         node = start(supernode_command(cfg, site, dcfg, progress, wait), log_path, env, False)
         executor = start(executor_command(dcfg), log_path, env, new_group=False)
+        exiting_since = None
         try:
             while (code := node.poll()) is None:
+                if exiting_since is None and SUPERNODE_EXITING in _tail(log_path, offset):
+                    exiting_since = time.monotonic()
+                elif exiting_since is not None and time.monotonic() - exiting_since > EXIT_GRACE:
+                    # Flower's exit handlers can hang when two of its threads both raise
+                    # SIGINT (seen when the SuperLink goes away): end it, as it meant to end
+                    log.warning("site %s: the SuperNode did not finish exiting; stopping it", site)
+                    stop_child(node, grace=5)
+                    code = 0
+                    break
                 if executor.poll() is not None:  # state on disk: a new one resumes from it
                     log.warning(
                         "site %s: the ClientApp process exited with %d; starting a new one",

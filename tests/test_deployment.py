@@ -138,6 +138,35 @@ def test_stop_ends_a_process_in_its_own_group_and_one_that_shares_ours(tmp_path)
     assert own.poll() is not None and shared.poll() is not None
 
 
+def test_a_site_ends_a_supernode_stuck_in_its_exit_and_stops_when_the_server_stays_away(
+    tiny_root, tmp_path, monkeypatch
+):
+    """A stand-in SuperNode that connects, logs its exit and then hangs (as Flower's did once
+    its SuperLink was killed) is stopped; the site starts a new one, which cannot connect, and
+    the site process ends by itself once the server has stayed away for deploy.connect_timeout."""
+    starts = tmp_path / "starts"
+    fake = (
+        "import pathlib, sys, time\n"
+        f"starts = pathlib.Path({str(starts)!r})\n"
+        "starts.write_text(starts.read_text() + 'x' if starts.exists() else 'x')\n"
+        "if len(starts.read_text()) == 1:\n"
+        f"    print({deploy.CONNECTED!r} + ' 1', flush=True)\n"
+        f"    print({deploy.SUPERNODE_EXITING!r}, flush=True)\n"
+        "    time.sleep(600)\n"
+        "print('Failed to initialize the connection to the SuperLink.', flush=True)\n"
+        "sys.exit(1)\n"
+    )
+    monkeypatch.setattr(deploy, "supernode_command", lambda *a, **k: [sys.executable, "-c", fake])
+    monkeypatch.setattr(deploy, "executor_command", lambda dcfg: ["sleep", "600"])
+    monkeypatch.setattr(deploy, "EXIT_GRACE", 1.0)
+    dcfg = DeployConfig(state_dir=str(tmp_path / "state"), connect_timeout=8.0)
+    started = time.monotonic()
+    assert deploy.serve_site(experiment(tiny_root), "A", dcfg) == 0
+    assert time.monotonic() - started < 60
+    assert len(starts.read_text()) >= 2  # the stuck one was stopped and a new one started
+    assert leftover_processes(str(starts)) == []
+
+
 def wire_rows(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "wire.jsonl")
 
