@@ -27,8 +27,23 @@ REPO = Path(__file__).resolve().parents[1]
 ROUND = re.compile(r"round (\d+)(?:/\d+)? done in ([\d.]+) s")
 
 
+MESSAGE = re.compile(
+    r"(\w+(?:\.\w+)?) message: pulled from the SuperNode in ([\d.]+) s, handled in ([\d.]+) s"
+)
+
+
 def round_times(log: Path) -> list[float]:
     return [float(m.group(2)) for m in ROUND.finditer(log.read_text(errors="replace"))]
+
+
+def site_message_times(work: Path) -> dict[str, list[tuple[float, float]]]:
+    """Per message type, (seconds to pull the message from the SuperNode, seconds of FedST work)
+    of every message the sites' ClientApp executors ran (fedst.app.site_executor's log lines)."""
+    times: dict[str, list[tuple[float, float]]] = {}
+    for log in sorted(work.glob("sites/*/supernode_*.log")):
+        for m in MESSAGE.finditer(log.read_text(errors="replace")):
+            times.setdefault(m.group(1), []).append((float(m.group(2)), float(m.group(3))))
+    return times
 
 
 def main() -> None:
@@ -66,6 +81,13 @@ def main() -> None:
     base = sum(results["inprocess"][0]) / len(results["inprocess"][0])
     dep = sum(results["deployment"][0]) / len(results["deployment"][0])
     print(f"deployment overhead: {dep - base:+.1f} s/round ({dep / base:.1f}x in-process)")
+    for kind, pairs in site_message_times(work / "deployment").items():
+        pulls, work_seconds = [p for p, _ in pairs], [w for _, w in pairs]
+        print(
+            f"site {kind} messages ({len(pairs)}): pulled from the SuperNode in "
+            f"{min(pulls):.1f}-{max(pulls):.1f} s, FedST work {min(work_seconds):.1f}-"
+            f"{max(work_seconds):.1f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def resume_experiment(
     refused, accepted = [], []
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
-        if key in RUNTIME_KEYS or key.startswith("hydra.") or key == "hydra":
+        if key.split(".")[0] in (*RUNTIME_KEYS, "hydra"):  # e.g. deploy.port, hydra.run.dir
             continue
         if key in RESUME_SAFE_KEYS:
             accepted.append(key)

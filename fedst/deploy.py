@@ -49,6 +49,8 @@ APP_DIR = Path(__file__).resolve().parents[1]
 """The Flower app (pyproject.toml with [tool.flwr.app]) that ``flwr run`` bundles."""
 CONNECTION = "fedst"
 """Name of the SuperLink connection in $FLWR_HOME/config.toml."""
+CONNECTED = "SuperNode ID:"
+"""What flower-supernode logs once the SuperLink has activated it."""
 EXIT_AUTH_FAILED = 305
 """flower-supernode's exit code when the SuperLink refuses to activate it."""
 BIN = Path(sys.executable).parent
@@ -188,7 +190,15 @@ def start(
 
 
 def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the process group of ``process``, SIGKILL it after ``grace`` seconds."""
+    """SIGTERM the process group of ``process``, SIGKILL it after ``grace`` seconds. A process
+    started in our own group (``start(..., new_group=False)``) is stopped alone."""
+    try:
+        leader = os.getpgid(process.pid) == process.pid
+    except ProcessLookupError:  # already reaped
+        leader = False
+    if not leader:
+        stop_child(process, grace)
+        return
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -300,11 +310,12 @@ def run_config_overrides(run_dir: Path, policy: RoundPolicy) -> str:
     return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
 
 
-def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str, Any]:
-    """``train_fed.py site=server``: SuperLink up, sites registered, one run, SuperLink down."""
-    from fedst.training import prepare_run
-
-    prepare_run(cfg, run_dir, progress=False)
+@contextlib.contextmanager
+def superlink(sites: Sequence[str], dcfg: DeployConfig, log_dir: Path) -> Iterator[dict[str, str]]:
+    """A running SuperLink (TLS and SuperNode authentication unless ``deploy.insecure``) with the
+    public keys of ``sites`` registered and the ``fedst`` connection of the flwr CLI written to
+    its FLWR_HOME (``deploy.flwr_home``, default ``<log_dir>/flwr``); yields the environment of
+    the flwr CLI (``flwr run <app> fedst ...``) and stops the SuperLink at the end."""
     certs = None
     if not dcfg.insecure:
         certs = Path(dcfg.certs)
@@ -316,23 +327,36 @@ def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str,
                 "<this server's name or IP>, then set deploy.certs=<folder>",
             )
         certs = certs.resolve()
-    flwr_home = Path(dcfg.flwr_home or run_dir / "flwr").resolve()
+    flwr_home = Path(dcfg.flwr_home or log_dir / "flwr").resolve()
     connect_host = "127.0.0.1" if dcfg.host in ("0.0.0.0", "::") else dcfg.host
     address = f"{connect_host}:{dcfg.port}"
     write_connection(flwr_home, address, certs / "ca.crt" if certs else None)
     env = process_env(flwr_home)
-    superlink = start(superlink_command(dcfg, certs), run_dir / "superlink.log", env, False)
+    process = start(superlink_command(dcfg, certs), log_dir / "superlink.log", env, False)
     try:
-        wait_for_port(connect_host, dcfg.port, 60, superlink)
+        wait_for_port(connect_host, dcfg.port, 60, process)
         if certs is not None:
-            register_sites(cfg.data.federation, Path(dcfg.keys), env)
+            register_sites(sites, Path(dcfg.keys), env)
         log.info(
             "SuperLink on %s:%d; waiting up to %.0f s for sites %s",
             dcfg.host,
             dcfg.port,
             dcfg.join_timeout,
-            ", ".join(cfg.data.federation),
+            ", ".join(sites),
         )
+        yield env
+    finally:
+        stop(process)
+
+
+def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str, Any]:
+    """``train_fed.py site=server``: SuperLink up, sites registered, one run, SuperLink down.
+    A ``run_dir`` that holds a server checkpoint (``train_fed.py site=server resume=<run dir>``)
+    continues after its last completed round (fedst.app.server_app.run_federation)."""
+    from fedst.training import prepare_run
+
+    prepare_run(cfg, run_dir, progress=False, federated_data=False)
+    with superlink(cfg.data.federation, dcfg, run_dir) as env:
         command = [str(BIN / "flwr"), "run", str(APP_DIR), CONNECTION, "--stream"]
         command += ["--run-config", run_config_overrides(run_dir, dcfg.policy())]
         flwr_run = start(command, run_dir / "flwr_run.log", env, False)
@@ -340,8 +364,6 @@ def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str,
             time.sleep(1.0)
         if flwr_run.poll() is None:  # --stream may linger after the run has finished
             stop(flwr_run, grace=5)
-    finally:
-        stop(superlink)
     final = run_dir / "final.json"
     if not final.exists():
         raise DeploymentError(
@@ -355,8 +377,14 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
     """Body of the deployed ServerApp: train the run of ``run-dir`` (or of the Hydra ``overrides``
     in a new folder under ``runs``) over ``grid`` and finalize it on the server."""
     from fedst.app.server_app import run_federation
+    from fedst.app.site_executor import exit_with_parent
     from fedst.cli import compose_experiment, setup_logging
     from fedst.training import finalize_run, load_config, prepare_run
+
+    # the SuperLink starts flower-superexec (our parent) in a session of its own, so a killed
+    # server does not take this process with it, and Flower's own exit on SIGINT waits minutes
+    # for its connection retries: end as soon as the SuperExec is gone
+    exit_with_parent()
 
     if str(run_config.get("run-dir", "")):
         run_dir = Path(str(run_config["run-dir"]))
@@ -366,7 +394,7 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path(str(run_config.get("runs", "runs"))) / cfg.name
         run_dir = run_dir / f"{cfg.method.name}_s{cfg.seed}_{stamp}"
-        prepare_run(cfg, run_dir, progress=False)
+        prepare_run(cfg, run_dir, progress=False, federated_data=False)
     setup_logging(run_dir)
     policy = RoundPolicy(
         min_sites=int(run_config.get("min-sites", 0)) or None,
@@ -384,10 +412,15 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
 
 
 def supernode_command(
-    cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: bool = False
+    cfg: ExperimentConfig,
+    site: str,
+    dcfg: DeployConfig,
+    progress: bool = False,
+    max_wait: float | None = None,
 ) -> list[str]:
     """``flower-supernode`` for ``site`` with its node config (absolute paths: the ClientApp
-    runs in another working directory)."""
+    runs in another working directory); it gives up reconnecting to the SuperLink after
+    ``max_wait`` seconds (default ``deploy.connect_timeout``)."""
     spec = cfg.data.sites[site]
     node = site_node_config(
         cfg,
@@ -404,7 +437,7 @@ def supernode_command(
     command = [str(BIN / "flower-supernode"), "--superlink", dcfg.server]
     command += ["--host", "127.0.0.1", "--port", str(dcfg.site_port)]
     command += ["--isolation", "process", "--node-config", node.to_cli()]
-    command += ["--max-wait-time", str(dcfg.connect_timeout)]
+    command += ["--max-wait-time", str(dcfg.connect_timeout if max_wait is None else max_wait)]
     if dcfg.insecure:
         return [*command, "--insecure"]
     certs, keys = Path(dcfg.certs), Path(dcfg.keys)
@@ -459,30 +492,63 @@ def check_site_data(cfg: ExperimentConfig, site: str) -> None:
         ) from err
 
 
+SUPERNODE_EXITING = "SuperNode terminated gracefully."
+"""flower-supernode's last log line when it leaves (also when it lost its SuperLink)."""
+EXIT_GRACE = 20.0
+"""Seconds a SuperNode that logged its exit may take to end before it is stopped."""
+
+
+def _tail(path: Path, offset: int) -> str:
+    """The text of ``path`` from ``offset`` on ('' if absent)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: bool = False) -> int:
     """``train_fed.py site=A``: run the site's SuperNode until the server ends the federation.
 
     A SuperNode that crashed stays 'online' at the SuperLink for up to a minute (two missed
     heartbeats); restarting within that time is refused, so this retries until
     ``deploy.connect_timeout``. An unregistered key or an unreachable server is one line.
+
+    Flower's SuperNode ends when the SuperLink it was connected to goes away (a restarted
+    SuperLink does not know it). A site that was connected therefore starts a new SuperNode, and
+    keeps trying for ``deploy.connect_timeout`` seconds: a restarted server (``train_fed.py
+    site=server resume=<run dir>``) finds it again; if the server does not come back (the
+    federation has ended, or the server is down), the site process ends with one line.
     """
     from fedst.training import prepare_data
 
     prepare_data(cfg, progress=progress)
     check_site_data(cfg, site)
-    command = supernode_command(cfg, site, dcfg, progress)
     state_dir = Path(dcfg.state_dir).resolve()
     flwr_home = Path(dcfg.flwr_home or state_dir / "flwr" / site)
     env = process_env(flwr_home)
     deadline = time.monotonic() + dcfg.connect_timeout
+    connected_before = False
     log_path = state_dir / f"supernode_{site}.log"
     log.info("site %s: connecting to %s (log: %s)", site, dcfg.server, log_path)
     while True:
         offset = log_path.stat().st_size if log_path.exists() else 0
-        node = start(command, log_path, env, new_group=False)
+        wait = max(deadline - time.monotonic(), 5.0)  # the SuperNode's own reconnection window
+        node = start(supernode_command(cfg, site, dcfg, progress, wait), log_path, env, False)
         executor = start(executor_command(dcfg), log_path, env, new_group=False)
+        exiting_since = None
         try:
             while (code := node.poll()) is None:
+                if exiting_since is None and SUPERNODE_EXITING in _tail(log_path, offset):
+                    exiting_since = time.monotonic()
+                elif exiting_since is not None and time.monotonic() - exiting_since > EXIT_GRACE:
+                    # Flower's exit handlers can hang when two of its threads both raise
+                    # SIGINT (seen when the SuperLink goes away): end it, as it meant to end
+                    log.warning("site %s: the SuperNode did not finish exiting; stopping it", site)
+                    stop_child(node, grace=5)
+                    code = 0
+                    break
                 if executor.poll() is not None:  # state on disk: a new one resumes from it
                     log.warning(
                         "site %s: the ClientApp process exited with %d; starting a new one",
@@ -496,15 +562,38 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
             if node.poll() is None:
                 stop_child(node)
         output = log_path.read_text(errors="replace")[offset:]
-        if code == 0 or code < 0:
+        if code < 0:
             return code
+        if CONNECTED in output:  # it was part of the federation until the server went away
+            connected_before = True
+            deadline = time.monotonic() + dcfg.connect_timeout
+            log.warning(
+                "site %s: lost the server at %s; reconnecting for up to %.0f s (a restarted "
+                "server resumes the run; this site's state is on disk)",
+                site,
+                dcfg.server,
+                dcfg.connect_timeout,
+            )
+            continue
         refused = "Failed to activate SuperNode" in output  # Flower exit code 305, printed
-        if refused and time.monotonic() < deadline:
-            # not registered yet (the server registers keys after it starts), or the server still
-            # sees this site's previous SuperNode as online (up to two missed heartbeats)
-            log.info("site %s: the server does not accept the key yet; retrying in 5 s", site)
+        if (refused or connected_before) and time.monotonic() < deadline:
+            # not registered yet (the server registers keys after it starts), the server still
+            # sees this site's previous SuperNode as online (up to two missed heartbeats), or a
+            # server that is restarting
+            log.info("site %s: the server does not accept this site yet; retrying in 5 s", site)
             time.sleep(5)
             continue
+        if connected_before:
+            log.info(
+                "site %s: the server at %s has not come back for %.0f s (the federation has "
+                "ended, or the server is down); stopping. The site's state stays in %s: start "
+                "this command again to rejoin a resumed run",
+                site,
+                dcfg.server,
+                dcfg.connect_timeout,
+                state_dir,
+            )
+            return 0
         if refused:
             raise DeploymentError(
                 f"the server at {dcfg.server} refused site {site}'s key "
@@ -518,6 +607,8 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
                 f"check deploy.server=<host:port>, that the server runs (python train_fed.py "
                 f"site=server) and that deploy.certs has its ca.crt. Details: {log_path}"
             )
+        if code == 0:
+            return 0
         raise DeploymentError(f"site {site}: flower-supernode exited with {code}; see {log_path}")
 
 

@@ -68,10 +68,16 @@ def prepare_data(
 
 
 def prepare_run(
-    cfg: ExperimentConfig, run_dir: Path, progress: bool = False, regenerate: bool = False
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    progress: bool = False,
+    regenerate: bool = False,
+    federated_data: bool = True,
 ) -> None:
     """Every engine's start: the resolved config and the benchmark record in the run directory,
-    data in place, and every site the run uses validated before anything trains."""
+    data in place, and every site the run uses validated before anything trains.
+    ``federated_data=False`` (the deployed server): the federated sites' data is at the
+    hospitals, each site validates its own; the server validates only what it reads itself."""
     save_config(cfg, run_dir)
     record = prepare_data(cfg, progress, regenerate)
     if record is not None:
@@ -79,7 +85,7 @@ def prepare_run(
     iid = cfg.data.build_iid()  # data.partition=iid: the pooled-then-resplit control, once
     if iid is not None:
         atomic_write_text(json.dumps(iid, indent=1, sort_keys=True), run_dir / "iid_partition.json")
-    validate_data(cfg)
+    validate_data(cfg, federated=federated_data)
 
 
 def run_training(
@@ -129,13 +135,16 @@ def run_training(
     return finalize_run(cfg, run_dir, progress=progress)
 
 
-def validate_data(cfg: ExperimentConfig) -> None:
-    """Validate every site the run uses (federation, out-of-federation, the server's set when
-    SERQ runs) before anything trains; one DataError lists every problem (cached once passed)."""
+def validate_data(cfg: ExperimentConfig, federated: bool = True) -> None:
+    """Validate every site the run uses (federation unless ``federated=False``,
+    out-of-federation, the server's set when SERQ runs) before anything trains; one DataError
+    lists every problem (cached once passed)."""
     data = cfg.data
-    sites = [*data.federation, *data.out_of_federation]
+    sites = [*(data.federation if federated else ()), *data.out_of_federation]
     if cfg.method.synthetic_pretraining and data.server:  # the server's pre-training and SERQ set
         sites.append(data.server)
+    if not sites:  # a deployed server without SERQ or out-of-federation sites reads no data
+        return
     started = time.perf_counter()
     validate_experiment_data(data, cfg.clip_config(), sites)
     log.info("data of %d site(s) validated in %.1f s", len(sites), time.perf_counter() - started)

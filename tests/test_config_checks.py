@@ -67,6 +67,7 @@ def test_good_values_of_every_type_still_build():
 def test_resume_applies_the_safe_overrides_and_logs_them(caplog):
     saved, _ = compose_experiment(["experiment=tiny", "seed=3"])
     overrides = ["train.eval_every=5", "train.num_workers=1", "progress=false", "resume=runs/x"]
+    overrides += ["site=server", "deploy.port=9100", "deploy.certs=certs"]  # a restarted server
     composed, _ = compose_experiment(overrides)  # today's defaults + the command line
     with caplog.at_level(logging.INFO):
         resumed = resume_experiment(saved, composed, overrides)

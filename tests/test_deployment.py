@@ -5,13 +5,17 @@ SuperNode authentication, through the real entry points (``train_fed.py site=ser
 Every process is started in its own process group with OMP_NUM_THREADS=1 (fedst.deploy.start)
 and stopped at the end, also on failure; each wait has a hard timeout. Each site runs one
 ClientApp process (fedst.app.site_executor), but Flower's message transport still costs tens of
-seconds per round here, so the default test is kept to two sites and two rounds; the dropout scenario with four sites is marked ``slow`` (``pytest -m slow``).
+seconds per round here, so the default test is kept to two sites and two rounds; the scenarios
+of several minutes (a site killed during a round, a server killed and resumed, ``flwr run`` with
+an empty run-dir) are marked ``slow`` (``pytest -m slow``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,6 +71,16 @@ class Loopback:
         command += [f"hydra.run.dir={self.run_dir}", "deploy.audit=true", *self.common, *extra]
         return self._start("server", command)
 
+    def restart_server(self, name: str = "server_resumed") -> subprocess.Popen:
+        """``train_fed.py site=server resume=<run dir>`` on the same port: the restarted server
+        takes the run's own config from the run directory; only deploy.* and runtime keys are
+        given on its command line."""
+        command = [sys.executable, str(REPO / "train_fed.py"), "site=server"]
+        command += [f"resume={self.run_dir}", "deploy.host=127.0.0.1", f"deploy.port={self.port}"]
+        command += [f"deploy.certs={self.certs}", f"deploy.keys={self.keys}", "deploy.audit=true"]
+        command += ["progress=false", f"hydra.run.dir={self.work / 'hydra' / name}"]
+        return self._start(name, command)
+
     def start_site(
         self, site: str, *extra: str, name: str | None = None, state: str | None = None
     ) -> subprocess.Popen:
@@ -85,8 +99,10 @@ class Loopback:
         """The state folder of the site process ``name`` (a site, or a test's extra process)."""
         return self.work / "sites" / name
 
-    def _start(self, name: str, command: list[str]) -> subprocess.Popen:
-        process = deploy.start(command, self.work / f"{name}.out", deploy.process_env())
+    def _start(
+        self, name: str, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        process = deploy.start(command, self.work / f"{name}.out", env or deploy.process_env())
         self.processes[name] = process
         return process
 
@@ -113,6 +129,44 @@ def leftover_processes(marker: str) -> list[str]:
     return found
 
 
+def test_stop_ends_a_process_in_its_own_group_and_one_that_shares_ours(tmp_path):
+    env = deploy.process_env()
+    own = deploy.start(["sleep", "60"], tmp_path / "own.log", env)
+    shared = deploy.start(["sleep", "60"], tmp_path / "shared.log", env, new_group=False)
+    deploy.stop(own, grace=2)
+    deploy.stop(shared, grace=2)
+    assert own.poll() is not None and shared.poll() is not None
+
+
+def test_a_site_ends_a_supernode_stuck_in_its_exit_and_stops_when_the_server_stays_away(
+    tiny_root, tmp_path, monkeypatch
+):
+    """A stand-in SuperNode that connects, logs its exit and then hangs (as Flower's did once
+    its SuperLink was killed) is stopped; the site starts a new one, which cannot connect, and
+    the site process ends by itself once the server has stayed away for deploy.connect_timeout."""
+    starts = tmp_path / "starts"
+    fake = (
+        "import pathlib, sys, time\n"
+        f"starts = pathlib.Path({str(starts)!r})\n"
+        "starts.write_text(starts.read_text() + 'x' if starts.exists() else 'x')\n"
+        "if len(starts.read_text()) == 1:\n"
+        f"    print({deploy.CONNECTED!r} + ' 1', flush=True)\n"
+        f"    print({deploy.SUPERNODE_EXITING!r}, flush=True)\n"
+        "    time.sleep(600)\n"
+        "print('Failed to initialize the connection to the SuperLink.', flush=True)\n"
+        "sys.exit(1)\n"
+    )
+    monkeypatch.setattr(deploy, "supernode_command", lambda *a, **k: [sys.executable, "-c", fake])
+    monkeypatch.setattr(deploy, "executor_command", lambda dcfg: ["sleep", "600"])
+    monkeypatch.setattr(deploy, "EXIT_GRACE", 1.0)
+    dcfg = DeployConfig(state_dir=str(tmp_path / "state"), connect_timeout=8.0)
+    started = time.monotonic()
+    assert deploy.serve_site(experiment(tiny_root), "A", dcfg) == 0
+    assert time.monotonic() - started < 60
+    assert len(starts.read_text()) >= 2  # the stuck one was stopped and a new one started
+    assert leftover_processes(str(starts)) == []
+
+
 def wire_rows(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "wire.jsonl")
 
@@ -127,6 +181,58 @@ def test_missing_certificates_and_unreadable_data_are_one_line_naming_the_fix(ti
     elsewhere = experiment(tiny_root, f"data.sites.A.root={tmp_path / 'nowhere'}")
     with pytest.raises(deploy.DeploymentError, match=r"set data\.sites\.A\.root="):
         deploy.check_site_data(elsewhere, "A")
+
+
+def test_each_setup_mistake_ends_train_fed_with_one_error_line_naming_the_fix(
+    tiny_root, tmp_path, caplog, monkeypatch
+):
+    """``train_fed.py site=...`` (its ``deploy`` function, in-process): exit code 2 and exactly
+    one ERROR line, no exception, for a missing certificate (site and server), a missing site
+    key and a data folder that cannot be read. (A wrong server address and an unregistered key
+    need a SuperLink: the loopback test checks them through the same function.)"""
+    import train_fed
+    from fedst.cli import compose_experiment
+
+    monkeypatch.setattr(train_fed, "setup_logging", lambda *args: None)  # keep pytest's capture
+    certs = deploy.make_certificates(tmp_path / "certs")
+    tiny = experiment(tiny_root)
+    unreadable, _ = compose_experiment(["data=paper", f"data.sites.A.root={tmp_path / 'nowhere'}"])
+    # the server of a trial has none of the hospitals' data (and needs none: method=fedavg has
+    # no SERQ set, no out-of-federation site here)
+    trial, _ = compose_experiment(
+        ["data=paper", "method=fedavg", "data.federation=[A,B]", "data.out_of_federation=[]"]
+    )
+    cases = [
+        (tiny, "A", {"certs": str(tmp_path / "none")}, r"ca\.crt is missing: copy ca\.crt"),
+        (trial, "server", {"certs": str(tmp_path / "none")}, r"TLS file .* make certificates"),
+        (tiny, "A", {"certs": str(certs), "keys": str(tmp_path / "none")}, r"fedst\.deploy key"),
+        (unreadable, "A", {"certs": str(certs)}, r"set data\.sites\.A\.root=<folder"),
+    ]
+    for cfg, site, options, fix in cases:
+        caplog.clear()
+        runtime = {"deploy": options, "progress": False}
+        with caplog.at_level(logging.INFO):
+            assert train_fed.deploy(cfg, tmp_path / "run", site, runtime) == 2, (site, options)
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and re.search(fix, errors[0]), (site, options, errors)
+        assert "\n" not in errors[0]
+
+
+def test_the_deployed_server_validates_the_data_it_reads_not_the_hospitals(tmp_path):
+    from fedst.cli import compose_experiment
+    from fedst.data.base import DataError
+    from fedst.training import prepare_run
+
+    overrides = ["data=paper", "method=fedavg", "data.federation=[A,B]"]
+    overrides.append(f"data.root={tmp_path / 'empty'}")  # no site's data anywhere
+    server_only, _ = compose_experiment([*overrides, "data.out_of_federation=[]"])
+    prepare_run(server_only, tmp_path / "run", federated_data=False)  # nothing the server reads
+    with pytest.raises(DataError, match=r"site 'A'"):  # the in-process engine reads them all
+        prepare_run(server_only, tmp_path / "run")
+    evaluated_here, _ = compose_experiment([*overrides, "data.out_of_federation=[E]"])
+    with pytest.raises(DataError, match=r"site 'E'") as caught:  # the server evaluates E itself
+        prepare_run(evaluated_here, tmp_path / "run", federated_data=False)
+    assert "site 'A'" not in str(caught.value)
 
 
 def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tiny_root, tmp_path):
@@ -248,3 +354,105 @@ def test_a_site_killed_during_a_round_is_left_out_and_rejoins_with_its_saved_sta
     # message; a fresh start would have 2
     assert steps in ({4}, {6})
     assert saved  # D had saved round 1 before it was killed
+
+
+@pytest.mark.slow
+def test_a_restarted_server_resumes_after_its_last_completed_round_and_matches_in_process(
+    tiny_root, tmp_path
+):
+    """Two sites, three rounds; the server (train_fed.py, SuperLink, ServerApp) is SIGKILLed once
+    round 1 is complete and restarted with ``resume=<run dir>``; the sites keep running."""
+    overrides = ["train.total_iters=6", "train.eval_every=3", "data.out_of_federation=[]"]
+    loop = Loopback(tmp_path / "loop", tiny_root, ["A", "D"], overrides)
+    server_log = loop.run_dir / "log.txt"
+    try:
+        server = loop.start_server()
+        for site in loop.sites:
+            loop.start_site(site)
+        deadline = time.monotonic() + SERVER_TIMEOUT
+        while not (server_log.exists() and "round 1/3 done" in server_log.read_text()):
+            assert time.monotonic() < deadline and server.poll() is None, loop.output("server")
+            time.sleep(0.5)
+        os.killpg(server.pid, signal.SIGKILL)  # train_fed.py, SuperLink, flwr run, ServerApp
+        server.wait(30)
+        # nothing of the killed server outlives it for long: Flower starts the ServerApp under a
+        # SuperExec in a session of its own, and the ServerApp ends when the SuperExec is gone
+        deadline = time.monotonic() + 60
+        while leftover := leftover_processes(str(loop.run_dir)):
+            assert time.monotonic() < deadline, leftover
+            time.sleep(1)
+        checkpoint = torch.load(loop.run_dir / "checkpoints" / "server.pt", weights_only=False)
+        assert checkpoint["round"] in (1, 2)  # killed after round 1 (or 2) was complete
+        killed_after = checkpoint["round"]
+        restarted = loop.restart_server()
+        assert restarted.wait(timeout=SERVER_TIMEOUT) == 0, loop.output("server_resumed")[-3000:]
+        # the server stopped its SuperLink itself (FLWR_HOME is under the run directory)
+        superlinks = [p for p in leftover_processes(str(loop.run_dir)) if "flower-superlink" in p]
+        assert superlinks == []
+    finally:
+        loop.stop_all()
+    assert leftover_processes(str(tmp_path / "loop")) == []
+    assert f"resuming {loop.run_dir} after round {killed_after}" in server_log.read_text()
+    # every round appears once in the run's records, as in an uninterrupted run
+    participation = read_jsonl(loop.run_dir / "participation.jsonl")
+    assert [row["round"] for row in participation] == [1, 2, 3]
+    assert all(row["missing"] == [] for row in participation)
+
+    cfg = experiment(tiny_root, *overrides, "data.federation=[A,D]")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in every deployed process (OMP_NUM_THREADS=1)
+    try:
+        inprocess = run_training(cfg, tmp_path / "inprocess", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    deployed = json.loads((loop.run_dir / "final.json").read_text())
+    assert deployed["rounds"] == inprocess["rounds"] == 3
+    assert deployed["sites"] == inprocess["sites"]
+    losses = {
+        name: sorted((r["round"], r["site"], r.get("loss")) for r in read_jsonl(d / "train.jsonl"))
+        for name, d in (("deployed", loop.run_dir), ("inprocess", tmp_path / "inprocess"))
+    }
+    assert losses["deployed"] == losses["inprocess"]
+
+
+@pytest.mark.slow
+def test_flwr_run_with_an_empty_run_dir_makes_and_writes_a_new_run_directory(tiny_root, tmp_path):
+    """``flwr run <app> <connection>`` as a Flower user would, against a SuperLink with TLS and
+    SuperNode authentication and two sites: run-dir is empty, so the ServerApp composes the
+    experiment from the run config's Hydra ``overrides`` and makes its own run directory."""
+    sites, overrides = ["A", "D"], ["train.total_iters=2", "data.out_of_federation=[]"]
+    loop = Loopback(tmp_path / "loop", tiny_root, sites, overrides)
+    runs = tmp_path / "runs"
+    hydra = ["experiment=tiny", f"data.root={tiny_root}", "data.federation=[A,D]", *overrides]
+    run_config = {"run-dir": "", "overrides": " ".join(hydra), "runs": str(runs)}
+    dcfg = DeployConfig(
+        host="127.0.0.1", port=loop.port, certs=str(loop.certs), keys=str(loop.keys)
+    )
+    try:
+        with deploy.superlink(sites, dcfg, tmp_path / "superlink") as env:
+            for site in sites:
+                loop.start_site(site)
+            command = [str(deploy.BIN / "flwr"), "run", str(REPO), deploy.CONNECTION, "--stream"]
+            command += [
+                "--run-config",
+                " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items()),
+            ]
+            flwr_run = loop._start("flwr_run", command, env)
+            deadline = time.monotonic() + SERVER_TIMEOUT
+            while not list(runs.glob("tiny/*/final.json")):
+                assert time.monotonic() < deadline, loop.output("flwr_run")[-3000:]
+                assert flwr_run.poll() in (None, 0), loop.output("flwr_run")[-3000:]
+                time.sleep(1)
+    finally:
+        loop.stop_all()
+    assert leftover_processes(str(tmp_path / "loop")) == []
+    assert leftover_processes(str(tmp_path / "superlink")) == []  # FLWR_HOME of the SuperLink
+    (run_dir,) = (runs / "tiny").iterdir()  # runs/<experiment name>/<method>_s<seed>_<time>
+    assert run_dir.name.startswith("fedst_s0_")
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["data"]["federation"] == ["A", "D"] and saved["train"]["total_iters"] == 2
+    final = json.loads((run_dir / "final.json").read_text())
+    assert final["rounds"] == 1 and set(final["sites"]) == {"A", "D"}
+    assert {row["site"] for row in read_jsonl(run_dir / "metrics.jsonl")} == {"A", "D"}
+    assert (run_dir / "checkpoints" / "server.pt").is_file()
+    assert f"deployed run {run_dir}" in (run_dir / "log.txt").read_text()
