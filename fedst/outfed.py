@@ -123,6 +123,18 @@ def averaged_sites(cfg: ExperimentConfig, run_dir: Path) -> tuple[list[str], lis
     return [s for s in parties if s in export["shared"]], left_out
 
 
+def sample_weighted_personal(states: list[dict]) -> dict[str, torch.Tensor]:
+    """sum_k n_k / n rho_k over site states ({"personal": rho_k, "num_examples": n_k}), in fp64."""
+    weights = [float(state["num_examples"]) for state in states]
+    total = sum(weights)
+    return {
+        key: sum(
+            w / total * s["personal"][key].double() for w, s in zip(weights, states, strict=True)
+        ).float()
+        for key in states[0]["personal"]
+    }
+
+
 def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> FedSTNet:
     """Sample-count-weighted average of the federated site models (personal parts included)
     of every site that contributed its rho_k (:func:`averaged_sites`)."""
@@ -137,13 +149,7 @@ def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -
         )
     states = [_site_state(run_dir, s, checkpoint["round"]) for s in sites]
     weights = [float(state["num_examples"]) for state in states]
-    total = sum(weights)
-    averaged = {
-        key: sum(
-            w / total * s["personal"][key].double() for w, s in zip(weights, states, strict=True)
-        ).float()
-        for key in states[0]["personal"]
-    }
+    averaged = sample_weighted_personal(states)
     log.info(
         "out-of-federation model: %d averaged personal tensors over %s (weights %s)",
         len(averaged),

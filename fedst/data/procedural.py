@@ -1094,6 +1094,21 @@ def _count(site_dir: Path) -> dict:
     return counts
 
 
+
+def _write_videos(tasks: list[tuple], desc: str, workers: int, progress: bool, chunksize: int) -> None:
+    """Render every video task (_write_video), in ``workers`` spawned processes when > 1."""
+    bar = progress_bar(total=len(tasks), desc=desc, unit="video", enabled=progress)
+    if workers > 1 and len(tasks) > 1:
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            for _ in pool.imap_unordered(_write_video, tasks, chunksize=chunksize):
+                bar.update()
+    else:
+        for task in tasks:
+            _write_video(task)
+            bar.update()
+    bar.close()
+
+
 def generate(
     out: Path,
     seed: int,
@@ -1132,18 +1147,7 @@ def generate(
         for split, ids in video_ids(site, spec).items():
             frames = size.split(split).frames
             tasks.extend((site_dir, site, preset, seed, v, frames, size.label_every) for v in ids)
-    bar = progress_bar(
-        total=len(tasks), desc=f"procedural {preset}", unit="video", enabled=progress
-    )
-    if workers > 1 and len(tasks) > 1:
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for _ in pool.imap_unordered(_write_video, tasks, chunksize=4):
-                bar.update()
-    else:
-        for task in tasks:
-            _write_video(task)
-            bar.update()
-    bar.close()
+    _write_videos(tasks, f"procedural {preset}", workers, progress, chunksize=4)
     for site in todo:
         site_dir = out / site
         (site_dir / "splits").mkdir(parents=True, exist_ok=True)
@@ -1231,16 +1235,7 @@ def generate_oracle_split(
             for split, ids in oracle_video_ids(spec).items()
             for v in ids
         ]
-        bar = progress_bar(total=len(tasks), desc=f"oracle {name}", unit="video", enabled=progress)
-        if workers > 1 and len(tasks) > 1:
-            with multiprocessing.get_context("spawn").Pool(workers) as pool:
-                for _ in pool.imap_unordered(_write_video, tasks, chunksize=1):
-                    bar.update()
-        else:
-            for task in tasks:
-                _write_video(task)
-                bar.update()
-        bar.close()
+        _write_videos(tasks, f"oracle {name}", workers, progress, chunksize=1)
         (site_dir / "splits").mkdir(parents=True, exist_ok=True)
         for split, ids in oracle_video_ids(spec).items():
             (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in ids))

@@ -122,12 +122,6 @@ def snapshot_outfed_model(
         )
         for site in cfg.data.federation
     ]
-    weights = [float(s["num_examples"]) for s in states]
-    total = sum(weights)
-    averaged = {
-        key: sum(
-            w / total * s["personal"][key].double() for w, s in zip(weights, states, strict=True)
-        ).float()
-        for key in states[0]["personal"]
-    }
-    return _model(cfg, run_dir, server_round, averaged, device)
+    from fedst.outfed import sample_weighted_personal  # outfed builds on run files, as this
+
+    return _model(cfg, run_dir, server_round, sample_weighted_personal(states), device)
