@@ -197,10 +197,16 @@ def test_each_setup_mistake_ends_train_fed_with_one_error_line_naming_the_fix(
     certs = deploy.make_certificates(tmp_path / "certs")
     tiny = experiment(tiny_root)
     unreadable, _ = compose_experiment(["data=paper", f"data.sites.A.root={tmp_path / 'nowhere'}"])
-    # the server of a trial has none of the hospitals' data (and needs none: method=fedavg has
-    # no SERQ set, no out-of-federation site here)
+    # the server of a trial has none of the hospitals' data (and needs none here: no synthetic
+    # pre-training or SERQ set, no out-of-federation site)
     trial, _ = compose_experiment(
-        ["data=paper", "method=fedavg", "data.federation=[A,B]", "data.out_of_federation=[]"]
+        [
+            "data=paper",
+            "method=fedavg",
+            "method.synthetic_pretraining=false",
+            "data.federation=[A,B]",
+            "data.out_of_federation=[]",
+        ]
     )
     cases = [
         (tiny, "A", {"certs": str(tmp_path / "none")}, r"ca\.crt is missing: copy ca\.crt"),
@@ -224,6 +230,7 @@ def test_the_deployed_server_validates_the_data_it_reads_not_the_hospitals(tmp_p
     from fedst.training import prepare_run
 
     overrides = ["data=paper", "method=fedavg", "data.federation=[A,B]"]
+    overrides.append("method.synthetic_pretraining=false")  # the server needs no synthetic set
     overrides.append(f"data.root={tmp_path / 'empty'}")  # no site's data anywhere
     server_only, _ = compose_experiment([*overrides, "data.out_of_federation=[]"])
     prepare_run(server_only, tmp_path / "run", federated_data=False)  # nothing the server reads
@@ -233,6 +240,9 @@ def test_the_deployed_server_validates_the_data_it_reads_not_the_hospitals(tmp_p
     with pytest.raises(DataError, match=r"site 'E'") as caught:  # the server evaluates E itself
         prepare_run(evaluated_here, tmp_path / "run", federated_data=False)
     assert "site 'A'" not in str(caught.value)
+    pretrained, _ = compose_experiment([o for o in overrides if "synthetic_pretraining" not in o])
+    with pytest.raises(DataError, match=r"site 'synthetic'"):  # the server pre-trains on it
+        prepare_run(pretrained, tmp_path / "run", federated_data=False)
 
 
 def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tiny_root, tmp_path):
