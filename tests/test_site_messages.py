@@ -115,9 +115,10 @@ def test_a_site_accepts_its_state_folder_with_other_evaluation_settings_or_paths
     tiny_root, tmp_path
 ):
     cfg = experiment(tiny_root)
-    Site("A", cfg, tmp_path, torch.device("cpu"))
+    first = Site("A", cfg, tmp_path, torch.device("cpu"))
     same_training = experiment(tiny_root, "train.eval_every=7", "train.eval_max_frames=1")
-    Site("A", same_training, tmp_path, torch.device("cpu"))  # no error
+    again = Site("A", same_training, tmp_path, torch.device("cpu"))  # no StateMismatchError
+    assert again.fingerprint == first.fingerprint
 
 
 # -- dropout and rejoin ----------------------------------------------------------------------
