@@ -10,8 +10,10 @@ when a run lacks the file). Also, per run, ``msf_<run>.png``: validation (solid)
 logged during training every ``train.eval_every`` rounds) Dice per site, with the chosen rounds
 marked.
 
-``matrix RUN``: every training site's personalized model v_k and the out-of-federation model of the
-run's last round, each on every site's test split (rows: models; columns: test sites; diagonal:
+``matrix RUN [--rule last|val|mixed|cbe]``: every training site's personalized model v_k and the
+out-of-federation model of the run's last round (default) or of the rounds a selection rule chose
+on validation (``selection/selection.json``, from the kept snapshots; ``val`` chooses no round for
+the out-of-federation model, so its row is left out), each on every site's test split (rows: models; columns: test sites; diagonal:
 in-distribution, off-diagonal: cross-distribution, UltraFlwr). A personalized model is run as
 deployed, with its own site indicator; the out-of-federation model with the test site's own
 (fedst/outfed.py). Markdown table (``matrix.md``), CSV and heat map (``matrix.png``).
@@ -230,10 +232,12 @@ def msf_report(run_dirs: Sequence[Path], out: Path, progress: bool = False) -> l
 # -- the cross-site matrix ---------------------------------------------------------------------
 
 
-def cross_site_matrix(run_dir: Path, progress: bool = False) -> dict[str, Any]:
-    """{"models": [...], "sites": [...], "dice": [[...]], "iou": [[...]]}: each model of the run's
-    last round on each site's test split (rows: models, columns: test sites)."""
+def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False) -> dict[str, Any]:
+    """{"rule", "rounds", "models", "sites", "dice": [[...]], "iou": [[...]]}: each model of the
+    run's last round (``rule="last"``) or of the rounds ``rule`` chose on validation, on each
+    site's test split (rows: models, columns: test sites; ``rounds``: model -> its round)."""
     from fedst.experiment import resolve_device
+    from fedst.federation import snapshots
     from fedst.federation.evaluation import evaluate_model
     from fedst.federation.site_data import open_site_data
     from fedst.methods import method_of
@@ -245,9 +249,30 @@ def cross_site_matrix(run_dir: Path, progress: bool = False) -> dict[str, Any]:
     indicators = method_of(cfg).indicators()
     sites = [*cfg.data.federation, *cfg.data.out_of_federation]
     tests = {s: open_site_data(cfg, s, ("test",)).test for s in sites}
-    models = {s: (personalized_model(cfg, run_dir, s, device), s) for s in cfg.data.federation}
-    if cfg.data.out_of_federation:
-        models[OUTFED_MODEL] = (averaged_model(cfg, run_dir, device), None)
+    if rule == "last":
+        last = json.loads((run_dir / "final.json").read_text())["rounds"]
+        rounds: dict[str, int | None] = dict.fromkeys(cfg.data.federation, last)
+        models = {s: (personalized_model(cfg, run_dir, s, device), s) for s in cfg.data.federation}
+        if cfg.data.out_of_federation:
+            models[OUTFED_MODEL] = (averaged_model(cfg, run_dir, device), None)
+            rounds[OUTFED_MODEL] = last
+    else:
+        choices = load_selection(run_dir, progress)["choices"]
+        if rule not in choices:
+            raise SystemExit(
+                f"matrix --rule {rule}: {run_dir / SELECTION_FILE} holds no choice of that rule "
+                f"(it has {sorted(choices)}; cbe needs selection.held_out_site)"
+            )
+        rounds = dict(choices[rule]["sites"])
+        models = {
+            s: (snapshots.snapshot_site_model(cfg, run_dir, s, rounds[s], device), s)
+            for s in cfg.data.federation
+        }
+        outfed_round = choices[rule]["outfed"]
+        if cfg.data.out_of_federation and outfed_round is not None:
+            model = snapshots.snapshot_outfed_model(cfg, run_dir, outfed_round, device)
+            models[OUTFED_MODEL] = (model, None)
+            rounds[OUTFED_MODEL] = outfed_round
     dice, iou = [], []
     for name, (model, own_site) in models.items():
         row_d, row_i = [], []
@@ -266,14 +291,23 @@ def cross_site_matrix(run_dir: Path, progress: bool = False) -> dict[str, Any]:
             log.info("matrix: model %s on %s test: Dice %s", name, site, _fmt(summary["dice"]))
         dice.append(row_d)
         iou.append(row_i)
-    return {"models": list(models), "sites": sites, "dice": dice, "iou": iou}
+    return {
+        "rule": rule,
+        "rounds": rounds,
+        "models": list(models),
+        "sites": sites,
+        "dice": dice,
+        "iou": iou,
+    }
 
 
 def matrix_markdown(matrix: Mapping[str, Any], metric: str = "dice") -> str:
     sites = matrix["sites"]
+    rounds = ", ".join(f"{m}: {r}" for m, r in matrix["rounds"].items())
     lines = [
         f"{metric} (%) on each site's test split; rows: models (v_k of a training site, "
-        f"'{OUTFED_MODEL}': the out-of-federation model); diagonal: in-distribution.",
+        f"'{OUTFED_MODEL}': the out-of-federation model); diagonal: in-distribution. "
+        f"Rounds (rule {matrix['rule']}): {rounds}.",
         "",
         "| model \\ test site | " + " | ".join(sites) + " |",
         "|" + "---|" * (len(sites) + 1),
@@ -316,19 +350,22 @@ def plot_matrix(matrix: Mapping[str, Any], out_png: Path, metric: str = "dice") 
     return _save(fig, out_png)
 
 
-def matrix_report(run_dir: Path, out: Path, progress: bool = False) -> list[Path]:
-    matrix = cross_site_matrix(run_dir, progress)
+def matrix_report(
+    run_dir: Path, out: Path, rule: str = "last", progress: bool = False
+) -> list[Path]:
+    matrix = cross_site_matrix(run_dir, rule, progress)
     out.mkdir(parents=True, exist_ok=True)
+    stem = "matrix" if rule == "last" else f"matrix_{rule}"
     text = matrix_markdown(matrix)
-    (out / "matrix.md").write_text(text + "\n\n" + matrix_markdown(matrix, "iou") + "\n")
-    (out / "matrix.json").write_text(json.dumps(matrix, indent=1))
-    with open(out / "matrix.csv", "w", newline="") as handle:
+    (out / f"{stem}.md").write_text(text + "\n\n" + matrix_markdown(matrix, "iou") + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(matrix, indent=1))
+    with open(out / f"{stem}.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["model", *matrix["sites"]])
         for name, row in zip(matrix["models"], matrix["dice"], strict=True):
             writer.writerow([name, *row])
-    written = [out / "matrix.md", out / "matrix.json", out / "matrix.csv"]
-    written.append(plot_matrix(matrix, out / "matrix.png"))
+    written = [out / f"{stem}.{ext}" for ext in ("md", "json", "csv")]
+    written.append(plot_matrix(matrix, out / f"{stem}.png"))
     print(text)
     return written
 
@@ -343,6 +380,12 @@ def main(argv: Sequence[str]) -> list[Path]:
     msf.add_argument("--out", type=Path, help="output folder (default: <first RUN>/report)")
     matrix = sub.add_parser("matrix", help="every model on every site's test split")
     matrix.add_argument("run_dir", type=Path)
+    matrix.add_argument(
+        "--rule",
+        choices=RULE_ORDER,
+        default="last",
+        help="models of the last round (default) or of the rounds this selection rule chose",
+    )
     matrix.add_argument("--out", type=Path, help="output folder (default: <RUN>/report)")
     args = parser.parse_args(list(argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -350,7 +393,7 @@ def main(argv: Sequence[str]) -> list[Path]:
         out = args.out or args.run_dirs[0] / "report"
         written = msf_report(args.run_dirs, out)
     else:
-        written = matrix_report(args.run_dir, args.out or args.run_dir / "report")
+        written = matrix_report(args.run_dir, args.out or args.run_dir / "report", args.rule)
     for path in written:
         print(f"wrote {path}")
     return written

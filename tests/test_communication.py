@@ -124,6 +124,31 @@ def test_the_server_averages_fp16_replies_in_fp32(tiny_root, tmp_path):
         assert torch.all(global_model[key] == 1.0 + 2.0**-11), key
 
 
+def test_each_sites_update_norm_is_logged_against_what_it_received(tiny_root, tmp_path):
+    """Round 2: both sites received the round-1 mean 1 + 2^-11 in every shared float value and sent
+    back 1 and 1 + 2^-10, so each update has norm 2^-11 * sqrt(N), N the shared float values."""
+    cfg = tiny(
+        tiny_root,
+        "method=fedavg",
+        "data.federation=[A,B]",
+        "train.total_iters=4",
+        "method.synthetic_pretraining=false",
+    )
+    model = method_of(cfg).build_model()
+    shared = method_of(cfg).partition(model).shared
+    state = model.state_dict()
+    sites = constant_sites({1: 1.0, 2: 1.0 + 2.0**-10}, shared, state, "fp32")
+    server_app.run_federation(InProcessGrid(sites, [{}, {}]), cfg, tmp_path, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    second = {
+        r["site"]: r["update_norm"] for r in rows if r["round"] == 2 and r["site"] != "server"
+    }
+    values = sum(state[k].numel() for k in shared if state[k].is_floating_point())
+    assert second == pytest.approx(
+        {"A": 2.0**-11 * math.sqrt(values)} | {"B": 2.0**-11 * math.sqrt(values)}, rel=1e-6
+    )
+
+
 # -- differential privacy -----------------------------------------------------------------------
 
 

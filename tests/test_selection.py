@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from fedst.data.procedural import generate
 from fedst.data.sites import DataConfig, SiteSpec
 from fedst.data.splits import CarvedValidationSource, validation_videos, with_validation_split
 from fedst.experiment import resolve_device, site_state_dir
+from fedst.federation import snapshots
 from fedst.federation.evaluation import stream_test_clips
 from fedst.federation.run_io import load_checkpoint, read_jsonl
 from fedst.federation.server import SERVER_CHECKPOINT
@@ -303,6 +305,41 @@ def test_the_matrix_diagonal_equals_each_sites_own_result_of_the_same_checkpoint
     assert len(set(diagonal)) == len(diagonal) and min(diagonal) > 0  # not a trivial check
     for i in range(len(diagonal)):  # models differ: a row swap would change the diagonal
         assert all(matrix["dice"][j][i] != matrix["dice"][i][i] for j in range(3) if j != i)
+
+
+def test_the_matrix_of_a_selection_rule_evaluates_each_model_at_the_round_the_rule_chose(
+    held_out_run, tmp_path, monkeypatch
+):
+    """A constructed selection.json: rule val picks A 1, B 2, C 1 and no out-of-federation round;
+    cbe picks round 1 for all. The matrix rebuilds exactly those snapshots, one row per model."""
+    _, _, run_dir, _, _ = held_out_run
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    choices = {
+        "val": {"rule": "val", "sites": {"A": 1, "B": 2, "C": 1}, "outfed": None},
+        "cbe": {"rule": "cbe", "sites": {"A": 1, "B": 1, "C": 1}, "outfed": 1},
+    }
+    (run / selection.SELECTION_FILE).write_text(json.dumps({"choices": choices}))
+    rebuilt: list[tuple[str, int]] = []
+    site_model, outfed_model = snapshots.snapshot_site_model, snapshots.snapshot_outfed_model
+
+    def record_site(cfg, run_dir, site, server_round, device):
+        rebuilt.append((site, server_round))
+        return site_model(cfg, run_dir, site, server_round, device)
+
+    def record_outfed(cfg, run_dir, server_round, device):
+        rebuilt.append(("outfed", server_round))
+        return outfed_model(cfg, run_dir, server_round, device)
+
+    monkeypatch.setattr(snapshots, "snapshot_site_model", record_site)
+    monkeypatch.setattr(snapshots, "snapshot_outfed_model", record_outfed)
+    by_val = cross_site_matrix(run, "val")
+    assert rebuilt == [("A", 1), ("B", 2), ("C", 1)]
+    assert by_val["models"] == ["A", "B", "C"] and by_val["rounds"] == {"A": 1, "B": 2, "C": 1}
+    rebuilt.clear()
+    by_cbe = cross_site_matrix(run, "cbe")
+    assert rebuilt == [("A", 1), ("B", 1), ("C", 1), ("outfed", 1)]
+    assert by_cbe["models"] == ["A", "B", "C", "outfed"] and len(by_cbe["dice"]) == 4
 
 
 # -- heterogeneity control ----------------------------------------------------------------------

@@ -29,7 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 
 from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
-from fedst.federation import transport
+from fedst.federation import privacy, transport
 from fedst.federation.evaluation import METRICS_RECORD, scored_site
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
@@ -190,9 +190,15 @@ def _newcomer_payloads(
 
 
 def _log_training_reply(
-    runlog: RunLog, reply: Message, down_sizes: dict[str, int], server_round: int, iterations: int
+    runlog: RunLog,
+    reply: Message,
+    down_sizes: dict[str, int],
+    server_round: int,
+    iterations: int,
+    update_norm: float | None,
 ) -> None:
-    """One comm row (``down_sizes`` measured once per round) and one train row per reply."""
+    """One comm row (``down_sizes`` measured once per round) and one train row per reply
+    (``update_norm``: ||gamma_k - gamma_g^t||_2, what DP clipping bounds; None for Local)."""
     site, up, metrics = _site_of(reply), reply.content["arrays"], reply.content["metrics"]
     runlog.write(
         "comm",
@@ -213,6 +219,7 @@ def _log_training_reply(
             "iterations": iterations,
             "loss": float(metrics["train-loss"]),
             "seconds": float(metrics["seconds"]),
+            "update_norm": update_norm,
         },
     )
 
@@ -300,12 +307,15 @@ def run_federation(
             "download_bytes": down.count_bytes(),
             "download_param_bytes": _param_bytes(down),
         }
+        received = server.shared_payload() if method.communicates else {}
         for reply in trained.replies:
-            _log_training_reply(runlog, reply, down_sizes, server_round, cfg.train.local_iters)
-            # restored to fp32 before any aggregation (the bytes above are those sent)
-            reply.content["arrays"] = ArrayRecord(
-                transport.decode(reply.content["arrays"], precision)
+            # restored to fp32 before any aggregation (the bytes logged are those sent)
+            state = transport.decode(reply.content["arrays"], precision)
+            norm = privacy.update_l2_norm(state, received) if received else None
+            _log_training_reply(
+                runlog, reply, down_sizes, server_round, cfg.train.local_iters, norm
             )
+            reply.content["arrays"] = ArrayRecord(state)
         participants = sorted(_site_of(r) for r in trained.replies)
         runlog.write(
             "participation",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord
 from flwr.clientapp.mod import adaptiveclipping_mod, fixedclipping_mod
 from flwr.serverapp.strategy import (
@@ -90,6 +91,18 @@ def with_privacy(strategy: Strategy, privacy: PrivacyConfig, num_sites: int) -> 
     if privacy.dp == "server_adaptive":
         return _ConvergingServerSideAdaptiveClipping(strategy, sigma, num_sites, **adaptive)
     return _ConvergingClientSideAdaptiveClipping(strategy, sigma, num_sites, **adaptive)
+
+
+def update_l2_norm(reply: dict[str, torch.Tensor], received: dict[str, torch.Tensor]) -> float:
+    """||gamma_k - gamma_g^t||_2 over the floating-point tensors of ``received`` (what the site was
+    sent) that the reply carries: the norm the clipping modes bound. Logged per site and round
+    (train.jsonl ``update_norm``) so that a fixed ``privacy.clipping_norm`` can be chosen from it."""
+    squares = [
+        (reply[key].double() - value.double()).square().sum()
+        for key, value in received.items()
+        if key in reply and value.is_floating_point()
+    ]
+    return math.sqrt(float(torch.stack(squares).sum())) if squares else 0.0
 
 
 def prepare_aggregation(strategy: Strategy, current: ArrayRecord) -> None:
