@@ -103,21 +103,29 @@ def constant_sites(values: dict[int, float], shared: tuple[str, ...], initial, p
     return reply
 
 
-def test_the_server_averages_fp16_replies_in_fp32(tiny_root, tmp_path):
-    """Sites send 1 and 1 + 2^-10 (both exact in fp16); their mean 1 + 2^-11 is exact in fp32 but
-    not representable in fp16 (spacing 2^-10 at 1), so it survives only an fp32 aggregation."""
+def federate_constant_sites(root: Path, run_dir: Path, precision: str, rounds: int):
+    """FedAvg of two stand-in sites A and B that send 1 and 1 + 2^-10 in every shared
+    value for ``rounds`` rounds; returns the shared keys and the initial state."""
     cfg = tiny(
-        tiny_root,
+        root,
         "method=fedavg",
-        "comm.precision=fp16",
+        f"comm.precision={precision}",
         "data.federation=[A,B]",
-        "train.total_iters=2",
+        f"train.total_iters={2 * rounds}",
         "method.synthetic_pretraining=false",
     )
     model = method_of(cfg).build_model()
     shared = method_of(cfg).partition(model).shared
-    sites = constant_sites({1: 1.0, 2: 1.0 + 2.0**-10}, shared, model.state_dict(), "fp16")
-    server_app.run_federation(InProcessGrid(sites, [{}, {}]), cfg, tmp_path, progress=False)
+    state = model.state_dict()
+    sites = constant_sites({1: 1.0, 2: 1.0 + 2.0**-10}, shared, state, precision)
+    server_app.run_federation(InProcessGrid(sites, [{}, {}]), cfg, run_dir, progress=False)
+    return shared, state
+
+
+def test_the_server_averages_fp16_replies_in_fp32(tiny_root, tmp_path):
+    """Sites send 1 and 1 + 2^-10 (both exact in fp16); their mean 1 + 2^-11 is exact in fp32 but
+    not representable in fp16 (spacing 2^-10 at 1), so it survives only an fp32 aggregation."""
+    shared, _ = federate_constant_sites(tiny_root, tmp_path, "fp16", rounds=1)
     global_model = torch.load(tmp_path / SERVER_CHECKPOINT, weights_only=False)["global_model"]
     for key in shared:
         assert global_model[key].dtype == torch.float32
@@ -127,18 +135,7 @@ def test_the_server_averages_fp16_replies_in_fp32(tiny_root, tmp_path):
 def test_each_sites_update_norm_is_logged_against_what_it_received(tiny_root, tmp_path):
     """Round 2: both sites received the round-1 mean 1 + 2^-11 in every shared float value and sent
     back 1 and 1 + 2^-10, so each update has norm 2^-11 * sqrt(N), N the shared float values."""
-    cfg = tiny(
-        tiny_root,
-        "method=fedavg",
-        "data.federation=[A,B]",
-        "train.total_iters=4",
-        "method.synthetic_pretraining=false",
-    )
-    model = method_of(cfg).build_model()
-    shared = method_of(cfg).partition(model).shared
-    state = model.state_dict()
-    sites = constant_sites({1: 1.0, 2: 1.0 + 2.0**-10}, shared, state, "fp32")
-    server_app.run_federation(InProcessGrid(sites, [{}, {}]), cfg, tmp_path, progress=False)
+    shared, state = federate_constant_sites(tiny_root, tmp_path, "fp32", rounds=2)
     rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     second = {
         r["site"]: r["update_norm"] for r in rows if r["round"] == 2 and r["site"] != "server"
