@@ -26,7 +26,8 @@ methods' runs). For each run the runner
 A row whose config file does not exist (a method not implemented yet) or does not compose stays
 in the table as "n/a" with 0 runs and a note saying why; it is never dropped. A run that fails is
 logged, the others still run, its row shows the runs that finished, and the command exits with 1.
-The tables (markdown and CSV) go to ``<out>/<experiment name>/<TABLE>.md|csv``: mean ± sample std
+The tables (markdown and CSV) go to ``<out>/<experiment name>/<TABLE>.md|csv`` (``<out>``:
+``results``, or ``<runs>/results`` when ``--runs`` is not the default): mean ± sample std
 over seeds (fedst/report.py). ``--dry-run`` lists every run and its state, and trains nothing.
 
 Seeds and rows are the runner's own keys (``seeds=0,1,2``, ``rows=local,fedavg``); every other
@@ -676,6 +677,16 @@ def write_outputs(
 # -- CLI ------------------------------------------------------------------------------------------
 
 
+DEFAULT_RUNS = Path("runs")
+
+
+def tables_root(runs: Path) -> Path:
+    """Where the tables go without ``--out``: ``results`` for the default runs root, otherwise
+    ``<runs>/results``, so that tables of another set of runs (``--runs runs/fp16``) never
+    overwrite the default runs' ``results/<experiment>/<table>.md``."""
+    return Path("results") if runs == DEFAULT_RUNS else runs / "results"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     tokens = list(sys.argv[1:] if argv is None else argv)
     key_values = [t for t in tokens if "=" in t and not t.startswith("-")]  # anywhere on the line
@@ -689,8 +700,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("table", choices=list(TABLES))
     parser.add_argument("--dry-run", action="store_true", help="list the runs; train nothing")
-    parser.add_argument("--runs", type=Path, default=Path("runs"), help="root of run directories")
-    parser.add_argument("--out", type=Path, default=Path("results"), help="root of the tables")
+    parser.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="root of run directories")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="root of the tables (default: results, or <runs>/results with another --runs)",
+    )
     parser.add_argument("--fps-frames", type=int, default=FpsSettings.frames)
     parser.add_argument("--fps-warmup", type=int, default=FpsSettings.warmup)
     parser.add_argument("--fps-threads", type=int, default=FpsSettings.threads)
@@ -710,7 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         failures = execute(plan)
         fps = FpsSettings(options.fps_frames, options.fps_warmup, options.fps_threads)
         markdown, csv_table = build_tables(plan, failures, fps)
-        written = write_outputs(plan, markdown, csv_table, options.out)
+        written = write_outputs(plan, markdown, csv_table, options.out or tables_root(options.runs))
     except (RunnerError, ConfigError) as err:
         log.error("%s", err)
         return 2

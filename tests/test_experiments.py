@@ -216,3 +216,8 @@ def test_seeds_and_rows_are_the_runners_keys_and_the_keys_it_sets_itself_are_ref
     for refused in ("seed=1", "method=fedavg", "+ablation=table4_row2_ts", "resume=runs/x"):
         with pytest.raises(RunnerError, match="the runner sets"):
             experiments.parse_arguments([refused])
+
+
+def test_tables_of_another_runs_root_go_beside_those_runs_not_over_the_default_tables():
+    assert experiments.tables_root(Path("runs")) == Path("results")
+    assert experiments.tables_root(Path("runs/fp16")) == Path("runs/fp16/results")
