@@ -13,8 +13,9 @@ marked.
 ``matrix RUN [--rule last|val|mixed|cbe]``: every training site's personalized model v_k and the
 out-of-federation model of the run's last round (default) or of the rounds a selection rule chose
 on validation (``selection/selection.json``, from the kept snapshots; ``val`` chooses no round for
-the out-of-federation model, so its row is left out), each on every site's test split (rows: models; columns: test sites; diagonal:
-in-distribution, off-diagonal: cross-distribution, UltraFlwr). A personalized model is run as
+the out-of-federation model, so its row is left out), each on every site's test split (rows:
+models; columns: test sites; diagonal: in-distribution, off-diagonal: cross-distribution,
+UltraFlwr). A personalized model is run as
 deployed, with its own site indicator; the out-of-federation model with the test site's own
 (fedst/outfed.py). Markdown table (``matrix.md``), CSV and heat map (``matrix.png``).
 """

@@ -307,7 +307,7 @@ def run_federation(
             "download_bytes": down.count_bytes(),
             "download_param_bytes": _param_bytes(down),
         }
-        received = server.shared_payload() if method.communicates else {}
+        received = server.shared_payload() if method.communicates else {}  # gamma_g^t
         for reply in trained.replies:
             # restored to fp32 before any aggregation (the bytes logged are those sent)
             state = transport.decode(reply.content["arrays"], precision)
@@ -328,7 +328,7 @@ def run_federation(
         # -- aggregation + server step (lines 8-12) -------------------------------------------------
         if method.communicates:
             step_started = time.perf_counter()
-            aggregated = method.aggregate(server_round, trained.replies, server.shared_payload())
+            aggregated = method.aggregate(server_round, trained.replies, received)
             aggregation_seconds = time.perf_counter() - step_started
             stats = server.server_step(aggregated, server_round)
             runlog.write(
