@@ -6,7 +6,7 @@
 Runs `python -m fedst.demo` as a child process (same interpreter, in-process Flower engine, so the
 child is the whole job) and reports its wall time and peak resident memory (the child's
 ru_maxrss). Budget (issue: the demo): at most 15 min and 4 GB on 2 cores. The generated benchmark
-in data/procedural/demo is reused when present (generation is timed by bench/data_generation.py).
+in data/procedural/demo_v2 is reused when present (generation is timed by bench/data_generation.py).
 """
 
 from __future__ import annotations

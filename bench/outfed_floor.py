@@ -3,6 +3,7 @@
     .venv/bin/python bench/outfed_floor.py --out runs/outfed_floor --dry-run   # the plan, commands
     .venv/bin/python bench/outfed_floor.py --out runs/outfed_floor             # run it (hours)
     .venv/bin/python bench/outfed_floor.py --out /tmp/floor_smoke --smoke      # tiny preset, minutes
+    .venv/bin/python bench/outfed_floor.py --out runs/outfed_floor data=demo_v1   # generator v1
 
 Every row is one ``train_fed.py`` run with overrides in its own run directory ``<out>/<row>``; a row
 whose final.json exists is read back instead of run (an interrupted one is resumed from its last
@@ -10,8 +11,8 @@ round), so the script can be stopped and restarted. Rows, all on the demo benchm
 
 * ``oracle``: the Local network (method=local) trained on E-like *training* videos alone, scored
   on E's test split like every other row: the ceiling of E. The script writes them first, as
-  ``python -m fedst.data.procedural --out data/procedural/demo_oracle --oracle-split E`` does
-  (``<data.root>_oracle``, never a benchmark folder);
+  ``python -m fedst.data.procedural --out data/procedural/demo_v2_oracle --oracle-split E`` does
+  (``<data.root>_oracle``, never a benchmark folder, same generator version);
 * ``upperbound`` (pooled A-D; only when configs/method/upperbound.yaml exists), ``fedavg`` and
   ``fedst``, each at 1x, 4x and 16x the demo's local iterations (``--budgets``; evaluation every
   k x ``train.eval_every`` rounds, so every run has as many learning-curve points);
@@ -196,10 +197,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="comma-separated row names to run")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (each one thread)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides for every row, e.g. data=demo_v1 (the benchmark before issue 15)",
+    )
     args = parser.parse_args(argv)
 
     experiment = "tiny" if args.smoke else "demo"
-    base = (f"experiment={experiment}", f"seed={args.seed}")
+    base = (f"experiment={experiment}", f"seed={args.seed}", *args.overrides)
     cfg, _ = compose_experiment(list(base))
     budgets = _ints(args.budgets, "1" if args.smoke else "1,4,16")
     variant_budgets = _ints(args.variant_budgets, "1" if args.smoke else "1,4")
@@ -240,7 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if any(r.method == "oracle" for r in rows):
         generate_oracle_split(
-            oracle_root, BENCHMARK_SEED, str(cfg.data.procedural), ORACLE_OF, progress=False
+            oracle_root,
+            BENCHMARK_SEED,
+            str(cfg.data.procedural),
+            ORACLE_OF,
+            progress=False,
+            version=cfg.data.generator_version,
         )
     args.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:

@@ -1,6 +1,6 @@
 """What the pre-training data validation costs (fedst/data/validation.py), for the README.
 
-    python bench/validation_cost.py --demo-root data/procedural/demo
+    python bench/validation_cost.py --demo-root data/procedural/demo_v2
 
 1. The demo benchmark: every site train_fed.py validates for the demo experiment (A-D train and
    test, E and grasp test, the server's synthetic train split), first with an empty cache, then
@@ -69,7 +69,7 @@ def decode_cost(repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--demo-root", type=Path, default=Path("data/procedural/demo"))
+    parser.add_argument("--demo-root", type=Path, default=Path("data/procedural/demo_v2"))
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     demo_cost(args.demo_root)

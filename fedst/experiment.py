@@ -372,7 +372,13 @@ def experiment_from_dict(values: dict[str, Any]) -> ExperimentConfig:
 
 
 def experiment_from_json(text: str) -> ExperimentConfig:
-    return experiment_from_dict(json.loads(text))
+    """A saved config.json; one written before ``data.generator_version`` existed was rendered by
+    version 1 of the procedural generator and is read as such (not as today's default)."""
+    values = json.loads(text)
+    data = values.get("data")
+    if isinstance(data, dict) and data.get("procedural") and "generator_version" not in data:
+        values = {**values, "data": {**data, "generator_version": 1}}
+    return experiment_from_dict(values)
 
 
 def resolve_device(name: str) -> torch.device:

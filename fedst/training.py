@@ -21,7 +21,7 @@ from fedst.app.client_app import app as client_app
 from fedst.app.client_app import make_client_app, release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import make_server_app
-from fedst.data.procedural import GENERATOR_VERSION, SITES, generate
+from fedst.data.procedural import SITES, generate
 from fedst.data.validation import validate_experiment_data
 from fedst.experiment import (
     ExperimentConfig,
@@ -160,12 +160,20 @@ def prepare_benchmark(
     """Generate the configured procedural benchmark where absent; returns which one it is (seed,
     preset, generator version per site), what ``<run>/benchmark.json`` records."""
     root = Path(cfg.data.root or ".")
-    generate(root, BENCHMARK_SEED, str(cfg.data.procedural), force=regenerate, progress=progress)
+    version = cfg.data.generator_version
+    generate(
+        root,
+        BENCHMARK_SEED,
+        str(cfg.data.procedural),
+        force=regenerate,
+        progress=progress,
+        version=version,
+    )
     return {
         "root": str(root),
         "seed": BENCHMARK_SEED,
         "preset": cfg.data.procedural,
-        "generator_version": GENERATOR_VERSION,
+        "generator_version": version,
         "sites": {n: json.loads((root / n / "meta.json").read_text())["generator"] for n in SITES},
     }
 

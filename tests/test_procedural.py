@@ -87,7 +87,7 @@ def test_meta_json_describes_each_site(root: Path) -> None:
         assert meta["binary"] is style.binary
         expected_classes = ["background", "instrument"] if style.binary else list(CLASS_NAMES)
         assert meta["classes"] == expected_classes
-        assert meta["generator"] == {"seed": 0, "preset": PRESET, "version": 1}
+        assert meta["generator"] == {"seed": 0, "preset": PRESET, "version": 2}
         assert meta["annotated_fps"] == 5 / PRESETS[PRESET].sites[site].label_every
 
 
@@ -136,7 +136,7 @@ def test_sparse_site_has_unlabelled_frames_between_labelled_ones(root: Path) -> 
     assert masks == [0, 2, 4]
 
 
-def test_instrument_pixels_are_greyer_than_tissue(root: Path) -> None:
+def test_instrument_pixels_are_greyer_than_tissue_except_on_the_pale_lung_of_e(root: Path) -> None:
     for site in SITES:
         inside, outside = [], []
         for frame, mask in itertools.chain(*_labelled(root, site).values()):
@@ -144,7 +144,11 @@ def test_instrument_pixels_are_greyer_than_tissue(root: Path) -> None:
             lit = frame.sum(-1) > 60  # outside a circular field of view is black
             inside.append(chroma[_inner(mask > 0)])
             outside.append(chroma[(mask == 0) & lit])
-        assert np.concatenate(inside).mean() < 0.6 * np.concatenate(outside).mean(), site
+        metal, tissue = np.concatenate(inside).mean(), np.concatenate(outside).mean()
+        if site == "E":  # colour alone does not tell metal from E's lung: E's challenge
+            assert tissue < 2 * metal, (metal, tissue)
+        else:
+            assert metal < 0.6 * tissue, site
 
 
 def test_instrument_share_and_parts_are_plausible(root: Path) -> None:
@@ -185,11 +189,13 @@ def test_backgrounds_differ_between_sites_while_instruments_agree(root: Path) ->
     family_gaps = [
         dist(background[a], background[b]) for a, b in (("A", "C"), ("C", "E"), ("A", "E"))
     ]
-    assert min(family_gaps) > 45, family_gaps
+    # Generator version 2's fascia and paler patients bring the families closer (C-E: 41.5 on
+    # tiny, 55.0 in version 1); instruments still agree across sites more than families do.
+    assert min(family_gaps) > 35, family_gaps
     for label in (1, 2, 3):
         colours = [parts[s, label] for s in REAL_LOOKING_SITES if s != "grasp"]
         spread = max(dist(a, b) for a, b in itertools.combinations(colours, 2))
-        assert spread < min(40.0, min(family_gaps)), f"part {label}: colour spread {spread:.1f}"
+        assert spread < min(30.0, min(family_gaps)), f"part {label}: colour spread {spread:.1f}"
 
 
 def test_synthetic_images_have_no_temporal_neighbours(root: Path) -> None:

@@ -64,14 +64,29 @@ train / val / test sizes of site A of the preset, for an oracle trained on E's d
 It is refused inside a benchmark folder and is never part of one, so no federation reads it unless a
 config names it explicitly. The benchmark's own sites and their bytes do not change.
 
-Bump :data:`GENERATOR_VERSION` whenever the rendering changes. Existing sites are never deleted
-silently: a site whose meta.json matches (seed, preset, version) is skipped, one that differs stops
-generation with the difference named (``--force`` / ``regenerate=true`` regenerates on purpose).
+Generator versions (:data:`GENERATOR_VERSIONS`, ``--version`` / ``data.generator_version``), the
+changelog:
+
+* 1 (until issue 15): as above. Every A-D tissue is saturated red, pink or purple, so "grey or
+  pale" alone told metal from tissue; E's pale lung was read as instrument by every model trained
+  on A-D (E Dice 10-17 for all methods, while an oracle trained on E-like videos reached 83).
+  Reproducible as ``data=demo_v1`` (``data/procedural/demo_v1``).
+* 2 (default): version 1 plus :data:`CLUTTER` on every non-cartoon site, drawn from its own
+  random stream so instruments, motion, masks and sensor noise are those of version 1: per-video
+  tissue saturation and brightness (patients, irrigation), pale fascia sheets and dark cautery
+  marks, as real surgical scenes hold. The server's cartoon set is unchanged.
+
+Bump :data:`GENERATOR_VERSION` (and add a line above) whenever the rendering changes; keep every
+older version rendered bit for bit (tests/test_generator_versions.py). Existing sites are never
+deleted silently: a site whose meta.json matches (seed, preset, version) is skipped, one that
+differs stops generation with the difference named (``--force`` / ``regenerate=true`` regenerates
+on purpose).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -86,14 +101,23 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # Windows: generation is not locked across processes
+    fcntl = None
+
 from fedst.data.base import CLASS_NAMES, IGNORE_INDEX, SPLITS, DataError
 from fedst.progress import progress_bar
 
 __all__ = [
+    "CLUTTER",
     "FPS",
     "GENERATOR_VERSION",
+    "GENERATOR_VERSIONS",
+    "LOCK_FILE",
     "PRESETS",
     "SITES",
+    "ClutterStyle",
     "Preset",
     "SiteSize",
     "SiteStyle",
@@ -108,7 +132,15 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
+"""The rendering written by default; :data:`GENERATOR_VERSIONS` lists every version still rendered."""
+GENERATOR_VERSIONS: dict[int, str] = {
+    1: "sites differ in tissue family and camera; every A-D tissue is a saturated red / pink / "
+    "purple, so a grey or pale region is always metal (the shortcut that kept site E at the floor)",
+    2: "version 1 plus surgical clutter in every non-cartoon site (:data:`CLUTTER`): per-video "
+    "tissue saturation and brightness (patients, irrigation), pale fascia sheets and dark cautery "
+    "marks; version 1's random streams and bytes are unchanged (tests/test_oracle_split.py)",
+}
 FPS = 5
 PNG_PARAMS = (cv2.IMWRITE_PNG_COMPRESSION, 3)
 BINARY_CLASSES = ("background", "instrument")
@@ -270,6 +302,33 @@ CARTOON = TissueStyle(
     cells=0.0,
     stretch=1.0,
 )
+
+
+@dataclass(frozen=True)
+class ClutterStyle:
+    """Generator version 2: what every real site has besides its tissue family (issue 15).
+
+    Version 1 tissue was always strongly coloured, so "grey or pale" alone meant "instrument" and a
+    pale site (E's lung) was read as metal. Real videos hold pale fascia, dark cautery marks and
+    patients whose tissue is paler or darker; these break that shortcut without copying E."""
+
+    saturation: tuple[float, float] = (0.45, 1.0)
+    """Per-video factor on the tissue's saturation (1: the family's palette; 0: grey)."""
+    brightness: tuple[float, float] = (0.85, 1.1)
+    """Per-video factor on the tissue's albedo."""
+    fascia_share: float = 0.14
+    """Approximate fraction of the canvas under thin, pale, semi-transparent fascia sheets."""
+    fascia: RGB = (0.82, 0.82, 0.86)
+    """Colour of the fascia (grey-white, slightly cool: close to the instruments' metal)."""
+    char_share: float = 0.012
+    """Approximate fraction of the canvas with dark cautery marks (eschar)."""
+    char: RGB = (0.13, 0.10, 0.10)
+    """Colour of the cautery marks (near-black, like the shafts)."""
+
+
+CLUTTER = ClutterStyle()
+"""The clutter of generator version 2, the same for every non-cartoon site."""
+
 
 SITES: dict[str, SiteStyle] = {
     "A": SiteStyle(
@@ -559,12 +618,25 @@ class _Sinusoids:
 class _TissueScene:
     """A tissue canvas with per-frame camera drift, non-rigid deformation and wet shading."""
 
-    def __init__(self, rng: np.random.Generator, style: SiteStyle, height: int, width: int):
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        style: SiteStyle,
+        height: int,
+        width: int,
+        clutter_rng: np.random.Generator | None = None,
+    ):
+        """``clutter_rng``: add :data:`CLUTTER` from this stream (version 2); ``rng`` draws the
+        same numbers either way, so version 1's videos do not change."""
         self.style, self.height, self.width = style, height, width
         tissue = style.tissue
         self.pad = pad = round(0.22 * max(height, width))
         ch, cw = height + 2 * pad, width + 2 * pad
         self.albedo, self.relief = self._canvas(rng, tissue, ch, cw, height)
+        if clutter_rng is not None and not style.cartoon:
+            self.albedo, self.relief = _add_clutter(
+                clutter_rng, CLUTTER, self.albedo, self.relief, height
+            )
 
         moving = not style.independent_frames
         drift = 0.5 * pad if moving else 0.0
@@ -664,6 +736,40 @@ class _TissueScene:
         spec = np.clip(facing, 0, 1) ** 150
         shaded = albedo * (0.1 + 1.0 * diffuse**1.5)[..., None] + tissue.gloss * spec[..., None]
         return np.clip(shaded, 0, 1)
+
+
+def _add_clutter(
+    rng: np.random.Generator,
+    clutter: ClutterStyle,
+    albedo: np.ndarray,
+    relief: np.ndarray,
+    frame_h: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Version 2: this video's tissue saturation and brightness, fascia sheets and cautery marks
+    on a canvas's albedo [ch, cw, 3] and relief [ch, cw, 2] (fold height, wet bumps)."""
+    ch, cw = albedo.shape[:2]
+    scale = ch / frame_h
+    luminance = albedo @ np.array([0.299, 0.587, 0.114], np.float32)
+    saturation = rng.uniform(*clutter.saturation)
+    albedo = luminance[..., None] + saturation * (albedo - luminance[..., None])
+    albedo = albedo * rng.uniform(*clutter.brightness)
+
+    sheet_field = _value_noise(rng, ch, cw, 2.5 * scale, 3, stretch=0.6)
+    streaks = _value_noise(rng, ch, cw, 10 * scale, 2, stretch=0.35)
+    cutoff = float(np.quantile(sheet_field, 1 - clutter.fascia_share))
+    sheets = _smoothstep(sheet_field, cutoff - 0.2, cutoff + 0.4) * np.clip(
+        0.75 + 0.2 * streaks, 0, 1
+    )
+    albedo = _mix(albedo, clutter.fascia, sheets)
+
+    marks = _value_noise(rng, ch, cw, 18 * scale, 2) + 0.6 * _value_noise(rng, ch, cw, 4 * scale, 1)
+    cutoff = float(np.quantile(marks, 1 - clutter.char_share))
+    char = _smoothstep(marks, cutoff, cutoff + 0.25)
+    albedo = _mix(albedo, clutter.char, 0.9 * char)
+
+    relief = relief.copy()
+    relief[..., 0] += 0.2 * sheets - 0.2 * char
+    return np.clip(albedo, 0, 1).astype(np.float32), relief
 
 
 def _draw_vessel_tree(rng: np.random.Generator, layer: np.ndarray, frame_h: int) -> None:
@@ -916,14 +1022,21 @@ def _vignette(style: SiteStyle, height: int, width: int) -> tuple[np.ndarray, np
 
 
 def render_video(
-    site: str, preset: str, seed: int, video_id: str, frames: int | None = None
+    site: str,
+    preset: str,
+    seed: int,
+    video_id: str,
+    frames: int | None = None,
+    version: int = GENERATOR_VERSION,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Render one video: yields (frame_index, RGB uint8 [H, W, 3], mask uint8 [H, W]) per frame.
 
-    ``frames`` overrides the preset's frame count. Deterministic in (seed, site, video_id) plus the
-    preset's frame size. Masks hold the part labels 0..3 (0/1 for a binary site), in draw order.
+    ``frames`` overrides the preset's frame count. Deterministic in (seed, site, video_id, version)
+    plus the preset's frame size. Masks hold the part labels 0..3 (0/1 for a binary site), in draw
+    order. ``version``: one of :data:`GENERATOR_VERSIONS`.
     """
     _check_names(preset, [site])
+    _check_version(version)
     style, spec = SITES[site], PRESETS[preset]
     height, width = spec.height, spec.width
     if frames is None:
@@ -937,7 +1050,8 @@ def render_video(
             )
         frames = spec.sites[site].split(splits[0]).frames
     rng = _rng(seed, site, video_id)
-    scene = _TissueScene(rng, style, height, width)
+    clutter_rng = _rng(seed, site, video_id, "clutter") if version >= 2 else None
+    scene = _TissueScene(rng, style, height, width, clutter_rng)
     moving = not style.independent_frames
     n_tools = int(rng.choice([1, 2, 3], p=[0.3, 0.5, 0.2]))
     tools = [_InstrumentTrack(rng, height, width, moving) for _ in range(n_tools)]
@@ -969,6 +1083,14 @@ def render_video(
 # --------------------------------------------------------------------------------------------
 
 
+def _check_version(version: int) -> None:
+    if version not in GENERATOR_VERSIONS:
+        raise DataError(
+            f"unknown generator version {version!r}; choose one of {sorted(GENERATOR_VERSIONS)} "
+            "(data.generator_version / --version)"
+        )
+
+
 def _check_names(preset: str, sites: Sequence[str]) -> None:
     if preset not in PRESETS:
         raise DataError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
@@ -984,21 +1106,21 @@ def _write_png(path: Path, array: np.ndarray) -> None:
         raise DataError(f"{path}: cv2.imwrite failed; check that the folder is writable")
 
 
-def _write_video(task: tuple[Path, str, str, int, str, int, int]) -> None:
+def _write_video(task: tuple[Path, str, str, int, str, int, int, int]) -> None:
     """Worker: render one video and write its frames and its masks (every label_every-th)."""
-    site_dir, site, preset, seed, video_id, frames, label_every = task
+    site_dir, site, preset, seed, video_id, frames, label_every, version = task
     cv2.setNumThreads(1)
     frames_dir = site_dir / "videos" / video_id / "frames"
     masks_dir = site_dir / "videos" / video_id / "masks"
     frames_dir.mkdir(parents=True, exist_ok=True)
     masks_dir.mkdir(parents=True, exist_ok=True)
-    for index, frame, mask in render_video(site, preset, seed, video_id, frames):
+    for index, frame, mask in render_video(site, preset, seed, video_id, frames, version):
         _write_png(frames_dir / f"{index:09d}.png", frame)
         if index % label_every == 0:
             _write_png(masks_dir / f"{index:09d}.png", mask)
 
 
-def _meta(site: str, preset: Preset, seed: int) -> dict:
+def _meta(site: str, preset: Preset, seed: int, version: int) -> dict:
     style, size = SITES[site], preset.sites[site]
     return {
         "fps": FPS,
@@ -1007,10 +1129,11 @@ def _meta(site: str, preset: Preset, seed: int) -> dict:
         "ignore_index": IGNORE_INDEX,
         "surgery_type": style.surgery_type,
         "binary": style.binary,
-        "generator": {"seed": seed, "preset": preset.name, "version": GENERATOR_VERSION},
+        "generator": {"seed": seed, "preset": preset.name, "version": version},
     }
 
 
+LOCK_FILE = ".generating.lock"
 INCOMPLETE_MARKER = ".generating"
 """Written into a site folder before its first file and removed after its meta.json: a folder that
 holds it is an interrupted generation, the only folder without meta.json the generator rewrites."""
@@ -1094,8 +1217,26 @@ def _count(site_dir: Path) -> dict:
     return counts
 
 
+@contextlib.contextmanager
+def _generation_lock(out: Path) -> Iterator[None]:
+    """Hold ``<out>/.generating.lock`` (an exclusive advisory lock) while a call decides what to
+    write and writes it: two runs started at once on one absent benchmark (``--jobs 2``) then
+    generate it once instead of both writing the same PNGs. No-op where ``fcntl`` is missing."""
+    out.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    with open(out / LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
-def _write_videos(tasks: list[tuple], desc: str, workers: int, progress: bool, chunksize: int) -> None:
+
+def _write_videos(
+    tasks: list[tuple], desc: str, workers: int, progress: bool, chunksize: int
+) -> None:
     """Render every video task (_write_video), in ``workers`` spawned processes when > 1."""
     bar = progress_bar(total=len(tasks), desc=desc, unit="video", enabled=progress)
     if workers > 1 and len(tasks) > 1:
@@ -1118,8 +1259,10 @@ def generate(
     force: bool = False,
     workers: int = 2,
     progress: bool = True,
+    version: int = GENERATOR_VERSION,
 ) -> dict[str, dict]:
-    """Write ``sites`` (default: all of :data:`SITES`) of ``preset`` under ``out``.
+    """Write ``sites`` (default: all of :data:`SITES`) of ``preset`` under ``out``, rendered by
+    generator ``version`` (:data:`GENERATOR_VERSIONS`).
 
     Only absent sites and interrupted generations are written. A site whose meta.json matches
     (seed, preset, version) is skipped; one that differs is a DataError naming the difference
@@ -1129,34 +1272,39 @@ def generate(
     """
     names = list(SITES) if sites is None else list(sites)
     _check_names(preset, names)
+    _check_version(version)
     spec = PRESETS[preset]
     out = Path(out)
-    tasks, todo = [], []
-    for site in names:
-        site_dir = out / site
-        if not _needs_generation(site_dir, _meta(site, spec, seed), force):
-            logger.info("site %s: up to date in %s, skipped", site, site_dir)
-            continue
-        site_dir.mkdir(parents=True, exist_ok=True)
-        (site_dir / INCOMPLETE_MARKER).touch()
-        (site_dir / "meta.json").unlink(missing_ok=True)
-        for sub in ("videos", "splits"):
-            shutil.rmtree(site_dir / sub, ignore_errors=True)
-        todo.append(site)
-        size = spec.sites[site]
-        for split, ids in video_ids(site, spec).items():
-            frames = size.split(split).frames
-            tasks.extend((site_dir, site, preset, seed, v, frames, size.label_every) for v in ids)
-    _write_videos(tasks, f"procedural {preset}", workers, progress, chunksize=4)
-    for site in todo:
-        site_dir = out / site
-        (site_dir / "splits").mkdir(parents=True, exist_ok=True)
-        for split, ids in video_ids(site, spec).items():
-            (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in ids))
-        tmp = site_dir / "meta.json.tmp"
-        tmp.write_text(json.dumps(_meta(site, spec, seed), indent=2) + "\n")
-        os.replace(tmp, site_dir / "meta.json")
-        (site_dir / INCOMPLETE_MARKER).unlink()
+    with _generation_lock(out):
+        tasks, todo = [], []
+        for site in names:
+            site_dir = out / site
+            if not _needs_generation(site_dir, _meta(site, spec, seed, version), force):
+                logger.info("site %s: up to date in %s, skipped", site, site_dir)
+                continue
+            site_dir.mkdir(parents=True, exist_ok=True)
+            (site_dir / INCOMPLETE_MARKER).touch()
+            (site_dir / "meta.json").unlink(missing_ok=True)
+            for sub in ("videos", "splits"):
+                shutil.rmtree(site_dir / sub, ignore_errors=True)
+            todo.append(site)
+            size = spec.sites[site]
+            for split, ids in video_ids(site, spec).items():
+                frames = size.split(split).frames
+                tasks.extend(
+                    (site_dir, site, preset, seed, v, frames, size.label_every, version)
+                    for v in ids
+                )
+        _write_videos(tasks, f"procedural {preset}", workers, progress, chunksize=4)
+        for site in todo:
+            site_dir = out / site
+            (site_dir / "splits").mkdir(parents=True, exist_ok=True)
+            for split, ids in video_ids(site, spec).items():
+                (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in ids))
+            tmp = site_dir / "meta.json.tmp"
+            tmp.write_text(json.dumps(_meta(site, spec, seed, version), indent=2) + "\n")
+            os.replace(tmp, site_dir / "meta.json")
+            (site_dir / INCOMPLETE_MARKER).unlink()
     result = {}
     for site in names:
         result[site] = _count(out / site) | {"generated": site in todo}
@@ -1184,8 +1332,8 @@ def oracle_video_ids(preset: Preset) -> dict[str, list[str]]:
     return ids
 
 
-def _oracle_meta(site: str, preset: Preset, seed: int) -> dict:
-    meta = _meta(site, preset, seed)
+def _oracle_meta(site: str, preset: Preset, seed: int, version: int) -> dict:
+    meta = _meta(site, preset, seed, version)
     meta["generator"] |= {"oracle_of": site}
     meta["diagnosis_only"] = True
     return meta
@@ -1200,12 +1348,14 @@ def generate_oracle_split(
     force: bool = False,
     workers: int = 2,
     progress: bool = True,
+    version: int = GENERATOR_VERSION,
 ) -> dict:
     """Write ``<out>/<site>_oracle``: ``site``-style videos in the split sizes of site A of
     ``preset``, for diagnosis only (an oracle trained on the site's domain). Refused when ``out``
     holds a benchmark site (it must never become part of a federation's data folder). Returns the
     counts of :func:`generate`."""
     _check_names(preset, [site])
+    _check_version(version)
     spec = PRESETS[preset]
     out = Path(out)
     if not spec.sites[site].test.videos or spec.sites[site].train.videos:
@@ -1220,31 +1370,32 @@ def generate_oracle_split(
             f"own folder (e.g. {out.parent / (out.name + '_oracle')}), never a benchmark root, so "
             "no federation reads it"
         )
-    name = oracle_site_name(site)
-    site_dir, meta = out / name, _oracle_meta(site, spec, seed)
-    generated = _needs_generation(site_dir, meta, force)
-    if generated:
-        site_dir.mkdir(parents=True, exist_ok=True)
-        (site_dir / INCOMPLETE_MARKER).touch()
-        (site_dir / "meta.json").unlink(missing_ok=True)
-        for sub in ("videos", "splits"):
-            shutil.rmtree(site_dir / sub, ignore_errors=True)
-        size = spec.sites[ORACLE_SIZE_OF]
-        tasks = [
-            (site_dir, site, preset, seed, v, size.split(split).frames, 1)
-            for split, ids in oracle_video_ids(spec).items()
-            for v in ids
-        ]
-        _write_videos(tasks, f"oracle {name}", workers, progress, chunksize=1)
-        (site_dir / "splits").mkdir(parents=True, exist_ok=True)
-        for split, ids in oracle_video_ids(spec).items():
-            (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in ids))
-        tmp = site_dir / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=2) + "\n")
-        os.replace(tmp, site_dir / "meta.json")
-        (site_dir / INCOMPLETE_MARKER).unlink()
-    else:
-        logger.info("oracle split %s: up to date in %s, skipped", name, site_dir)
+    with _generation_lock(out):
+        name = oracle_site_name(site)
+        site_dir, meta = out / name, _oracle_meta(site, spec, seed, version)
+        generated = _needs_generation(site_dir, meta, force)
+        if generated:
+            site_dir.mkdir(parents=True, exist_ok=True)
+            (site_dir / INCOMPLETE_MARKER).touch()
+            (site_dir / "meta.json").unlink(missing_ok=True)
+            for sub in ("videos", "splits"):
+                shutil.rmtree(site_dir / sub, ignore_errors=True)
+            size = spec.sites[ORACLE_SIZE_OF]
+            tasks = [
+                (site_dir, site, preset, seed, v, size.split(split).frames, 1, version)
+                for split, ids in oracle_video_ids(spec).items()
+                for v in ids
+            ]
+            _write_videos(tasks, f"oracle {name}", workers, progress, chunksize=1)
+            (site_dir / "splits").mkdir(parents=True, exist_ok=True)
+            for split, ids in oracle_video_ids(spec).items():
+                (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in ids))
+            tmp = site_dir / "meta.json.tmp"
+            tmp.write_text(json.dumps(meta, indent=2) + "\n")
+            os.replace(tmp, site_dir / "meta.json")
+            (site_dir / INCOMPLETE_MARKER).unlink()
+        else:
+            logger.info("oracle split %s: up to date in %s, skipped", name, site_dir)
     return {name: _count(site_dir) | {"generated": generated}}
 
 
@@ -1261,6 +1412,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="regenerate existing generated sites (deletes their videos/ and splits/)",
     )
     parser.add_argument("--workers", type=int, default=2, help="processes rendering videos")
+    parser.add_argument(
+        "--version",
+        type=int,
+        choices=sorted(GENERATOR_VERSIONS),
+        default=GENERATOR_VERSION,
+        help="generator version (rendering); older ones stay reproducible",
+    )
     parser.add_argument(
         "--oracle-split",
         metavar="SITE",
@@ -1280,11 +1438,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.oracle_split,
             force=args.force,
             workers=args.workers,
+            version=args.version,
         )
     else:
         sites = args.sites.split(",") if args.sites else None
         counts = generate(
-            args.out, args.seed, args.preset, sites, force=args.force, workers=args.workers
+            args.out,
+            args.seed,
+            args.preset,
+            sites,
+            force=args.force,
+            workers=args.workers,
+            version=args.version,
         )
     for site, c in counts.items():
         state = "generated" if c["generated"] else "up to date"

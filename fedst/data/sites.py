@@ -25,6 +25,7 @@ from fedst.data.splits import (
     with_validation_split,
 )
 from fedst.data.base import SiteSource
+from fedst.data.procedural import GENERATOR_VERSION, GENERATOR_VERSIONS
 from fedst.data.registry import open_site
 
 
@@ -55,6 +56,10 @@ class DataConfig:
     procedural: str | None = None
     """Preset of the embedded procedural benchmark held in ``root`` (tiny | demo | full); training
     generates it there when missing. None for real data, which is never generated."""
+    generator_version: int = GENERATOR_VERSION
+    """Rendering version of the procedural benchmark (fedst/data/procedural.py
+    GENERATOR_VERSIONS, with their changelog); an older one stays reproducible under its own data
+    config (configs/data/demo_v1.yaml). A run saved before this key existed was on version 1."""
     val_split: str = "dataset"
     """Where the training sites' validation videos come from (model selection, fedst/selection.py):
     dataset (the dataset's own val split) | train (``val_videos`` whole training videos, seeded by
@@ -95,6 +100,11 @@ class DataConfig:
             raise ConfigError(f"data.partition={self.partition!r}; choose one of {PARTITIONS}")
         if self.val_videos < 1:
             raise ConfigError(f"data.val_videos={self.val_videos}: must be >= 1")
+        if self.generator_version not in GENERATOR_VERSIONS:
+            raise ConfigError(
+                f"data.generator_version={self.generator_version!r}; choose one of "
+                f"{sorted(GENERATOR_VERSIONS)} (changelog: fedst/data/procedural.py)"
+            )
         if self.procedural is not None and not self.root:
             raise ConfigError(
                 "data.procedural is set but data.root is not: say where to generate it"
