@@ -1,6 +1,7 @@
 """`make demo`: the whole pipeline on the embedded procedural benchmark, on a laptop CPU.
 
-1. generate the benchmark (data/procedural/demo_v2, generator version 2) and its preview sheets, unless already there;
+1. generate the benchmark (data/procedural/demo_v2, generator version 2) and its preview sheets,
+   unless already there;
 2. train FedST and FedAvg with configs/experiment/demo.yaml (resumes an interrupted run, skips a
    finished one);
 3. evaluate out of federation (site E, GraSP) with the same code as eval_outfed.py;
@@ -20,8 +21,7 @@ from pathlib import Path
 from fedst import plots, report
 from fedst.cli import compose_experiment, setup_logging
 from fedst.data.preview import write_previews
-from fedst.data.procedural import generate
-from fedst.training import BENCHMARK_SEED, finalize_run, load_config, run_training
+from fedst.training import finalize_run, load_config, prepare_benchmark, run_training
 
 log = logging.getLogger("fedst.demo")
 
@@ -43,15 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
 
     cfg, _ = compose_experiment(["experiment=demo", *args.overrides])
-    data_root = Path(cfg.data.root or "data/procedural/demo_v2")
-    log.info("benchmark: %s (generator version %d)", data_root, cfg.data.generator_version)
-    generate(
-        data_root,
-        seed=BENCHMARK_SEED,
-        preset=str(cfg.data.procedural or "demo"),
-        progress=True,
-        version=cfg.data.generator_version,
-    )
+    benchmark = prepare_benchmark(cfg, progress=True)
+    data_root = Path(benchmark["root"])
+    log.info("benchmark: %s (generator version %d)", data_root, benchmark["generator_version"])
     previews = write_previews(data_root)
 
     run_dirs = []

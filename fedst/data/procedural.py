@@ -139,7 +139,7 @@ GENERATOR_VERSIONS: dict[int, str] = {
     "purple, so a grey or pale region is always metal (the shortcut that kept site E at the floor)",
     2: "version 1 plus surgical clutter in every non-cartoon site (:data:`CLUTTER`): per-video "
     "tissue saturation and brightness (patients, irrigation), pale fascia sheets and dark cautery "
-    "marks; version 1's random streams and bytes are unchanged (tests/test_oracle_split.py)",
+    "marks; version 1's random streams and bytes are unchanged (tests/test_generator_versions.py)",
 }
 FPS = 5
 PNG_PARAMS = (cv2.IMWRITE_PNG_COMPRESSION, 3)
@@ -767,8 +767,7 @@ def _add_clutter(
     char = _smoothstep(marks, cutoff, cutoff + 0.25)
     albedo = _mix(albedo, clutter.char, 0.9 * char)
 
-    relief = relief.copy()
-    relief[..., 0] += 0.2 * sheets - 0.2 * char
+    relief[..., 0] += 0.2 * sheets - 0.2 * char  # the scene's own canvas: changed in place
     return np.clip(albedo, 0, 1).astype(np.float32), relief
 
 
@@ -1217,6 +1216,27 @@ def _count(site_dir: Path) -> dict:
     return counts
 
 
+def _start_site(site_dir: Path) -> None:
+    """Mark ``site_dir`` as being generated (:data:`INCOMPLETE_MARKER`), then clear what an earlier
+    generation left: meta.json, videos/ and splits/."""
+    site_dir.mkdir(parents=True, exist_ok=True)
+    (site_dir / INCOMPLETE_MARKER).touch()
+    (site_dir / "meta.json").unlink(missing_ok=True)
+    for sub in ("videos", "splits"):
+        shutil.rmtree(site_dir / sub, ignore_errors=True)
+
+
+def _finish_site(site_dir: Path, ids: dict[str, list[str]], meta: dict) -> None:
+    """After its videos: the split files, meta.json (atomically, last) and the marker removed."""
+    (site_dir / "splits").mkdir(parents=True, exist_ok=True)
+    for split, split_ids in ids.items():
+        (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in split_ids))
+    tmp = site_dir / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, site_dir / "meta.json")
+    (site_dir / INCOMPLETE_MARKER).unlink()
+
+
 @contextlib.contextmanager
 def _generation_lock(out: Path) -> Iterator[None]:
     """Hold ``<out>/.generating.lock`` (an exclusive advisory lock) while a call decides what to
@@ -1282,11 +1302,7 @@ def generate(
             if not _needs_generation(site_dir, _meta(site, spec, seed, version), force):
                 logger.info("site %s: up to date in %s, skipped", site, site_dir)
                 continue
-            site_dir.mkdir(parents=True, exist_ok=True)
-            (site_dir / INCOMPLETE_MARKER).touch()
-            (site_dir / "meta.json").unlink(missing_ok=True)
-            for sub in ("videos", "splits"):
-                shutil.rmtree(site_dir / sub, ignore_errors=True)
+            _start_site(site_dir)
             todo.append(site)
             size = spec.sites[site]
             for split, ids in video_ids(site, spec).items():
@@ -1297,14 +1313,7 @@ def generate(
                 )
         _write_videos(tasks, f"procedural {preset}", workers, progress, chunksize=4)
         for site in todo:
-            site_dir = out / site
-            (site_dir / "splits").mkdir(parents=True, exist_ok=True)
-            for split, ids in video_ids(site, spec).items():
-                (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in ids))
-            tmp = site_dir / "meta.json.tmp"
-            tmp.write_text(json.dumps(_meta(site, spec, seed, version), indent=2) + "\n")
-            os.replace(tmp, site_dir / "meta.json")
-            (site_dir / INCOMPLETE_MARKER).unlink()
+            _finish_site(out / site, video_ids(site, spec), _meta(site, spec, seed, version))
     result = {}
     for site in names:
         result[site] = _count(out / site) | {"generated": site in todo}
@@ -1375,11 +1384,7 @@ def generate_oracle_split(
         site_dir, meta = out / name, _oracle_meta(site, spec, seed, version)
         generated = _needs_generation(site_dir, meta, force)
         if generated:
-            site_dir.mkdir(parents=True, exist_ok=True)
-            (site_dir / INCOMPLETE_MARKER).touch()
-            (site_dir / "meta.json").unlink(missing_ok=True)
-            for sub in ("videos", "splits"):
-                shutil.rmtree(site_dir / sub, ignore_errors=True)
+            _start_site(site_dir)
             size = spec.sites[ORACLE_SIZE_OF]
             tasks = [
                 (site_dir, site, preset, seed, v, size.split(split).frames, 1, version)
@@ -1387,13 +1392,7 @@ def generate_oracle_split(
                 for v in ids
             ]
             _write_videos(tasks, f"oracle {name}", workers, progress, chunksize=1)
-            (site_dir / "splits").mkdir(parents=True, exist_ok=True)
-            for split, ids in oracle_video_ids(spec).items():
-                (site_dir / "splits" / f"{split}.txt").write_text("".join(f"{v}\n" for v in ids))
-            tmp = site_dir / "meta.json.tmp"
-            tmp.write_text(json.dumps(meta, indent=2) + "\n")
-            os.replace(tmp, site_dir / "meta.json")
-            (site_dir / INCOMPLETE_MARKER).unlink()
+            _finish_site(site_dir, oracle_video_ids(spec), meta)
         else:
             logger.info("oracle split %s: up to date in %s, skipped", name, site_dir)
     return {name: _count(site_dir) | {"generated": generated}}
