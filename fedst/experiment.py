@@ -27,6 +27,8 @@ from fedst.model.network import NetworkConfig
 AGGREGATIONS = ("fedavg", "fedmedian")
 AGGREGATION_WEIGHTS = ("uniform", "samples", "fisher")
 INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
+RETURNED_MODELS = ("own", "global")
+"""method.returned_model: a site's own gamma_k^T, or gamma_g as the site adopts it (MethodConfig)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,13 @@ class MethodConfig:
     only). fedmedian is unweighted and needs "uniform"."""
     communicate: bool = True
     """False: every site trains alone (the 'Local' baseline); nothing travels."""
+    returned_model: str = "own"
+    """Which model a site returns, is scored with and enters the out-of-federation average
+    (:data:`RETURNED_MODELS`): own (v_k = gamma_k^T U rho_k^T, the site's own shared
+    parameters after its last local round: FedST's Algorithm 1 lines 14-17, Local, the upper
+    bound) | global (gamma_g as the site adopts it, U rho_k: FedAvg, FedLD, FedRep, FedAS, FedDP
+    before its stage 2). Each method's config sets its paper's rule; ``global`` on FedST restores
+    the earlier scoring for comparison."""
 
     def __post_init__(self) -> None:
         from fedst.model.partition import PRESETS
@@ -104,6 +113,10 @@ class MethodConfig:
             raise ConfigError(
                 "method.serq needs method.synthetic_pretraining=true (SERQ starts from the "
                 "pre-trained v_pre^0, Algorithm 1 line 3)"
+            )
+        if self.returned_model not in RETURNED_MODELS:
+            raise ConfigError(
+                f"method.returned_model={self.returned_model!r}; choose one of {RETURNED_MODELS}"
             )
         if self.serq and not self.communicate:
             raise ConfigError("method.serq needs method.communicate=true (SERQ is a server step)")
@@ -178,8 +191,14 @@ class SerqConfig:
     """lambda_3 of L_g (Eq. 12)."""
     ema_mu: float = 0.5
     """mu of the feature bank's moving average (Eq. 10)."""
-    feature_stage: int = 3
-    """Encoder stage (0-3) whose features F are quantified."""
+    feature_stage: int | None = None
+    """Encoder stage (0-3) whose features F are quantified. None: the stage the temporal module
+    reads (network.temporal_stages[0]), the paper's F = F_ts (Sec. III-C1: "we denote F_ts as F")."""
+    descriptor_step: float = 0.1
+    """Step of D_sy per EQ batch, as a fraction of the way to that batch's minimiser of Eq. 11,
+    mean_b(F_sy - F_hat_g): plain gradient descent on the quadratic with step size
+    descriptor_step / curvature (fedst/federation/serq.py). Adam at ``lr`` moves D_sy by at most
+    lr per step, 0.01 over the demo, against features of RMS ~1 that it must offset."""
 
     def __post_init__(self) -> None:
         require_at_least("serq.pretrain_iters", self.pretrain_iters, 0)
@@ -188,8 +207,16 @@ class SerqConfig:
         require_positive("serq.lr", self.lr)
         if not 0 <= self.ema_mu <= 1:
             raise ConfigError(f"serq.ema_mu={self.ema_mu!r}: must be in [0, 1]")
-        if self.feature_stage not in range(4):
-            raise ConfigError(f"serq.feature_stage={self.feature_stage!r}: choose 0, 1, 2 or 3")
+        if self.feature_stage is not None and self.feature_stage not in range(4):
+            raise ConfigError(
+                f"serq.feature_stage={self.feature_stage!r}: choose 0, 1, 2, 3 or null (the "
+                f"temporal module's stage)"
+            )
+        if not 0 < self.descriptor_step <= 1:
+            raise ConfigError(
+                f"serq.descriptor_step={self.descriptor_step!r}: must be in (0, 1] (the fraction "
+                f"of the way to a batch's optimum of Eq. 11 that D_sy moves per EQ batch)"
+            )
 
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -436,12 +463,13 @@ def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def state_fingerprint(view: ExperimentConfig) -> str:
     """Fingerprint of what produces a site's private state: the site view without the
-    evaluation settings (:data:`EVALUATION_FIELDS`)."""
+    evaluation settings (:data:`EVALUATION_FIELDS`, the selection rule, method.returned_model)."""
     values = json.loads(view.to_json())
     for key in EVALUATION_FIELDS:
         values["train"].pop(key)
     for key in ("rule", "metric"):  # which round is reported, not what a site learns
         values["selection"].pop(key)
+    values["method"].pop("returned_model")  # which model is scored, not what a site learns
     return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 

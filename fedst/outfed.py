@@ -1,7 +1,9 @@
 """Out-of-federation evaluation (paper Sec. IV-B2, Tables III and VIII).
 
-The out-of-federation model is the sample-count-weighted average of all site models v_k =
-gamma_g U rho_k, personalized parts included, so inference is a single forward pass. An unseen
+The out-of-federation model is the sample-count-weighted average of the models the sites return
+(v_k = gamma_k^T U rho_k^T for FedST, gamma_g U rho_k for the methods that return the global
+shared part; fedst/federation/returned.py), personalized parts included, so inference is a single
+forward pass. An unseen
 site is prompted with its own text (e.g. "... surgery type is lobectomy"). On a binary site
 (GraSP) every predicted part class counts as instrument.
 
@@ -34,6 +36,7 @@ from fedst.data.clips import ClipDataset
 from fedst.data.generic import GenericLayoutSource
 from fedst.experiment import ExperimentConfig, site_state_dir
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
+from fedst.federation.returned import averaged_site_model, site_model
 from fedst.federation.run_io import atomic_write_text, load_checkpoint
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site import site_state_file
@@ -47,7 +50,6 @@ from fedst.model.indicators import (
     site_prompt,
 )
 from fedst.model.network import FedSTNet
-from fedst.model.state import load_subset
 
 log = logging.getLogger(__name__)
 
@@ -82,25 +84,22 @@ def _read_checkpoint(path: str, mtime_ns: int) -> dict:
     return load_checkpoint(Path(path))
 
 
-def _site_model(
-    cfg: ExperimentConfig, checkpoint: dict, personal: dict, device: torch.device
-) -> FedSTNet:
-    """gamma_g from the server checkpoint (when the method communicates) U the given rho."""
-    model = method_of(cfg).build_model()
-    if method_of(cfg).communicates:
-        load_subset(model, {k: checkpoint["global_model"][k] for k in checkpoint["shared_keys"]})
-    load_subset(model, personal)
-    return model.to(device)
+def _global_shared(cfg: ExperimentConfig, checkpoint: dict) -> dict[str, torch.Tensor]:
+    """gamma_g after the checkpoint's round (empty when the method sends nothing)."""
+    if not method_of(cfg).communicates:
+        return {}
+    return {k: checkpoint["global_model"][k] for k in checkpoint["shared_keys"]}
 
 
 def personalized_model(
     cfg: ExperimentConfig, run_dir: Path, site: str, device: torch.device
 ) -> FedSTNet:
-    """v_k = gamma_g U rho_k of a federated site (a training party of the method: the upper
-    bound's is its pool, Method.party_of) after the run's last completed round."""
+    """The model federated site ``site`` (a training party of the method: the upper bound's is
+    its pool, Method.party_of) returns after the run's last completed round:
+    gamma_k U rho_k or gamma_g U rho_k by method.returned_model (fedst/federation/returned.py)."""
     checkpoint = _server_checkpoint(run_dir)
-    personal = _site_state(run_dir, site, checkpoint["round"])["personal"]
-    return _site_model(cfg, checkpoint, personal, device)
+    state = _site_state(run_dir, site, checkpoint["round"])
+    return site_model(cfg, state, _global_shared(cfg, checkpoint), device)
 
 
 PERSONAL_EXPORT = "personal_export.json"
@@ -120,24 +119,14 @@ def averaged_sites(cfg: ExperimentConfig, run_dir: Path) -> tuple[list[str], lis
     export = json.loads(path.read_text())
     left_out = [f"{s} (declined)" for s in export["declined"]]
     left_out += [f"{s} (unreachable)" for s in export["unreachable"]]
+    left_out += [f"{s} (no gamma_k of the last round)" for s in export.get("missed_last_round", [])]
     return [s for s in parties if s in export["shared"]], left_out
 
 
-def sample_weighted_personal(states: list[dict]) -> dict[str, torch.Tensor]:
-    """sum_k n_k / n rho_k over site states ({"personal": rho_k, "num_examples": n_k}), in fp64."""
-    weights = [float(state["num_examples"]) for state in states]
-    total = sum(weights)
-    return {
-        key: sum(
-            w / total * s["personal"][key].double() for w, s in zip(weights, states, strict=True)
-        ).float()
-        for key in states[0]["personal"]
-    }
-
-
 def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> FedSTNet:
-    """Sample-count-weighted average of the federated site models (personal parts included)
-    of every site that contributed its rho_k (:func:`averaged_sites`)."""
+    """Sample-count-weighted average of the models the federated sites return (personal parts
+    included; fedst/federation/returned.py) over every site that contributed its rho_k
+    (:func:`averaged_sites`)."""
     checkpoint = _server_checkpoint(run_dir)
     sites, left_out = averaged_sites(cfg, run_dir)
     if left_out:
@@ -148,15 +137,13 @@ def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -
             f"out-of-federation model cannot be built for {run_dir}"
         )
     states = [_site_state(run_dir, s, checkpoint["round"]) for s in sites]
-    weights = [float(state["num_examples"]) for state in states]
-    averaged = sample_weighted_personal(states)
     log.info(
-        "out-of-federation model: %d averaged personal tensors over %s (weights %s)",
-        len(averaged),
+        "out-of-federation model: the %s models of %s averaged with weights %s",
+        cfg.method.returned_model,
         sites,
-        weights,
+        [float(state["num_examples"]) for state in states],
     )
-    return _site_model(cfg, checkpoint, averaged, device)
+    return averaged_site_model(cfg, states, _global_shared(cfg, checkpoint), device)
 
 
 def evaluate_out_of_federation(

@@ -129,6 +129,7 @@ def test_methods_differ_only_in_their_method_choices():
         "method.personalization": "none",
         "method.personalize_channel_selection": False,
         "method.aggregation_weights": "samples",  # McMahan et al.: n_k / n; FedST: 1/K
+        "method.returned_model": "global",  # one global model; FedST: each site's own gamma_k
     }
     assert method_of("local") == {
         "method.name": "local",

@@ -309,6 +309,11 @@ def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tin
         )
         for key, value in local["personal"].items():
             assert torch.equal(at_site["personal"][key], value), (site, key)
+        # the returned v_k's gamma_k^T, kept by the server from the last train reply
+        exported = torch.load(loop.run_dir / "sites" / site / "state_r0002.pt", weights_only=False)
+        assert set(exported["shared"]) == set(local["shared"])
+        for key, value in local["shared"].items():
+            assert torch.equal(exported["shared"][key], value), (site, key)
 
     # what crossed the wire: during training no personalized key and nothing image-shaped, and
     # no path in any config; rho_k only in the final, logged export the sites allowed

@@ -138,7 +138,11 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         run / SERVER_CHECKPOINT,
     )
     for site in cfg.data.federation:
-        state = {"personal": state_subset(model, partition.personal), "num_examples": 4}
+        state = {
+            "personal": state_subset(model, partition.personal),
+            "shared": state_subset(model, partition.shared),  # the site's own gamma_k
+            "num_examples": 4,
+        }
         atomic_torch_save(state, site_state_file(site_state_dir(run, site), 1))
     return run
 

@@ -56,24 +56,23 @@ def test_the_head_is_the_private_part_and_the_body_all_the_rest(tiny_root):
     assert set(partition.shared) == floats - HEAD_KEYS
 
 
-def test_the_default_split_is_fedreps_ten_head_epochs_to_one_body_epoch(tiny_root):
+def test_the_body_trains_every_methods_local_iterations_after_as_many_head_iterations(tiny_root):
+    """Identical schedules (FedST Sec. IV-A): the body, FedRep's federated model, gets E updates
+    a round like every method's model; the head phase comes first (default: E iterations)."""
     method = method_of(experiment(tiny_root, "method=fedrep"))
-    # 10/11 of E for the head, the rest for the body: 100 -> 90.9 -> 91 / 9; 11 -> 10 / 1
-    for local_iters, head, body in ((100, 91, 9), (11, 10, 1), (2, 1, 1)):
+    for local_iters in (100, 20, 1):
         phases = method.local_phases(local_iters)
-        assert [(p.name, p.iterations) for p in phases] == [("head", head), ("body", body)]
-    explicit = method_of(
-        experiment(
-            tiny_root,
-            "method=fedrep",
-            "method.options.head_iters=3",
-            "train.local_iters=5",
-            "train.total_iters=10",
-        )
-    )
-    assert [p.iterations for p in explicit.local_phases(5)] == [3, 2]
-    with pytest.raises(ConfigError, match="head_iters=2 leaves no body iteration"):
-        experiment(tiny_root, "method=fedrep", "method.options.head_iters=2")  # tiny: E = 2
+        assert [(p.name, p.iterations) for p in phases] == [
+            ("head", local_iters),
+            ("body", local_iters),
+        ]
+    explicit = method_of(experiment(tiny_root, "method=fedrep", "method.options.head_iters=3"))
+    assert [(p.name, p.iterations) for p in explicit.local_phases(20)] == [
+        ("head", 3),
+        ("body", 20),
+    ]
+    with pytest.raises(ConfigError, match="head_iters"):
+        experiment(tiny_root, "method=fedrep", "method.options.head_iters=-1")
 
 
 def test_the_body_is_frozen_during_head_iterations_and_the_head_during_body_iterations(

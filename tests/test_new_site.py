@@ -56,7 +56,7 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 BACKGROUND_BIAS_SHIFT = -2.0
-"""Added to the saved model's background logit bias: after 4 iterations the model predicts
+"""Added to the saved site models' background logit bias: after 4 iterations the model predicts
 background everywhere (Dice 0 on every site, which any two evaluation paths agree on); shifted, it
 predicts instruments, so the scores depend on the pixels, the prompt and the model."""
 
@@ -80,11 +80,12 @@ def clip_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     cfg = experiment(tiny_root, "method.indicator=clip", f"indicator.cache_dir={cache_dir}")
     run_dir = tmp_path_factory.mktemp("runs") / "fedst_clip"
     run_training(cfg, run_dir, progress=False)
-    checkpoint_path = run_dir / "checkpoints" / "server.pt"
-    checkpoint = torch.load(checkpoint_path, weights_only=False)
-    assert "decoder.head.bias" in checkpoint["shared_keys"]
-    checkpoint["global_model"]["decoder.head.bias"][0] += BACKGROUND_BIAS_SHIFT
-    torch.save(checkpoint, checkpoint_path)
+    last = torch.load(run_dir / "checkpoints" / "server.pt", weights_only=False)["round"]
+    for site in cfg.data.federation:  # FedST returns each site's own gamma_k: shift every one
+        state_path = run_dir / "sites" / site / f"state_r{last:04d}.pt"
+        state = torch.load(state_path, weights_only=False)
+        state["shared"]["decoder.head.bias"][0] += BACKGROUND_BIAS_SHIFT
+        torch.save(state, state_path)
     return run_dir, cache_dir / CLIP_CACHE_FILE
 
 

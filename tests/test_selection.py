@@ -27,7 +27,7 @@ from fedst.federation import snapshots
 from fedst.federation.evaluation import stream_test_clips
 from fedst.federation.run_io import load_checkpoint, read_jsonl
 from fedst.federation.server import SERVER_CHECKPOINT
-from fedst.federation.site import Site
+from fedst.federation.site import Site, site_state_file
 from fedst.federation.site_data import open_site_data
 from fedst.federation.snapshots import snapshot_outfed_model, snapshot_site_model
 from fedst.methods import method_of
@@ -278,7 +278,7 @@ def test_the_matrix_diagonal_equals_each_sites_own_result_of_the_same_checkpoint
     held_out_run, tmp_path
 ):
     """The matrix and Site.evaluate (the per-site path of every round) on the same checkpoints.
-    The 2-round models predict only background, so the copied run's classifier bias is centred
+    The 2-round models predict only background, so the copied run's classifier biases are centred
     (minus site A's mean logits on its first test frame): predictions then follow the features,
     and every (model, site) pair scores a different non-zero Dice."""
     cfg, _, run_dir, _, _ = held_out_run
@@ -289,8 +289,11 @@ def test_the_matrix_diagonal_equals_each_sites_own_result_of_the_same_checkpoint
     indicator = method_of(cfg).indicators().get("A")
     _, _, _, logits = next(stream_test_clips(model, test_a, indicator, resolve_device("cpu"), 1))
     checkpoint = load_checkpoint(run / SERVER_CHECKPOINT)
-    checkpoint["global_model"]["decoder.head.bias"] -= logits.mean((1, 2))  # [K]
-    torch.save(checkpoint, run / SERVER_CHECKPOINT)
+    for site in cfg.data.federation:  # FedST scores each site's own gamma_k: centre every one
+        path = site_state_file(site_state_dir(run, site), checkpoint["round"])
+        state = load_checkpoint(path)
+        state["shared"]["decoder.head.bias"] -= logits.mean((1, 2))  # [K]
+        torch.save(state, path)
     matrix = cross_site_matrix(run)
     assert matrix["models"] == ["A", "B", "C", "outfed"]
     assert matrix["sites"] == ["A", "B", "C", "E", "grasp"]

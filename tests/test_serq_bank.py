@@ -35,6 +35,7 @@ def test_the_eq_target_of_a_sample_drawn_twice_under_two_augmentations_is_its_vi
         indicator=method_of(cfg).indicators().get("synthetic"),
         loss_fn=method_of(cfg).segmentation_loss(),
         device=torch.device("cpu"),
+        feature_stage=1,
     )
     seen: dict[str, list] = {"eq": [], "sc": []}
     eq, sc = serq.explicit_quantification, serq.synchronize_convergence

@@ -268,6 +268,7 @@ def run_federation(
         "local-iters": cfg.train.local_iters,
     }
     sites_of: dict[int, str] = {}  # node id -> site, learnt from the sites' replies
+    last_shared: dict[str, dict] = {}  # site -> its latest gamma_k as received (the returned v_k)
     nodes = _wait_for_nodes(grid, len(federation), policy.join_timeout, federation)
 
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
@@ -316,6 +317,7 @@ def run_federation(
                 runlog, reply, down_sizes, server_round, cfg.train.local_iters, norm
             )
             reply.content["arrays"] = ArrayRecord(state)
+            last_shared[_site_of(reply)] = {"round": server_round, "shared": state}
         participants = sorted(_site_of(r) for r in trained.replies)
         runlog.write(
             "participation",
@@ -338,7 +340,7 @@ def run_federation(
                     "site": "server",
                     "aggregation_seconds": aggregation_seconds,
                     "seconds": time.perf_counter() - step_started,  # aggregation + server step
-                    **(vars(stats) if stats is not None else {}),
+                    **stats,
                 },
             )
         # -- evaluation of the personalized models ---------------------------------------------
@@ -398,7 +400,14 @@ def run_federation(
         )
     if policy.collect_personal and cfg.data.out_of_federation:
         _collect_personal(
-            grid, sites_of, base_config, server.completed_round, run_dir, policy, audit
+            grid,
+            sites_of,
+            base_config,
+            server.completed_round,
+            run_dir,
+            policy,
+            audit,
+            last_shared if method.returns_own_model else {},
         )
     runlog.close()
     return last_metrics
@@ -613,9 +622,15 @@ def _collect_personal(
     run_dir: Path,
     policy: RoundPolicy,
     audit: RunLog | None,
+    last_shared: dict[str, dict],
 ) -> None:
     """Ask every site once for rho_k (the out-of-federation average); store what is sent in the
-    run directory's site folders and write who sent and who declined to personal_export.json."""
+    run directory's site folders and write who sent and who declined to personal_export.json.
+
+    With ``last_shared`` (method.returned_model=own) each stored state also gets the site's own
+    gamma_k^T, taken from its reply of the last round (nothing more crosses the wire: the server
+    received it then; under fp16 / bf16 transport it is the rounded gamma_k the site sent). A
+    site that missed the last round has none: it is left out (``missed_last_round``)."""
     nodes = sorted(grid.get_node_ids())
     config = {**base_config, "server-round": last_round}
     result = _broadcast(
@@ -628,7 +643,7 @@ def _collect_personal(
         timeout=policy.round_timeout,
         audit=audit,
     )
-    shared, declined = [], []
+    shared, declined, missed = [], [], []
     for reply in result.replies:
         site = _site_of(reply)
         if not int(reply.content["site"]["shared"]):
@@ -636,16 +651,20 @@ def _collect_personal(
             log.warning("site %s declined to send its personalized parameters", site)
             continue
         personal = reply.content["personal"].to_torch_state_dict()
-        atomic_torch_save(
-            {
-                "round": last_round,
-                "site": site,
-                "personal": personal,
-                "num_examples": int(reply.content["metrics"]["num-examples"]),
-                "exported": True,
-            },
-            site_state_file(run_dir / "sites" / site, last_round),
-        )
+        state = {
+            "round": last_round,
+            "site": site,
+            "personal": personal,
+            "num_examples": int(reply.content["metrics"]["num-examples"]),
+            "exported": True,
+        }
+        if last_shared:
+            if last_shared.get(site, {}).get("round") != last_round:
+                missed.append(site)
+                log.warning("site %s sent no gamma_k in round %d: left out", site, last_round)
+                continue
+            state["shared"] = last_shared[site]["shared"]
+        atomic_torch_save(state, site_state_file(run_dir / "sites" / site, last_round))
         shared.append(site)
         log.warning("site %s sent its personalized parameters (%d tensors)", site, len(personal))
     silent = [sites_of.get(n, f"node {n}") for n in result.failed]
@@ -654,6 +673,7 @@ def _collect_personal(
         "shared": sorted(shared),
         "declined": sorted(declined),
         "unreachable": sorted(silent),
+        "missed_last_round": sorted(missed),
     }
     atomic_write_text(json.dumps(export, indent=1), run_dir / PERSONAL_EXPORT)
 

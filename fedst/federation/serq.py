@@ -4,19 +4,36 @@ Server-only, on synthetic images (no temporal module). State:
 
 * ``synthetic_model`` v_pre: pre-trained once on the synthetic set, then updated by the EQ step.
 * ``domain_descriptor`` D_sy [C, h, w]: one learnable tensor for the synthetic domain at the
-  chosen encoder stage (``SerqConfig.feature_stage``), initialised randomly (N(0, 0.02)).
+  feature stage, initialised randomly (N(0, 0.02)).
 * ``feature_bank`` F_hat_g: per synthetic sample, the EMA (Eq. 10) of the global model's encoder
   features at that stage, **of the sample's canonical (un-augmented) view**. It is updated lazily,
   when a sample is drawn (first visit initialises it to F_g), so each round costs only the batches
-  SERQ trains on. Stored on CPU in float16: for PVTv2-b0 at stage 3 that is 256 x H/32 x W/32
-  values per sample (5 KiB at 128x160; 160 KiB at 512x640, i.e. about 0.6 GB for SISVSE's 3600
-  images).
+  SERQ trains on. Stored on CPU in float16.
+
+Feature stage (design note). Sec. III-C1: "For simplicity, we denote F_ts as F": the features
+SERQ quantifies are F_ts, the current frame's encoder features that the temporal module reads
+(Sec. III-B1), here encoder stage ``network.temporal_stages[0]`` (default 1: 64 channels at
+stride 8), taken without the temporal module (synthetic images have no time). A bank entry then
+holds 64 x H/8 x W/8 values: 40 KiB at 128x160, 640 KiB at 512x640 (2.3 GB for SISVSE's 3600
+images). ``serq.feature_stage`` picks another stage.
+
+The descriptor's step (design note). In Eq. 11, D_sy enters only the quadratic
+lambda_2 mean_{b,e} (F_sy - D_sy - F_hat_g)^2 (mean over the batch and the N_D = c h w elements),
+whose minimiser over one batch is mean_b(F_sy - F_hat_g) and whose curvature per element is
+2 lambda_2 / N_D. Adam at the paper's lr 1e-4 moves every element by at most about 1e-4 per
+step (its update is normalised), i.e. 0.01 over the demo's 100 EQ steps, against features of RMS
+~1: D_sy would stay at its initialisation and SC would pull the global model toward plain
+synthetic features. So D_sy gets its own plain gradient descent with step size
+``descriptor_step`` / curvature, which moves it that fraction of the way to the batch's minimiser
+each batch: an exponential average of mean_b(F_sy - F_hat_g) over the recent batches, that is,
+the learnable descriptor reaches the offset it must quantify. v_pre keeps Adam at lr (paper).
 
 Each round (Algorithm 1, lines 10-11) draws ``batches_per_round`` synthetic batches of
 ``batch_size`` samples (augmented: rotation and scale, as all training in the paper), then
   EQ: global model fixed; train v_pre and D_sy on L_pre = L_seg + lambda2 * mean||F_sy - D_sy - F_hat_g||^2 (Eq. 11)
   SC: v_pre and D_sy fixed; train v_g on L_g = L_seg + lambda3 * mean||F_g - (F_sy - D_sy)||^2 (Eq. 12)
-over the same samples, with Adam (lr 1e-4) whose moments persist across rounds.
+over the same samples, with Adam (lr 1e-4) whose moments persist across rounds (D_sy: its own
+step, below).
 
 Views (design note). The bank is an average over rounds of one sample's features, so every term
 it enters must see one fixed view of that sample: EQ runs on the **canonical view** (the image
@@ -29,7 +46,7 @@ canonical view is read once more per sample (data loading only, no extra forward
 
 Refresh rate. A bank entry is refreshed only when its sample is drawn: ``batches_per_round x
 batch_size`` of the N synthetic samples per round, i.e. every N / (B x b) rounds on average (demo:
-200 / (5 x 4) = every 10 rounds, 2 visits per entry in the 20-round demo; paper: 3600 / (100 x 2)
+200 / (20 x 2) = every 5 rounds, 4 visits per entry in the 20-round demo; paper: 3600 / (100 x 2)
 = every 18 rounds for SISVSE's 3600 images (Table I), about 16-17 visits in 300 rounds).
 """
 
@@ -52,6 +69,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SerqRoundStats:
+    """What one round of SERQ did, logged in train.jsonl (server rows) and TensorBoard."""
+
     eq_loss: float
     """Mean L_pre over the round's batches (Eq. 11)."""
     eq_feature_gap: float
@@ -60,6 +79,16 @@ class SerqRoundStats:
     """Mean L_g over the round's batches (Eq. 12)."""
     sc_feature_gap: float
     """Mean ||F_g - (F_sy - D_sy)||^2 / N_e."""
+    descriptor_norm: float = 0.0
+    """||D_sy||_2 after the round."""
+    descriptor_rms: float = 0.0
+    """RMS of D_sy's elements after the round (compare with the feature RMS below)."""
+    synthetic_feature_rms: float = 0.0
+    """RMS of F_sy, v_pre's features, over the round's EQ batches."""
+    bank_feature_rms: float = 0.0
+    """RMS of F_hat_g, the bank entries the EQ batches read."""
+    global_feature_rms: float = 0.0
+    """RMS of F_g, the global model's features, over the round's SC batches."""
     eq_seconds: float = 0.0
     """Wall time of the EQ step (drawing and loading the round's batches included)."""
     sc_seconds: float = 0.0
@@ -78,8 +107,11 @@ class Serq:
         indicator: torch.Tensor | None,
         loss_fn: SegmentationLoss,
         device: torch.device,
+        feature_stage: int,
     ) -> None:
         self.cfg = cfg
+        self.feature_stage = feature_stage
+        """Encoder stage of F (``SerqConfig.feature_stage`` resolved; see the module docstring)."""
         self.synthetic_model = synthetic_model
         self.stream = stream
         self.reference = reference
@@ -89,8 +121,10 @@ class Serq:
         self.device = device
         self.domain_descriptor = nn.Parameter(self._probe_feature_shape().normal_(0.0, 0.02))
         self.feature_bank: dict[str, torch.Tensor] = {}
-        self.pre_optimizer = torch.optim.Adam(
-            [*synthetic_model.parameters(), self.domain_descriptor], lr=cfg.lr
+        self.pre_optimizer = torch.optim.Adam(synthetic_model.parameters(), lr=cfg.lr)
+        curvature = 2 * cfg.lambda_eq / self.domain_descriptor.numel()  # of Eq. 11 in each element
+        self.descriptor_optimizer = torch.optim.SGD(
+            [self.domain_descriptor], lr=cfg.descriptor_step / curvature
         )
         self.global_optimizer: torch.optim.Adam | None = None
         self.pretrained_iters = 0
@@ -99,7 +133,7 @@ class Serq:
     def _forward(self, model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """images [B, T, 3, H, W] -> (logits [B, C, H, W], F at the SERQ stage [B, c, h, w])."""
         logits, feats = model(images, self.indicator, use_temporal=False, return_features=True)
-        return logits, feats[self.cfg.feature_stage]
+        return logits, feats[self.feature_stage]
 
     @torch.no_grad()
     def _probe_feature_shape(self) -> torch.Tensor:
@@ -156,33 +190,45 @@ class Serq:
             rows.append(self.feature_bank[sample_id])
         return torch.stack(rows).to(self.device, torch.float32)
 
-    def explicit_quantification(self, global_model: nn.Module, batches) -> tuple[float, float]:
-        """EQ step: update v_pre and D_sy with the global model fixed (Eq. 11).
+    def explicit_quantification(
+        self, global_model: nn.Module, batches
+    ) -> tuple[float, float, float, float]:
+        """EQ step: update v_pre (Adam) and D_sy (its gradient step) with the global model fixed
+        (Eq. 11). Returns the means over the batches of L_pre, the feature gap, and the RMS of
+        F_sy and of F_hat_g.
 
         ``batches``: canonical views (:meth:`canonical_view`), the view the bank holds.
         """
         self.synthetic_model.train()
-        total, gap_total = 0.0, 0.0
+        total = gap_total = syn_square = bank_square = 0.0
         for images, masks, ids in batches:
             images, masks = images.to(self.device), masks.to(self.device)
             bank = self.update_feature_bank(global_model, images, list(ids))  # F_hat_g^{t+1}
-            logits, feat_syn = self._forward(self.synthetic_model, images)
+            logits, feat_syn = self._forward(self.synthetic_model, images)  # [B, c, h, w]
             gap = (feat_syn - self.domain_descriptor - bank).pow(2).mean()
             loss = self.loss_fn(logits, masks) + self.cfg.lambda_eq * gap
             self.pre_optimizer.zero_grad(set_to_none=True)
+            self.descriptor_optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.pre_optimizer.step()
+            self.descriptor_optimizer.step()
             total, gap_total = total + loss.item(), gap_total + gap.item()
-        return total / len(batches), gap_total / len(batches)
+            syn_square += feat_syn.detach().pow(2).mean().item()
+            bank_square += bank.pow(2).mean().item()
+        n = len(batches)
+        return total / n, gap_total / n, (syn_square / n) ** 0.5, (bank_square / n) ** 0.5
 
     # -- Eq. 12 --------------------------------------------------------------------------------
-    def synchronize_convergence(self, global_model: nn.Module, batches) -> tuple[float, float]:
-        """SC step: train the global model towards I_sy = F_sy - D_sy with v_pre fixed (Eq. 12)."""
+    def synchronize_convergence(
+        self, global_model: nn.Module, batches
+    ) -> tuple[float, float, float]:
+        """SC step: train the global model towards I_sy = F_sy - D_sy with v_pre fixed (Eq. 12).
+        Returns the means over the batches of L_g, the feature gap and the RMS of F_g."""
         if self.global_optimizer is None:
             self.global_optimizer = torch.optim.Adam(global_model.parameters(), lr=self.cfg.lr)
         self.synthetic_model.eval()
         global_model.train()
-        total, gap_total = 0.0, 0.0
+        total = gap_total = global_square = 0.0
         for images, masks, _ in batches:
             images, masks = images.to(self.device), masks.to(self.device)
             with torch.no_grad():
@@ -195,21 +241,29 @@ class Serq:
             loss.backward()
             self.global_optimizer.step()
             total, gap_total = total + loss.item(), gap_total + gap.item()
-        return total / len(batches), gap_total / len(batches)
+            global_square += feat_global.detach().pow(2).mean().item()
+        n = len(batches)
+        return total / n, gap_total / n, (global_square / n) ** 0.5
 
     def step(self, global_model: nn.Module) -> SerqRoundStats:
         """One round of SERQ on the freshly aggregated global model (Algorithm 1, lines 10-11)."""
         started = time.perf_counter()
         batches = self._draw_batches()
         canonical = [self.canonical_view(list(ids)) for _, _, ids in batches]
-        eq_loss, eq_gap = self.explicit_quantification(global_model, canonical)
+        eq_loss, eq_gap, syn_rms, bank_rms = self.explicit_quantification(global_model, canonical)
         eq_done = time.perf_counter()
-        sc_loss, sc_gap = self.synchronize_convergence(global_model, batches)
+        sc_loss, sc_gap, global_rms = self.synchronize_convergence(global_model, batches)
+        descriptor = self.domain_descriptor.detach()
         return SerqRoundStats(
             eq_loss,
             eq_gap,
             sc_loss,
             sc_gap,
+            descriptor_norm=descriptor.norm().item(),
+            descriptor_rms=descriptor.pow(2).mean().sqrt().item(),
+            synthetic_feature_rms=syn_rms,
+            bank_feature_rms=bank_rms,
+            global_feature_rms=global_rms,
             eq_seconds=eq_done - started,
             sc_seconds=time.perf_counter() - eq_done,
         )
@@ -221,6 +275,7 @@ class Serq:
             "domain_descriptor": self.domain_descriptor.detach().cpu(),
             "feature_bank": self.feature_bank,
             "pre_optimizer": self.pre_optimizer.state_dict(),
+            "descriptor_optimizer": self.descriptor_optimizer.state_dict(),
             "global_optimizer": None
             if self.global_optimizer is None
             else self.global_optimizer.state_dict(),
@@ -234,6 +289,7 @@ class Serq:
             self.domain_descriptor.copy_(state["domain_descriptor"])
         self.feature_bank = dict(state["feature_bank"])
         self.pre_optimizer.load_state_dict(state["pre_optimizer"])
+        self.descriptor_optimizer.load_state_dict(state["descriptor_optimizer"])
         if state["global_optimizer"] is not None:
             self.global_optimizer = torch.optim.Adam(global_model.parameters(), lr=self.cfg.lr)
             self.global_optimizer.load_state_dict(state["global_optimizer"])

@@ -24,7 +24,7 @@ from fedst.federation.run_io import (
     load_checkpoint,
     remove_stale_tmp,
 )
-from fedst.federation.serq import Serq, SerqRoundStats
+from fedst.federation.serq import Serq
 from fedst.federation.site import site_state_file
 from fedst.methods import method_of
 from fedst.model.state import load_subset, state_subset
@@ -118,7 +118,13 @@ class FederationServer:
             indicator=self.method.indicators().get(self.cfg.data.server),
             loss_fn=self.method.segmentation_loss(),
             device=self.device,
+            feature_stage=self.serq_feature_stage(),
         )
+
+    def serq_feature_stage(self) -> int:
+        """serq.feature_stage, or F_ts's stage: the first the temporal module reads."""
+        configured = self.cfg.serq.feature_stage
+        return self.method.network_config().temporal_stages[0] if configured is None else configured
 
     # -- round 0 --------------------------------------------------------------------------------
     def initialize(self) -> float | None:
@@ -159,15 +165,28 @@ class FederationServer:
         return state_subset(self.global_model, self.partition.shared)
 
     # -- Algorithm 1, lines 8-12 ----------------------------------------------------------------
-    def server_step(
-        self, aggregated: dict[str, torch.Tensor], server_round: int
-    ) -> SerqRoundStats | None:
-        """v_g^{t+1} := gamma_g^{t+1} U rho_g^t, then SERQ-EQ and SERQ-SC when the method uses them."""
-        load_subset(self.global_model, aggregated)
+    def server_step(self, aggregated: dict[str, torch.Tensor], server_round: int) -> dict:
+        """v_g^{t+1} := gamma_g^{t+1} U rho_g^t, then SERQ-EQ and SERQ-SC when the method uses them.
+
+        Returns what the log records: SERQ's round (SerqRoundStats) and, with SERQ, how far it
+        moved gamma_g against the aggregation: ``aggregation_change`` = ||gamma_agg -
+        gamma_g^t||_2, ``serq_change`` = ||gamma_g^{t+1} - gamma_agg||_2 and their ratio
+        ``server_pull`` (shared tensors only)."""
         if self.serq is None:
-            return None
+            load_subset(self.global_model, aggregated)
+            return {}
+        before = self.shared_payload()
+        load_subset(self.global_model, aggregated)
         seed_everything(self.cfg.seed, 0x5E12, server_round)
-        return self.serq.step(self.global_model)
+        stats = self.serq.step(self.global_model)
+        aggregation_change = _distance(aggregated, before)
+        serq_change = _distance(self.shared_payload(), aggregated)
+        return {
+            **vars(stats),
+            "aggregation_change": aggregation_change,
+            "serq_change": serq_change,
+            "server_pull": serq_change / aggregation_change if aggregation_change else None,
+        }
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self, server_round: int, extra: dict | None = None) -> None:
@@ -194,3 +213,13 @@ class FederationServer:
         self.method.load_state_dict(state.get("method", {}))
         self.completed_round = state["round"]
         return state["extra"]
+
+
+def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """||a - b||_2 over the float tensors of ``a`` (keys of a shared payload), in fp64."""
+    total = sum(
+        (value.double() - b[key].double().to(value.device)).pow(2).sum().item()
+        for key, value in a.items()
+        if value.is_floating_point()
+    )
+    return float(total) ** 0.5

@@ -280,12 +280,14 @@ class Site:
         keep_examples: int = 0,
         split: str = "test",
     ) -> dict[str, EvaluationResult]:
-        """Score v_k = gamma_g U rho_k on the test split of every site the method scores it on
-        (Method.scored_sites: the site's own), each prompted as that site; by scored site. With
-        ``split="val"`` on their validation splits, and the rho_k scored is kept for selection
+        """Score the model the site returns after ``server_round`` (Method.load_returned_model:
+        its own v_k = gamma_k U rho_k, or gamma_g as adopted from ``received`` U rho_k) on the
+        test split of every site the method scores it on (Method.scored_sites: the site's own),
+        each prompted as that site; by scored site. With ``split="val"`` on their validation
+        splits, and the rho_k (and own gamma_k) scored is kept for selection
         (fedst/federation/snapshots.py)."""
         self.restore(server_round)
-        load_subset(self.model, received)
+        self.method.load_returned_model(self, received, server_round)
         if split == "val":
             datasets = self.validation_data()
             save_personal_snapshot(
@@ -294,6 +296,7 @@ class Site:
                 self.name,
                 self.personal_state(),
                 self.num_examples,
+                shared=self.own_shared_state() if self.method.returns_own_model else None,
             )
         elif split == "test":
             datasets = self.data.tests
@@ -331,17 +334,25 @@ class Site:
             return state_subset(self.model, [*self.partition.shared, *self.partition.personal])
         return state_subset(self.model, self.partition.personal)
 
+    def own_shared_state(self) -> dict[str, torch.Tensor]:
+        """gamma_k as CPU tensors: the site's own shared parameters after its last local round
+        (what it sent), the shared part of the model it returns under returned_model=own."""
+        return state_subset(self.model, self.partition.shared)
+
     # -- private state on disk -----------------------------------------------------------------
     def state_path(self, server_round: int) -> Path:
         return site_state_file(self.state_dir, server_round)
 
     def save(self, server_round: int) -> None:
-        """Persist rho_k, optimizer moments and data order after ``server_round`` (keeps two)."""
+        """Persist rho_k, the own gamma_k, optimizer moments and data order after
+        ``server_round`` (keeps two). Called right after local training, so ``shared`` is
+        gamma_k^t, never gamma_g."""
         atomic_torch_save(
             {
                 "round": server_round,
                 "site": self.name,
                 "personal": self.personal_state(),
+                "shared": self.own_shared_state(),
                 "method": self.method.site_state(self),
                 "optimizer": self.optimizer.state_dict(),
                 "stream": self.stream.state_dict(),
@@ -391,6 +402,7 @@ class Site:
                 f"site {self.name}: {err}. Its previous round is kept in "
                 f"{self.state_path(server_round - 1)}; resuming the run falls back to it"
             ) from err
+        load_subset(self.model, state.get("shared", {}))  # gamma_k: v_k is the site's own again
         load_subset(self.model, state["personal"])
         self.method.load_site_state(self, state.get("method", {}))
         self.owns_whole_model = bool(state.get("whole_model", False))

@@ -7,9 +7,11 @@ selection may choose (those scored on validation, ``train.val_every``) keep a co
 * each site: ``<site state dir>/selection/personal_rNNNN.pt`` = {"round", "site", "personal":
   rho_k after round N, "num_examples"}: exactly the rho_k its validation score was measured with.
 
-v_k at round N is gamma_g^N U rho_k^N (:func:`snapshot_site_model`); the out-of-federation model
-at round N is gamma_g^N U the sample-count-weighted average of every training site's rho_k^N
-(:func:`snapshot_outfed_model`, the same average as fedst/outfed.py). In simulation the sites'
+v_k at round N is the model the site returned (:func:`snapshot_site_model`: gamma_k^N U rho_k^N,
+the snapshot then also holds the site's own gamma_k^N, or gamma_g^N U rho_k^N, by
+method.returned_model); the out-of-federation model at round N is the sample-count-weighted
+average of them (:func:`snapshot_outfed_model`, the same average as fedst/outfed.py, both from
+fedst/federation/returned.py). In simulation the sites'
 folders are inside the run directory; a deployed site keeps its copies on its own disk.
 """
 
@@ -21,10 +23,10 @@ from pathlib import Path
 import torch
 
 from fedst.experiment import ExperimentConfig, site_state_dir
+from fedst.federation.returned import averaged_site_model, site_model
 from fedst.federation.run_io import atomic_torch_save, load_checkpoint
 from fedst.methods import method_of
 from fedst.model.network import FedSTNet
-from fedst.model.state import load_subset
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +54,21 @@ def save_personal_snapshot(
     site: str,
     personal: dict[str, torch.Tensor],
     num_examples: int,
+    shared: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """A site's rho_k after ``server_round`` (a validation round), kept on the site's disk."""
+    """A site's rho_k after ``server_round`` (a validation round), kept on the site's disk; with
+    ``shared`` its own gamma_k too (method.returned_model=own: the model it returns)."""
     path = personal_snapshot_path(state_dir, server_round)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_torch_save(
-        {
-            "round": server_round,
-            "site": site,
-            "personal": personal,
-            "num_examples": num_examples,
-        },
-        path,
-    )
+    snapshot = {
+        "round": server_round,
+        "site": site,
+        "personal": personal,
+        "num_examples": num_examples,
+    }
+    if shared is not None:
+        snapshot["shared"] = shared
+    atomic_torch_save(snapshot, path)
 
 
 def snapshot_rounds(run_dir: Path) -> list[int]:
@@ -82,46 +86,34 @@ def _load(path: Path, what: str) -> dict:
     return load_checkpoint(path)
 
 
-def _model(
-    cfg: ExperimentConfig,
-    run_dir: Path,
-    server_round: int,
-    personal: dict[str, torch.Tensor],
-    device: torch.device,
-) -> FedSTNet:
-    model = method_of(cfg).build_model()
-    if method_of(cfg).communicates:
-        shared = _load(
-            shared_snapshot_path(run_dir, server_round), f"gamma_g of round {server_round}"
-        )
-        load_subset(model, shared["shared"])
-    load_subset(model, personal)
-    return model.to(device)
+def _global_shared(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> dict:
+    """gamma_g of validation round ``server_round`` (empty when the method sends nothing)."""
+    if not method_of(cfg).communicates:
+        return {}
+    path = shared_snapshot_path(run_dir, server_round)
+    return _load(path, f"gamma_g of round {server_round}")["shared"]
+
+
+def _site_snapshot(run_dir: Path, site: str, server_round: int) -> dict:
+    return _load(
+        personal_snapshot_path(site_state_dir(run_dir, site), server_round),
+        f"site {site}'s rho_k of round {server_round}",
+    )
 
 
 def snapshot_site_model(
     cfg: ExperimentConfig, run_dir: Path, site: str, server_round: int, device: torch.device
 ) -> FedSTNet:
-    """v_k = gamma_g^N U rho_k^N of site ``site`` after validation round ``server_round``."""
-    state = _load(
-        personal_snapshot_path(site_state_dir(run_dir, site), server_round),
-        f"site {site}'s rho_k of round {server_round}",
-    )
-    return _model(cfg, run_dir, server_round, state["personal"], device)
+    """The model site ``site`` returned after validation round ``server_round`` (gamma_k^N or
+    gamma_g^N by method.returned_model, U rho_k^N)."""
+    state = _site_snapshot(run_dir, site, server_round)
+    return site_model(cfg, state, _global_shared(cfg, run_dir, server_round), device)
 
 
 def snapshot_outfed_model(
     cfg: ExperimentConfig, run_dir: Path, server_round: int, device: torch.device
 ) -> FedSTNet:
-    """gamma_g^N U the n_k-weighted average of every training site's rho_k^N (fedst/outfed.py's
-    out-of-federation model, at validation round ``server_round``)."""
-    states = [
-        _load(
-            personal_snapshot_path(site_state_dir(run_dir, site), server_round),
-            f"site {site}'s rho_k of round {server_round}",
-        )
-        for site in cfg.data.federation
-    ]
-    from fedst.outfed import sample_weighted_personal  # outfed builds on run files, as this
-
-    return _model(cfg, run_dir, server_round, sample_weighted_personal(states), device)
+    """The n_k-weighted average of every training site's returned model at validation round
+    ``server_round`` (fedst/outfed.py's out-of-federation model, at that round)."""
+    states = [_site_snapshot(run_dir, site, server_round) for site in cfg.data.federation]
+    return averaged_site_model(cfg, states, _global_shared(cfg, run_dir, server_round), device)

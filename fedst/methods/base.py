@@ -14,6 +14,9 @@ Every method answers the same questions, and the site and server code ask them t
   scalars the reply carries besides gamma_k (:meth:`Method.reply_metrics`);
 * the server's round (line 8): how the replies are combined (:meth:`Method.aggregate`); whether
   SERQ runs after it (``uses_serq``) and whether anything travels at all (``communicates``);
+* which model a site returns and is scored with (:meth:`Method.load_returned_model`,
+  ``method.returned_model``): its own gamma_k^T U rho_k^T (FedST, Algorithm 1 lines 14-17) or
+  gamma_g as the site adopts it U rho_k (FedAvg, FedRep, FedAS, ...);
 * after the last round: an optional final stage every site runs once (:meth:`Method.final_stage`,
   run by :meth:`Method.run_final_stage`; e.g. FedDP's inter-site tuning), default none.
 
@@ -235,6 +238,24 @@ class Method:
     def adopt(self, site: Site, received: dict[str, torch.Tensor], server_round: int) -> None:
         """Take the received parameters into the site's model (here: copy them in)."""
         load_subset(site.model, received)
+
+    # -- the model a site returns (Algorithm 1, lines 14-17) -------------------------------------
+    @property
+    def returns_own_model(self) -> bool:
+        """True (``method.returned_model=own``): a site returns, is scored with and enters the
+        out-of-federation average as v_k = gamma_k U rho_k, its own shared parameters after its
+        last local round. False (``global``): as gamma_g adopted by the site (:meth:`adopt`) U
+        rho_k."""
+        return self.config.returned_model == "own"
+
+    def load_returned_model(
+        self, site: Site, received: dict[str, torch.Tensor], server_round: int
+    ) -> None:
+        """Make ``site.model`` (v_k after its local round ``server_round``) the model the site
+        returns at that round: own: keep it; global: adopt ``received`` (gamma_g after the round)
+        as the site's next round will (FedAS: with its alignment)."""
+        if not self.returns_own_model:
+            self.adopt(site, received, server_round + 1)
 
     def local_phases(self, local_iters: int) -> list[LocalPhase]:
         """The round's local iterations: here one phase in which everything trains."""
