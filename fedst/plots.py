@@ -236,6 +236,46 @@ def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None)
     return fig
 
 
+SERQ_MAGNITUDES = (
+    ("descriptor_rms", "RMS of D_sy"),
+    ("synthetic_feature_rms", "RMS of F_sy"),
+    ("bank_feature_rms", "RMS of F_hat_g"),
+    ("global_feature_rms", "RMS of F_g"),
+)
+"""train.jsonl keys of SERQ's logged magnitudes (fedst/federation/serq.py) and their labels."""
+
+
+def plot_serq(train_rows: Sequence[Mapping], out_png: str | Path) -> Path | None:
+    """Write :func:`serq_figure` to ``out_png``; None (nothing written) without SERQ rows."""
+    rows = [r for r in train_rows if r.get("site") == "server" and "descriptor_rms" in r]
+    return _save(serq_figure(rows), out_png) if rows else None
+
+
+def serq_figure(server_rows: Sequence[Mapping]) -> Figure:
+    """SERQ over rounds, from the server rows of train.jsonl: left, the RMS of D_sy against the
+    RMS of the features it offsets (Eq. 11); middle, the Eq. 11 and Eq. 12 losses; right, the
+    server pull ||gamma after SC - gamma_agg|| / ||gamma_agg - gamma_g^t||."""
+    rows = sorted(server_rows, key=lambda r: int(r["round"]))
+    rounds = [int(r["round"]) for r in rows]
+    fig, grid = _figure(1, 3, (13, 3.4))
+    magnitudes, losses, pull = grid[0]
+    for key, label in SERQ_MAGNITUDES:
+        magnitudes.plot(rounds, [r[key] for r in rows], marker=".", label=label)
+    magnitudes.set_ylabel("RMS over elements")
+    magnitudes.set_title("Domain descriptor and features")
+    for key, label in (("eq_loss", "L_pre (Eq. 11)"), ("sc_loss", "L_g (Eq. 12)")):
+        losses.plot(rounds, [r[key] for r in rows], marker=".", label=label)
+    losses.set_title("SERQ losses")
+    pull.plot(rounds, [r.get("server_pull") for r in rows], marker=".", color="C3")
+    pull.set_title("Server pull (SC change / aggregation change)")
+    for ax in grid[0]:
+        ax.set_xlabel("Communication round")
+        ax.grid(alpha=0.3)
+        if ax is not pull:
+            ax.legend(fontsize=8)
+    return fig
+
+
 def plot_setting_curves(table: Table, out_png: str | Path, xlabel: str) -> Path:
     """Write :func:`setting_curves_figure` to ``out_png``."""
     return _save(setting_curves_figure(table, xlabel), out_png)

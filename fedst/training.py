@@ -257,6 +257,7 @@ def finalize_run(
     report.write_tables(runs, run_dir / "tables")
     plots.plot_learning_curves(metrics, run_dir / "plots" / "learning_curves.png")
     plots.plot_communication(comm, run_dir / "plots" / "communication.png")
+    plots.plot_serq(read_jsonl(run_dir / "train.jsonl"), run_dir / "plots" / "serq.png")
     if examples:
         plots.qualitative_grid(examples, run_dir / "plots" / "qualitative.png")
     return final

@@ -138,6 +138,7 @@ def test_a_two_round_federation_writes_every_output(fedst_run):
         "plots/learning_curves.png",
         "plots/communication.png",
         "plots/qualitative.png",
+        "plots/serq.png",  # SERQ is on: D_sy, feature RMS, losses and server pull over rounds
     ):
         assert (run_dir / name).is_file(), name
     assert sorted(final["sites"]) == ["A", "B", "C", "D"]

@@ -20,8 +20,10 @@ from fedst.plots import (
     plot_communication,
     plot_comparison,
     plot_learning_curves,
+    plot_serq,
     qualitative_figure,
     qualitative_grid,
+    serq_figure,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -222,3 +224,27 @@ def test_qualitative_grid_has_image_gt_and_method_columns_including_binary_rows(
 def test_qualitative_grid_rejects_rows_of_the_wrong_length(tmp_path):
     with pytest.raises(ValueError, match="has 3 elements"):
         qualitative_grid([("A", np.zeros((2, 2, 3), np.uint8), None)], tmp_path / "x.png")
+
+
+def test_the_serq_figure_draws_the_logged_magnitudes_of_every_round_and_only_with_serq(
+    tmp_path: Path,
+):
+    rows = [
+        {"round": 2, "site": "server", "descriptor_rms": 0.4, "synthetic_feature_rms": 1.1,
+         "bank_feature_rms": 1.0, "global_feature_rms": 0.9, "eq_loss": 0.8, "sc_loss": 0.7,
+         "server_pull": 0.5},
+        {"round": 1, "site": "server", "descriptor_rms": 0.02, "synthetic_feature_rms": 1.2,
+         "bank_feature_rms": 1.3, "global_feature_rms": 1.0, "eq_loss": 0.9, "sc_loss": 0.6,
+         "server_pull": None},
+        {"round": 1, "site": "A", "loss": 0.5},
+    ]  # fmt: skip
+    path = plot_serq(rows, tmp_path / "serq.png")
+    assert_png(path)
+    magnitudes, losses, pull = serq_figure([r for r in rows if r["site"] == "server"]).axes
+    descriptor = magnitudes.get_lines()[0]
+    assert list(descriptor.get_xdata()) == [1, 2]  # ordered by round
+    assert list(descriptor.get_ydata()) == [0.02, 0.4]
+    assert [list(line.get_ydata()) for line in losses.get_lines()] == [[0.9, 0.8], [0.6, 0.7]]
+    assert list(pull.get_lines()[0].get_ydata())[1] == 0.5
+    assert plot_serq([{"round": 1, "site": "server", "seconds": 1.0}], tmp_path / "no.png") is None
+    assert not (tmp_path / "no.png").exists()
