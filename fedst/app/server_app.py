@@ -98,6 +98,7 @@ def _broadcast(
     first_payloads: dict[int, transport.Packed] | None = None,
     audit: RunLog | None = None,
     records: dict[int, dict[str, transport.Packed]] | None = None,
+    poll: float = RoundPolicy.reply_poll,
 ) -> _Round:
     """Send ``payload`` (record "arrays") and config to every node (``first_payloads`` overrides
     the payload per node, ``records`` adds named packed records per node) and collect the
@@ -128,7 +129,7 @@ def _broadcast(
             _audit(audit, "down", message, server_round)
     result = _Round()
     answered = set()
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    replies = _send_and_receive(grid, messages, timeout, poll)
     # the SuperLink's own error replies (e.g. node unavailable) do not come from the node:
     # match each reply to its instruction
     node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
@@ -146,6 +147,25 @@ def _broadcast(
     for node in set(nodes) - answered:
         result.failed[node] = f"no reply within {timeout} s"
     return result
+
+
+def _send_and_receive(
+    grid: Grid, messages: list[Message], timeout: float | None, poll: float
+) -> list[Message]:
+    """Flower's ``Grid.send_and_receive`` with a pause of ``poll`` seconds between two requests
+    for the replies (``deploy.reply_poll``) instead of its fixed 3 s: push the messages, then pull
+    until every one has its reply or ``timeout`` seconds have passed."""
+    pending = {message_id for message_id in grid.push_messages(messages) if message_id}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    while pending:
+        pulled = list(grid.pull_messages(sorted(pending)))
+        replies += pulled
+        pending -= {reply.metadata.reply_to_message_id for reply in pulled}
+        if not pending or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(poll)
+    return replies
 
 
 def _wire_refusal(reply: Message) -> str | None:
@@ -336,6 +356,7 @@ def run_federation(
             config,
             server_round,
             timeout=policy.round_timeout,
+            poll=policy.reply_poll,
             first_payloads=first,
             audit=audit,
         )
@@ -393,6 +414,7 @@ def run_federation(
                 config,
                 server_round,
                 timeout=policy.round_timeout,
+                poll=policy.reply_poll,
                 audit=audit,
             )
             _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
@@ -414,6 +436,7 @@ def run_federation(
                 {**config, "split": "val"},
                 server_round,
                 timeout=policy.round_timeout,
+                poll=policy.reply_poll,
                 audit=audit,
             )
             _check_sites(validated, sites_of, federation, min_sites, "validate", server_round)
@@ -480,6 +503,7 @@ def _run_final_stage(
             {**base_config, "server-round": last_round},
             stage_round,
             timeout=policy.round_timeout,
+            poll=policy.reply_poll,
             audit=audit,
         )
         _check_sites(collected, sites_of, federation, min_sites, "personal exchange", stage_round)
@@ -511,6 +535,7 @@ def _run_final_stage(
         config,
         stage_round,
         timeout=policy.round_timeout,
+        poll=policy.reply_poll,
         audit=audit,
         records=records,
     )
@@ -555,6 +580,7 @@ def _run_final_stage(
         config,
         stage_round,
         timeout=policy.round_timeout,
+        poll=policy.reply_poll,
         audit=audit,
     )
     _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", stage_round)
@@ -672,6 +698,7 @@ def _collect_personal(
         config,
         last_round,
         timeout=policy.round_timeout,
+        poll=policy.reply_poll,
         audit=audit,
     )
     shared, declined = [], []
