@@ -123,6 +123,33 @@ def federate_constant_sites(root: Path, run_dir: Path, precision: str, rounds: i
     return shared, state
 
 
+def test_a_reply_in_the_older_per_tensor_layout_is_refused_with_one_line(tiny_root, tmp_path):
+    """Site B answers like a FedST before issue 23 (one Array per tensor, no manifest): the
+    server leaves it out as a failed site, and with every site required stops with that line."""
+    cfg = tiny(tiny_root, "method=fedavg", "data.federation=[A,B]", "train.total_iters=2")
+    model = method_of(cfg).build_model()
+    shared, state = method_of(cfg).partition(model).shared, model.state_dict()
+    current = constant_sites({1: 1.0, 2: 1.0}, shared, state, "fp32")
+
+    def older_b(message: Message, context) -> Message:
+        reply = current(message, context)
+        if message.metadata.dst_node_id == 2 and "arrays" in reply.content:
+            reply.content = RecordDict(
+                {
+                    "arrays": ArrayRecord({k: state[k] for k in shared}),
+                    "metrics": reply.content["metrics"],
+                    "site": reply.content["site"],
+                }
+            )
+        return reply
+
+    with pytest.raises(server_app.FederationError) as caught:
+        server_app.run_federation(InProcessGrid(older_b, [{}, {}]), cfg, tmp_path, progress=False)
+    (line,) = [line for line in str(caught.value).splitlines() if "site B" in line]
+    assert f"refused the reply of site B: record 'arrays' carries {len(shared)} arrays" in line
+    assert "older layout" in line and "same FedST version" in line
+
+
 def test_the_server_averages_fp16_replies_in_fp32(tiny_root, tmp_path):
     """Sites send 1 and 1 + 2^-10 (both exact in fp16); their mean 1 + 2^-11 is exact in fp32 but
     not representable in fp16 (spacing 2^-10 at 1), so it survives only an fp32 aggregation."""

@@ -174,7 +174,8 @@ def _wire_refusal(reply: Message) -> str | None:
         for name in reply.content.array_records:
             transport.received(reply.content, name)
     except transport.WireFormatError as err:
-        return f"refused its reply: {err}"
+        site = reply.content["site"]["site"] if "site" in reply.content else "?"
+        return f"refused the reply of site {site}: {err}"
     return None
 
 

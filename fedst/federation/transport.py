@@ -26,7 +26,10 @@ buffer travels as its raw 16-bit patterns (an int16 array) and the manifest's dt
 
 A message in the older layout (one Array per tensor, no manifest), an unknown manifest version,
 a malformed manifest, buffers that do not match it, or a payload without a key the receiver
-needs are refused with one line (:class:`WireFormatError`) naming the record and the fix.
+needs are refused with one line (:class:`WireFormatError`) naming the record and the fix. The
+older layout is refused rather than read: a site of the older version cannot read this layout
+either, so a mixed federation has to be updated, and one reading path keeps the audit's proof (no
+personalized key, nothing image-shaped) in one place.
 """
 
 from __future__ import annotations
