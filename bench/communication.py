@@ -1,9 +1,10 @@
 """Upload per site and round, by method reading and wire precision, and the ratio to FedAvg.
 
 For each configuration (a method plus overrides, the paper-size network of experiment=paper, the
-same PVTv2-b0 as the demo's; random weights: only shapes matter) this builds the method's partition and encodes gamma exactly as the
+same PVTv2-b0 as the demo's; random weights: only shapes matter) this builds the method's partition and packs gamma exactly as the
 ClientApp does (fedst/federation/transport.py), then prints parameter bytes in MB (10^6 bytes)
-and MiB (2^20 bytes), the serialized ArrayRecord size, and the ratio to FedAvg in fp32.
+and MiB (2^20 bytes), the serialized size of its buffers and manifest, and the ratio to FedAvg in
+fp32.
 
     .venv/bin/python -m bench.communication
 
@@ -27,15 +28,15 @@ READINGS = {
 
 
 def upload(overrides: list[str], precision: str) -> tuple[int, int]:
-    """(parameter bytes, serialized ArrayRecord bytes) of one site's upload of gamma_k."""
+    """(parameter bytes, serialized bytes of buffers and manifest) of one site's upload of gamma_k."""
     cfg, _ = compose_experiment(
         ["experiment=paper", "network.pretrained=false", *overrides, f"comm.precision={precision}"]
     )
     method = method_of(cfg)
     model = method.build_model()
     state = model.state_dict()
-    record = transport.encode({k: state[k] for k in method.partition(model).shared}, precision)
-    return sum(a.numpy().nbytes for a in record.values()), record.count_bytes()
+    packed = transport.pack({k: state[k] for k in method.partition(model).shared}, precision)
+    return packed.param_bytes, packed.wire_bytes
 
 
 def main() -> None:

@@ -9,7 +9,8 @@ Both runs go through the real entry points as child processes (``train_fed.py`` 
 log lines. The difference is the deployment engine's overhead: each site runs one long-lived
 ClientApp process (fedst.app.site_executor, which logs per message the time to pull it from the
 SuperNode and the time of the FedST work), so what remains is mostly Flower's transport of the
-parameters (one object per tensor, SuperLink -> SuperNode -> ClientApp) and its polling.
+parameters (a few buffers per message, fedst/federation/transport.py; SuperLink -> SuperNode ->
+ClientApp) and its polling (docs/deployment.md, "What sets the time of a message").
 """
 
 from __future__ import annotations

@@ -151,11 +151,13 @@ def make_site_key(keys: Path, site: str) -> Path:
 # -- processes -----------------------------------------------------------------------------------
 
 
-def process_env(flwr_home: Path | None = None) -> dict[str, str]:
+def process_env(flwr_home: Path | None = None, dcfg: DeployConfig | None = None) -> dict[str, str]:
     """Environment of every Flower process: one torch thread, no telemetry, this checkout first
-    on the path, no per-run dependency installation."""
+    on the path, no per-run dependency installation, the transfer settings of ``dcfg``
+    (``deploy.transfers_in_flight``, ``deploy.chunk_mib``; default: DeployConfig's)."""
     env = {
         **os.environ,
+        **(dcfg or DeployConfig()).flower_env(),
         "OMP_NUM_THREADS": "1",
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -306,6 +308,7 @@ def run_config_overrides(run_dir: Path, policy: RoundPolicy) -> str:
         "round-timeout": float(policy.round_timeout or 0.0),
         "join-timeout": float(policy.join_timeout),
         "audit": policy.audit,
+        "reply-poll": float(policy.reply_poll),
     }
     return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
 
@@ -331,7 +334,7 @@ def superlink(sites: Sequence[str], dcfg: DeployConfig, log_dir: Path) -> Iterat
     connect_host = "127.0.0.1" if dcfg.host in ("0.0.0.0", "::") else dcfg.host
     address = f"{connect_host}:{dcfg.port}"
     write_connection(flwr_home, address, certs / "ca.crt" if certs else None)
-    env = process_env(flwr_home)
+    env = process_env(flwr_home, dcfg)
     process = start(superlink_command(dcfg, certs), log_dir / "superlink.log", env, False)
     try:
         wait_for_port(connect_host, dcfg.port, 60, process)
@@ -402,6 +405,7 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
         join_timeout=float(run_config.get("join-timeout", 0.0)),
         collect_personal=True,
         audit=bool(run_config.get("audit", False)),
+        reply_poll=float(run_config.get("reply-poll", RoundPolicy.reply_poll)),
     )
     log.info("deployed run %s", run_dir)
     run_federation(grid, cfg, run_dir, progress=False, policy=policy)
@@ -458,9 +462,11 @@ def supernode_command(
 def executor_command(dcfg: DeployConfig) -> list[str]:
     """The site's long-lived ClientApp process (fedst.app.site_executor) for the SuperNode's
     Runtime API on ``127.0.0.1:deploy.site_port``: one process for every message of the run, so
-    imports and the site's model and data are built once, not once per message."""
+    imports and the site's model and data are built once, not once per message; it asks for a
+    task every ``deploy.executor_poll`` seconds when idle."""
     address = f"127.0.0.1:{dcfg.site_port}"
-    return [sys.executable, "-m", "fedst.app.site_executor", "--runtime-api-address", address]
+    command = [sys.executable, "-m", "fedst.app.site_executor", "--runtime-api-address", address]
+    return [*command, "--poll-seconds", str(dcfg.executor_poll)]
 
 
 def stop_child(process: subprocess.Popen, grace: float = 10.0) -> None:
@@ -527,7 +533,7 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
     check_site_data(cfg, site)
     state_dir = Path(dcfg.state_dir).resolve()
     flwr_home = Path(dcfg.flwr_home or state_dir / "flwr" / site)
-    env = process_env(flwr_home)
+    env = process_env(flwr_home, dcfg)
     deadline = time.monotonic() + dcfg.connect_timeout
     connected_before = False
     log_path = state_dir / f"supernode_{site}.log"

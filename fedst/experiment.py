@@ -631,12 +631,16 @@ class RoundPolicy:
     in-process the run directory already holds the sites' states)."""
     audit: bool = False
     """Write wire.jsonl: record names, keys and shapes of every message (tests, audits)."""
+    reply_poll: float = 0.2
+    """Seconds between two requests for the replies of a step (``deploy.reply_poll``)."""
 
     def __post_init__(self) -> None:
         if self.min_sites is not None and self.min_sites < 1:
             raise ConfigError(f"deploy.min_sites={self.min_sites}: must be >= 1 (or null: all)")
         if self.round_timeout is not None and self.round_timeout <= 0:
             raise ConfigError(f"deploy.round_timeout={self.round_timeout}: must be > 0 or null")
+        if self.reply_poll <= 0:
+            raise ConfigError(f"deploy.reply_poll={self.reply_poll}: must be > 0 seconds")
 
 
 @dataclass(frozen=True)
@@ -676,6 +680,42 @@ class DeployConfig:
     flwr_home: str | None = None
     """FLWR_HOME of the Flower processes (default: <run dir>/flwr on the server,
     <state_dir>/flwr at a site)."""
+    # -- message latency (docs/deployment.md, "What sets the time of a message") --------------
+    reply_poll: float = RoundPolicy.reply_poll
+    """Server: seconds between two requests of the ServerApp for the sites' replies. Flower's
+    Grid.send_and_receive pauses 3 s, so a step ended up to 3 s after its last reply; a request
+    to the SuperLink on the same host costs about a millisecond."""
+    executor_poll: float = 0.1
+    """Site: seconds between two requests of the site's executor (fedst.app.site_executor) for a
+    task when it has none: a message waits at most this long once its SuperNode has it; a
+    request to the SuperNode on the same host costs about a millisecond."""
+    transfers_in_flight: int = 2
+    """All: object requests in flight while a message's objects are pushed or pulled (Flower's
+    FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PUSHES / _PULLS, default 2; Flower caps it at the host's
+    cores). With gamma in a few buffers a message is a few 5 MiB chunks; raise it on a
+    high-latency link."""
+    chunk_mib: float = 5.0
+    """All: largest piece of an array on the wire, in MiB (Flower's
+    FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, default 5 MiB): each piece is one request; keep it below
+    the proxies' request-size limit between a hospital and the server."""
+
+    def __post_init__(self) -> None:
+        for name in ("reply_poll", "executor_poll", "chunk_mib"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"deploy.{name}={getattr(self, name)}: must be > 0")
+        if self.transfers_in_flight < 1:
+            raise ConfigError(
+                f"deploy.transfers_in_flight={self.transfers_in_flight}: must be >= 1"
+            )
+
+    def flower_env(self) -> dict[str, str]:
+        """The environment variables through which Flower's processes read the transfer
+        settings (flwr/supercore/constant.py, flwr/common/constant.py)."""
+        return {
+            "FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PUSHES": str(self.transfers_in_flight),
+            "FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS": str(self.transfers_in_flight),
+            "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE": str(int(self.chunk_mib * 2**20)),
+        }
 
     def policy(self) -> RoundPolicy:
         return RoundPolicy(
@@ -684,4 +724,5 @@ class DeployConfig:
             join_timeout=self.join_timeout,
             collect_personal=True,
             audit=self.audit,
+            reply_poll=self.reply_poll,
         )

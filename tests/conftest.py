@@ -158,21 +158,27 @@ def reply_of_one_site(
 ) -> Message:
     """Send one message to site A's ClientApp as the in-process engine would (the site view of
     ``cfg``, run name "run", A's node config with its state under ``run_root/run/sites/A``) and
-    return the reply; ``arrays`` are the tensors sent (default none), ``config`` adds e.g.
-    ``server-round`` and ``local-iters``."""
-    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+    return the reply; ``arrays`` are the tensors sent (default none, packed in fp32 as the server
+    packs them), ``config`` adds e.g. ``server-round`` and ``local-iters``."""
+    from flwr.app import ConfigRecord, RecordDict
 
     from fedst.app.client_app import app as client_app
     from fedst.app.client_app import release_sites
     from fedst.app.inprocess import InProcessGrid
     from fedst.experiment import site_node_config, site_view
+    from fedst.federation import transport
 
     state_dir = run_root / "run" / "sites" / "A"
     node = site_node_config(cfg, "A", run_state_dir=str(state_dir)).to_node_config()
     grid = InProcessGrid(client_app, [node])
     content = {"experiment": site_view(cfg).to_json(), "run-name": "run", **config}
     message = Message(
-        RecordDict({"arrays": ArrayRecord(arrays or {}), "config": ConfigRecord(content)}),
+        RecordDict(
+            {
+                **transport.pack(arrays or {}, "fp32").records("arrays"),
+                "config": ConfigRecord(content),
+            }
+        ),
         dst_node_id=1,
         message_type=message_type,
         group_id=str(config.get("server-round", 0)),
@@ -184,9 +190,17 @@ def reply_of_one_site(
     return reply
 
 
+def sent_keys(message: Message, record: str = "arrays") -> set[str]:
+    """The tensor keys a message carries in ``record``, read from its manifest (checked against
+    its buffers, fedst/federation/transport.py)."""
+    from fedst.federation import transport
+
+    return set(transport.received(message.content, record).shapes())
+
+
 def train_reply(arrays: Mapping, num_examples: int = 1, **metrics: float) -> Message:
-    """A constructed train reply of a site, as the ClientApp sends it: ``arrays`` (key -> torch
-    tensor) as gamma_k, the weight keys every reply carries ("num-examples" = ``num_examples``,
+    """A constructed train reply of a site, as the server's strategies see it once the server
+    has unpacked it: ``arrays`` (key -> torch tensor, one Array each) as gamma_k, the weight keys every reply carries ("num-examples" = ``num_examples``,
     "uniform-weight" = 1), a training loss and any further ``metrics``."""
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 

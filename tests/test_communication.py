@@ -20,7 +20,7 @@ from fedst.federation import transport
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.methods import method_of
 from fedst.training import run_training
-from tests.conftest import reply_of_one_site
+from tests.conftest import reply_of_one_site, sent_keys
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +57,11 @@ def test_a_component_kept_local_never_leaves_a_site(tiny_root, tmp_path, monkeyp
     uploads = [m for d, m in messages if d == "up" and m.content.array_records]
     assert uploads
     for message in uploads:
-        keys = set(message.content["arrays"].keys())
+        keys = sent_keys(message)
         assert keys and all(k.startswith("encoder.") for k in keys)
     for direction, message in messages:
         if direction == "down" and message.metadata.group_id != "1":
-            assert not set(message.content["arrays"].keys()) & decoder_keys
+            assert not sent_keys(message) & decoder_keys
     state = method_of(cfg).build_model().state_dict()
     encoder_bytes = sum(4 * v.numel() for k, v in state.items() if k.startswith("encoder."))
     for row in map(json.loads, (tmp_path / "run" / "comm.jsonl").read_text().splitlines()):
@@ -74,9 +74,10 @@ def test_a_component_kept_local_never_leaves_a_site(tiny_root, tmp_path, monkeyp
 @pytest.mark.parametrize(("precision", "unit_roundoff"), [("fp16", 2.0**-11), ("bf16", 2.0**-8)])
 def test_half_precision_round_trips_within_the_casts_tolerance(precision, unit_roundoff):
     state = {"w": torch.randn(1000, generator=torch.Generator().manual_seed(0)), "b": torch.ones(3)}
-    record = transport.encode(state, precision)
-    assert sum(a.numpy().nbytes for a in record.values()) == 2 * 1003  # 2 bytes per value
-    back = transport.decode(record, precision)
+    packed = transport.pack(state, precision)
+    assert packed.param_bytes == 2 * 1003  # 2 bytes per value
+    assert sum(a.numpy().nbytes for a in packed.buffers.values()) == 2 * 1003
+    back = transport.unpack(RecordDict(packed.records()))
     assert list(back) == ["w", "b"] and back["w"].dtype == torch.float32
     relative = ((back["w"] - state["w"]).abs() / state["w"].abs()).max().item()
     assert 0 < relative <= unit_roundoff  # rounded, by at most half a unit in the last place
@@ -93,7 +94,7 @@ def constant_sites(values: dict[int, float], shared: tuple[str, ...], initial, p
         metrics: dict = {"num-examples": 1, "uniform-weight": 1}
         if message.metadata.message_type == MessageType.TRAIN:
             gamma = {k: torch.full_like(initial[k], values[node]) for k in shared}
-            content["arrays"] = transport.encode(gamma, precision)
+            content.update(transport.pack(gamma, precision).records())
             metrics |= {"train-loss": 1.0, "seconds": 0.0}
         else:
             metrics |= {"dice": 0.5, "iou": 0.5, "hd95": 1.0, "assd": 1.0}
@@ -120,6 +121,33 @@ def federate_constant_sites(root: Path, run_dir: Path, precision: str, rounds: i
     sites = constant_sites({1: 1.0, 2: 1.0 + 2.0**-10}, shared, state, precision)
     server_app.run_federation(InProcessGrid(sites, [{}, {}]), cfg, run_dir, progress=False)
     return shared, state
+
+
+def test_a_reply_in_the_older_per_tensor_layout_is_refused_with_one_line(tiny_root, tmp_path):
+    """Site B answers like a FedST before issue 23 (one Array per tensor, no manifest): the
+    server leaves it out as a failed site, and with every site required stops with that line."""
+    cfg = tiny(tiny_root, "method=fedavg", "data.federation=[A,B]", "train.total_iters=2")
+    model = method_of(cfg).build_model()
+    shared, state = method_of(cfg).partition(model).shared, model.state_dict()
+    current = constant_sites({1: 1.0, 2: 1.0}, shared, state, "fp32")
+
+    def older_b(message: Message, context) -> Message:
+        reply = current(message, context)
+        if message.metadata.dst_node_id == 2 and "arrays" in reply.content:
+            reply.content = RecordDict(
+                {
+                    "arrays": ArrayRecord({k: state[k] for k in shared}),
+                    "metrics": reply.content["metrics"],
+                    "site": reply.content["site"],
+                }
+            )
+        return reply
+
+    with pytest.raises(server_app.FederationError) as caught:
+        server_app.run_federation(InProcessGrid(older_b, [{}, {}]), cfg, tmp_path, progress=False)
+    (line,) = [line for line in str(caught.value).splitlines() if "site B" in line]
+    assert f"refused the reply of site B: record 'arrays' carries {len(shared)} arrays" in line
+    assert "older layout" in line and "same FedST version" in line
 
 
 def test_the_server_averages_fp16_replies_in_fp32(tiny_root, tmp_path):
@@ -206,7 +234,7 @@ def test_client_side_clipping_bounds_the_update_a_site_sends(tiny_root, tmp_path
         config = {"server-round": 1, "local-iters": 2, "clipping_norm": 0.01}
         reply = reply_of_one_site(cfg, tmp_path / mode, MessageType.TRAIN, sent, **config)
         assert not reply.has_error(), reply.error.reason
-        back = reply.content["arrays"].to_torch_state_dict()
+        back = transport.unpack(reply.content)
         squares = sum(((back[k] - sent[k]) ** 2).sum().item() for k in back)
         norms[mode] = math.sqrt(squares)
     assert norms["client_fixed"] <= 0.01 * (1 + 1e-5)

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from fedst import deploy
+from fedst.config import ConfigError
 from fedst.data.procedural import generate
 from fedst.experiment import DeployConfig
 from fedst.methods import method_of
@@ -243,6 +244,25 @@ def test_the_deployed_server_validates_the_data_it_reads_not_the_hospitals(tmp_p
     pretrained, _ = compose_experiment([o for o in overrides if "synthetic_pretraining" not in o])
     with pytest.raises(DataError, match=r"site 'synthetic'"):  # the server pre-trains on it
         prepare_run(pretrained, tmp_path / "run", federated_data=False)
+
+
+def test_the_latency_settings_reach_the_flower_processes_the_executor_and_the_serverapp():
+    """deploy.transfers_in_flight / chunk_mib become the environment Flower reads at import
+    (flwr/supercore/constant.py, flwr/common/constant.py), deploy.executor_poll the executor's
+    pause, deploy.reply_poll the deployed ServerApp's (through flwr run's run config)."""
+    dcfg = DeployConfig(transfers_in_flight=8, chunk_mib=2.5, executor_poll=0.3, reply_poll=0.7)
+    env = deploy.process_env(None, dcfg)
+    assert env["FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PUSHES"] == "8"
+    assert env["FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS"] == "8"
+    assert env["FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE"] == str(int(2.5 * 2**20))
+    command = deploy.executor_command(dcfg)
+    assert command[command.index("--poll-seconds") + 1] == "0.3"
+    overrides = deploy.run_config_overrides(Path("run"), dcfg.policy())
+    assert "reply-poll=0.7" in overrides.split()
+    with pytest.raises(ConfigError, match=r"deploy.chunk_mib=0: must be > 0"):
+        DeployConfig(chunk_mib=0)
+    with pytest.raises(ConfigError, match=r"deploy.transfers_in_flight=0: must be >= 1"):
+        DeployConfig(transfers_in_flight=0)
 
 
 def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tiny_root, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from hydra import compose, initialize_config_dir
 
 from fedst.app import server_app
@@ -23,12 +23,14 @@ from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
 from fedst.federation import server as server_module
 from fedst.federation import site as site_module
+from fedst.federation import transport
 from fedst.federation.server import FederationServer
 from fedst.federation.site import Site
 from fedst.federation.site_data import open_site_data
 from fedst.methods import Method, method_of
 from fedst.model.state import state_subset
 from fedst.training import run_training
+from tests.conftest import sent_keys
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,14 +161,17 @@ def test_only_shared_parameters_ever_leave_a_site(fedst_run):
     uploads = [m for d, m in messages if d == "up"]
     assert len(uploads) == 2 * 4 * 2  # train + evaluate replies, 4 sites, 2 rounds
     for reply in uploads:
-        for record in reply.content.array_records.values():
-            assert set(record.keys()) <= shared
-            assert not set(record.keys()) & personal
-        for record in reply.content.config_records.values():
-            assert set(record.keys()) == {"site"}  # no file names, ids or images travel
+        for keys in transport.describe(reply.content).values():  # from the manifests
+            assert set(keys) <= shared
+            assert not set(keys) & personal
+        for name, record in reply.content.config_records.items():
+            if name.endswith(transport.MANIFEST_SUFFIX):
+                assert set(record.keys()) == {"version", "tensors"}
+            else:  # no file names, ids or images travel
+                assert set(record.keys()) == {"site"}
     downloads = [m for d, m in messages if d == "down"]
     for message in downloads:
-        keys = set(message.content["arrays"].keys())
+        keys = sent_keys(message)
         if message.metadata.group_id == "1" and message.metadata.message_type == "train":
             assert keys == shared | personal  # the server's own initial model v_g^0, once
         else:
@@ -178,10 +183,12 @@ def test_no_image_or_mask_data_crosses_the_grid(fedst_run):
     height, width = cfg.clip.image_size
     model_keys = set(method_of(cfg).build_model().state_dict())
     for _, message in messages:
-        for record in message.content.array_records.values():
-            assert set(record.keys()) <= model_keys
-            for array in record.values():
-                assert tuple(array.shape[-2:]) != (height, width)
+        for shapes in transport.describe(message.content).values():  # from the manifests
+            assert set(shapes) <= model_keys
+            for shape in shapes.values():
+                assert tuple(shape[-2:]) != (height, width)
+        for record in message.content.array_records.values():  # the buffers: 1-D
+            assert all(len(array.shape) == 1 for array in record.values())
 
 
 def test_each_sites_private_state_after_a_round_is_on_its_disk(fedst_run, after_training):
@@ -222,7 +229,7 @@ def test_fedst_uploads_exactly_what_fedavg_would_minus_the_personalized_tensors(
     personal = set(method_of(cfg).partition(model).personal)
     uploads = [m for d, m in messages if d == "up" and m.metadata.message_type == "train"]
     for reply in uploads:
-        sent = set(reply.content["arrays"].keys())
+        sent = sent_keys(reply)
         assert sent < fedavg_upload and fedavg_upload - sent == personal
     saved = sum(state[k].numel() * 4 for k in personal)  # fp32: 4 bytes per value
     fedavg_bytes = sum(state[k].numel() * 4 for k in fedavg_upload)
@@ -234,8 +241,8 @@ def test_fedst_uploads_exactly_what_fedavg_would_minus_the_personalized_tensors(
 def test_an_integer_buffer_never_travels_and_is_never_averaged(fedst_run, after_training):
     cfg, run_dir, _, messages = fedst_run
     for _, message in messages:
-        for record in message.content.array_records.values():
-            assert INTEGER_BUFFER not in record
+        for keys in transport.describe(message.content).values():
+            assert INTEGER_BUFFER not in keys
     for (site, _), seen in after_training.items():
         index = cfg.data.federation.index(site)
         assert torch.equal(seen.counter, torch.full((3,), site_counter(index))), site
@@ -281,9 +288,8 @@ def test_the_server_aggregates_the_shared_tensors_the_sites_send(
         metrics: dict = {"num-examples": examples[node], "uniform-weight": 1}
         content = {"site": ConfigRecord({"site": "ABCD"[node - 1]})}
         if message.metadata.message_type == MessageType.TRAIN:
-            content["arrays"] = ArrayRecord(
-                {k: torch.full_like(initial[k], constant[node]) for k in partition.shared}
-            )
+            gamma = {k: torch.full_like(initial[k], constant[node]) for k in partition.shared}
+            content.update(transport.pack(gamma, "fp32").records())
             metrics |= {"train-loss": 1.0, "seconds": 0.0}
         else:
             metrics |= {"dice": 0.5, "iou": 0.5, "hd95": 1.0, "assd": 1.0}

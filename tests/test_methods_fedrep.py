@@ -19,6 +19,7 @@ from fedst.federation import site as site_module
 from fedst.federation.site import Site
 from fedst.methods import method_of
 from fedst.training import run_training
+from tests.conftest import sent_keys
 from tests.test_federation import experiment
 
 HEAD_KEYS = {"decoder.head.weight", "decoder.head.bias"}
@@ -116,7 +117,7 @@ def test_only_the_body_travels_and_a_tiny_fedrep_run_finishes(tiny_root, tmp_pat
     train_replies = [m for d, m in messages if d == "up" and m.metadata.message_type == "train"]
     assert len(train_replies) == 4 * 2  # 4 sites, 2 rounds
     for reply in train_replies:
-        keys = set(reply.content["arrays"].keys())
+        keys = sent_keys(reply)
         assert keys == set(partition.shared)
         assert not keys & HEAD_KEYS
     assert (tmp_path / "run" / "final.json").is_file()

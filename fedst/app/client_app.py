@@ -104,29 +104,47 @@ def _site_record(site: Site) -> ConfigRecord:
     return ConfigRecord({"site": site.name})
 
 
+def _received(site: Site, message: Message) -> dict:
+    """gamma_g of a message in fp32 (round 1: the full initial model); every shared key of this
+    site's method must be there (transport.WireFormatError otherwise)."""
+    expected = site.partition.shared if site.method.communicates else ()
+    return transport.unpack(message.content, "arrays", expected)
+
+
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    """Local training (Site.train_round); with client-side DP the reply passes Flower's clipping
-    mod, which clips gamma_k against the shared part of what this site received."""
+    """Local training (Site.train_round), reply gamma_k packed in ``comm.precision``. With
+    client-side DP, Flower's clipping mod clips gamma_k against the shared part of what this
+    site received, on one Array per tensor in fp32 (client DP needs comm.precision=fp32), and
+    the clipped gamma_k is packed afterwards."""
     site, config = _site_for(message, context)
+    received = _received(site, message)
     mod = privacy.client_mod(site.cfg.privacy)
     if mod is None:
-        return _train(site, message)
-    received = message.content["arrays"]
-    shared_received = copy.copy(message)  # the mod's view: gamma as received, in reply order
-    shared_received.content = RecordDict(
+        shared, metrics = _train(site, received, config)
+        return _train_reply(message, site, shared, metrics)
+    view = copy.copy(message)  # the mod's view: gamma as received, in reply order
+    view.content = RecordDict(
         {
             "arrays": ArrayRecord({k: received[k] for k in site.partition.shared}),
             "config": config,
         }
     )
-    return mod(shared_received, context, lambda _view, _context: _train(site, message))
+
+    def unclipped(_view: Message, _context: Context) -> Message:
+        shared, metrics = _train(site, received, config)
+        content = RecordDict({"arrays": ArrayRecord(shared), "metrics": metrics})
+        return Message(content, reply_to=message)
+
+    clipped = mod(view, context, unclipped)
+    if clipped.has_error():
+        return clipped
+    shared = clipped.content["arrays"].to_torch_state_dict()
+    return _train_reply(message, site, shared, clipped.content["metrics"])
 
 
-def _train(site: Site, message: Message) -> Message:
-    config = message.content["config"]
-    precision = site.cfg.comm.precision
-    received = transport.decode(message.content["arrays"], precision)
+def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, MetricRecord]:
+    """gamma_k after this round's local training, and the reply's metrics."""
     with _forget_on_error(site):
         result = site.train_round(received, int(config["server-round"]), int(config["local-iters"]))
     metrics = MetricRecord(
@@ -138,12 +156,14 @@ def _train(site: Site, message: Message) -> Message:
             **result.metrics,
         }
     )
+    return result.shared, metrics
+
+
+def _train_reply(message: Message, site: Site, shared: dict, metrics: MetricRecord) -> Message:
+    """The train reply: gamma_k packed in the wire precision, the metrics, the site's name."""
+    packed = transport.pack(shared, site.cfg.comm.precision)
     content = RecordDict(
-        {
-            "arrays": transport.encode(result.shared, precision),
-            "metrics": metrics,
-            "site": _site_record(site),
-        }
+        {**packed.records("arrays"), "metrics": metrics, "site": _site_record(site)}
     )
     return Message(content, reply_to=message)
 
@@ -168,7 +188,7 @@ def evaluation_metrics(summary: dict) -> dict[str, int | float]:
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
-    received = transport.decode(message.content["arrays"], site.cfg.comm.precision)
+    received = transport.unpack(message.content)  # after a final stage: nothing
     with _forget_on_error(site):
         split = str(config["split"]) if "split" in config else "test"
         results = site.evaluate(received, int(config["server-round"]), split=split)
@@ -226,7 +246,7 @@ def _personal_reply(message: Message, context: Context, purpose: str, precision:
     )
     content = RecordDict(
         {
-            "personal": transport.encode(personal, precision),
+            **transport.pack(personal, precision).records("personal"),
             "metrics": MetricRecord({"num-examples": site.num_examples}),
             "site": ConfigRecord({"site": site.name, "shared": 1}),
         }
@@ -240,11 +260,10 @@ def final_stage(message: Message, context: Context) -> Message:
     ("arrays") and the rho_j of the other sites that shared theirs ("personal", keys
     "<site>/<key>"); nothing but scalars travels back."""
     site, config = _site_for(message, context)
-    precision = site.cfg.comm.precision
-    shared = transport.decode(message.content["arrays"], precision)
+    shared = _received(site, message)
     others: dict[str, dict] = {}
     if "personal" in message.content:
-        for key, value in transport.decode(message.content["personal"], precision).items():
+        for key, value in transport.unpack(message.content, "personal").items():
             other, name = key.split(PERSONAL_KEY_SEPARATOR, 1)
             others.setdefault(other, {})[name] = value
     with _forget_on_error(site):

@@ -5,8 +5,9 @@ v_g^0) -> sites train and reply with gamma_k -> Flower's FedAvg (uniform or samp
 fedst/federation/aggregation.py) or FedMedian aggregates the replies that came -> the server step
 (SERQ for FedST) -> every ``eval_every`` rounds the sites score their personalized models ->
 checkpoint. Only the
-ArrayRecord "arrays" carries parameters, and it only ever holds shared keys from the sites. The
-config in each message is the site view of the experiment (no path of any site or of the server).
+record "arrays" carries parameters, packed as a few buffers with a manifest
+(fedst/federation/transport.py), and from the sites it only ever holds shared keys. The config in
+each message is the site view of the experiment (no path of any site or of the server).
 
 Sites that fail or time out are left out of the round as long as ``RoundPolicy.min_sites``
 answered (participation.jsonl records who took part); they rejoin from their state on disk.
@@ -17,6 +18,7 @@ it reads its run directory from the run config ([tool.flwr.app.config] in pyproj
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -89,24 +91,30 @@ def _broadcast(
     grid: Grid,
     nodes: list[int],
     kind: str,
-    arrays: ArrayRecord,
+    payload: transport.Packed,
     config: dict[str, Any],
     server_round: int,
     timeout: float | None = None,
-    first_arrays: dict[int, ArrayRecord] | None = None,
+    first_payloads: dict[int, transport.Packed] | None = None,
     audit: RunLog | None = None,
-    records: dict[int, dict[str, ArrayRecord]] | None = None,
+    records: dict[int, dict[str, transport.Packed]] | None = None,
+    poll: float = RoundPolicy.reply_poll,
 ) -> _Round:
-    """Send arrays and config to every node (``first_arrays`` overrides the arrays per node,
-    ``records`` adds named array records per node) and collect the replies; failures and silent
-    nodes are returned, not raised."""
+    """Send ``payload`` (record "arrays") and config to every node (``first_payloads`` overrides
+    the payload per node, ``records`` adds named packed records per node) and collect the
+    replies; failures, silent nodes and replies whose parameters cannot be unpacked are
+    returned, not raised."""
     messages = [
         Message(
             RecordDict(
                 {
-                    "arrays": (first_arrays or {}).get(node, arrays),
+                    **(first_payloads or {}).get(node, payload).records("arrays"),
                     "config": ConfigRecord(config),
-                    **(records or {}).get(node, {}),
+                    **{
+                        part: record
+                        for name, packed in (records or {}).get(node, {}).items()
+                        for part, record in packed.records(name).items()
+                    },
                 }
             ),
             dst_node_id=node,
@@ -121,7 +129,7 @@ def _broadcast(
             _audit(audit, "down", message, server_round)
     result = _Round()
     answered = set()
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    replies = _send_and_receive(grid, messages, timeout, poll)
     # the SuperLink's own error replies (e.g. node unavailable) do not come from the node:
     # match each reply to its instruction
     node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
@@ -132,6 +140,8 @@ def _broadcast(
             _audit(audit, "up", reply, server_round)
         if reply.has_error():
             result.failed[node] = reply.error.reason
+        elif (refusal := _wire_refusal(reply)) is not None:
+            result.failed[node] = refusal
         else:
             result.replies.append(reply)
     for node in set(nodes) - answered:
@@ -139,8 +149,40 @@ def _broadcast(
     return result
 
 
+def _send_and_receive(
+    grid: Grid, messages: list[Message], timeout: float | None, poll: float
+) -> list[Message]:
+    """Flower's ``Grid.send_and_receive`` with a pause of ``poll`` seconds between two requests
+    for the replies (``deploy.reply_poll``) instead of its fixed 3 s: push the messages, then pull
+    until every one has its reply or ``timeout`` seconds have passed."""
+    pending = {message_id for message_id in grid.push_messages(messages) if message_id}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    while pending:
+        pulled = list(grid.pull_messages(sorted(pending)))
+        replies += pulled
+        pending -= {reply.metadata.reply_to_message_id for reply in pulled}
+        if not pending or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(poll)
+    return replies
+
+
+def _wire_refusal(reply: Message) -> str | None:
+    """Why the parameters of a reply cannot be unpacked (older layout, unknown manifest), or None."""
+    try:
+        for name in reply.content.array_records:
+            transport.received(reply.content, name)
+    except transport.WireFormatError as err:
+        site = reply.content["site"]["site"] if "site" in reply.content else "?"
+        return f"refused the reply of site {site}: {err}"
+    return None
+
+
 def _audit(runlog: RunLog, direction: str, message: Message, server_round: int) -> None:
-    """One wire.jsonl row: what a message carried (record names, keys, shapes; never values)."""
+    """One wire.jsonl row: what a message carried (record names; per packed record the keys and
+    shapes its manifest lists, checked against its buffers; never values). A reply whose
+    manifest does not match its buffers is logged with the reason it was refused."""
     row: dict[str, Any] = {
         "round": server_round,
         "direction": direction,
@@ -151,10 +193,10 @@ def _audit(runlog: RunLog, direction: str, message: Message, server_round: int) 
     }
     if not message.has_error():
         content = message.content
-        row["arrays"] = {
-            name: {key: list(array.shape) for key, array in record.items()}
-            for name, record in content.array_records.items()
-        }
+        try:
+            row["arrays"] = transport.describe(content)
+        except transport.WireFormatError as err:
+            row["refused"] = str(err)
         row["configs"] = {
             name: sorted(record.keys()) for name, record in content.config_records.items()
         }
@@ -178,36 +220,38 @@ def _newcomer_payloads(
     server_round: int,
     nodes: list[int],
     sites_of: dict[int, str],
-) -> dict[int, ArrayRecord]:
+) -> dict[int, transport.Packed]:
     """After round 1, a node not seen yet in this server process (it joined late, or the server
     resumed) gets the full current v_g: a site without private state starts from it, a site
     with state takes only gamma_g from it (Site.train_round)."""
     newcomers = [n for n in nodes if n not in sites_of]
     if server_round == 1 or not server.method.communicates or not newcomers:
         return {}
-    full = transport.encode(server.initial_payload(), server.cfg.comm.precision)
+    full = transport.pack(server.initial_payload(), server.cfg.comm.precision)
     return dict.fromkeys(newcomers, full)
 
 
 def _log_training_reply(
     runlog: RunLog,
     reply: Message,
+    up: transport.Packed,
     down_sizes: dict[str, int],
     server_round: int,
     iterations: int,
     update_norm: float | None,
 ) -> None:
-    """One comm row (``down_sizes`` measured once per round) and one train row per reply
-    (``update_norm``: ||gamma_k - gamma_g^t||_2, what DP clipping bounds; None for Local)."""
-    site, up, metrics = _site_of(reply), reply.content["arrays"], reply.content["metrics"]
+    """One comm row (``down_sizes`` measured once per round; ``up``: the reply's gamma_k as it
+    travelled) and one train row per reply (``update_norm``: ||gamma_k - gamma_g^t||_2, what DP
+    clipping bounds; None for Local)."""
+    site, metrics = _site_of(reply), reply.content["metrics"]
     runlog.write(
         "comm",
         {
             "round": server_round,
             "site": site,
             **down_sizes,
-            "upload_bytes": up.count_bytes(),
-            "upload_param_bytes": _param_bytes(up),
+            "upload_bytes": up.wire_bytes,
+            "upload_param_bytes": up.param_bytes,
             "upload_param_bytes_by_component": _bytes_by_component(up),
         },
     )
@@ -222,6 +266,20 @@ def _log_training_reply(
             "update_norm": update_norm,
         },
     )
+
+
+def _with_arrays(reply: Message, state: dict) -> Message:
+    """``reply`` as Flower's strategies take it: "arrays" with one Array per tensor (``state``,
+    unpacked in fp32), no manifest; the reply itself stays as it arrived."""
+    manifest = "arrays" + transport.MANIFEST_SUFFIX
+    view = copy.copy(reply)
+    view.content = RecordDict(
+        {
+            **{k: v for k, v in reply.content.items() if k not in ("arrays", manifest)},
+            "arrays": ArrayRecord(state),
+        }
+    )
+    return view
 
 
 def _site_of(reply: Message) -> str:
@@ -290,7 +348,7 @@ def run_federation(
             "server-round": server_round,
             **method.instruction_config(server_round),
         }
-        down = transport.encode(_train_payload(server, server_round), precision)
+        down = transport.pack(_train_payload(server, server_round), precision)
         first = _newcomer_payloads(server, server_round, nodes, sites_of)
         trained = _broadcast(
             grid,
@@ -300,23 +358,26 @@ def run_federation(
             config,
             server_round,
             timeout=policy.round_timeout,
-            first_arrays=first,
+            poll=policy.reply_poll,
+            first_payloads=first,
             audit=audit,
         )
         _check_sites(trained, sites_of, federation, min_sites, "train", server_round)
         down_sizes = {
-            "download_bytes": down.count_bytes(),
-            "download_param_bytes": _param_bytes(down),
+            "download_bytes": down.wire_bytes,
+            "download_param_bytes": down.param_bytes,
         }
         received = server.shared_payload() if method.communicates else {}  # gamma_g^t
+        unpacked = []
         for reply in trained.replies:
             # restored to fp32 before any aggregation (the bytes logged are those sent)
-            state = transport.decode(reply.content["arrays"], precision)
+            up = transport.received(reply.content)
+            state = up.unpack(expected=received)
             norm = privacy.update_l2_norm(state, received) if received else None
             _log_training_reply(
-                runlog, reply, down_sizes, server_round, cfg.train.local_iters, norm
+                runlog, reply, up, down_sizes, server_round, cfg.train.local_iters, norm
             )
-            reply.content["arrays"] = ArrayRecord(state)
+            unpacked.append(_with_arrays(reply, state))
             last_shared[_site_of(reply)] = {"round": server_round, "shared": state}
         participants = sorted(_site_of(r) for r in trained.replies)
         runlog.write(
@@ -330,7 +391,7 @@ def run_federation(
         # -- aggregation + server step (lines 8-12) -------------------------------------------------
         if method.communicates:
             step_started = time.perf_counter()
-            aggregated = method.aggregate(server_round, trained.replies, received)
+            aggregated = method.aggregate(server_round, unpacked, received)
             aggregation_seconds = time.perf_counter() - step_started
             stats = server.server_step(aggregated, server_round)
             runlog.write(
@@ -345,7 +406,7 @@ def run_federation(
             )
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
-            shared = transport.encode(
+            shared = transport.pack(
                 server.shared_payload() if method.communicates else {}, precision
             )
             evaluated = _broadcast(
@@ -356,6 +417,7 @@ def run_federation(
                 config,
                 server_round,
                 timeout=policy.round_timeout,
+                poll=policy.reply_poll,
                 audit=audit,
             )
             _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
@@ -373,10 +435,11 @@ def run_federation(
                 grid,
                 [n for n in nodes if n in sites_of],
                 MessageType.EVALUATE,
-                transport.encode(shared_params, precision),
+                transport.pack(shared_params, precision),
                 {**config, "split": "val"},
                 server_round,
                 timeout=policy.round_timeout,
+                poll=policy.reply_poll,
                 audit=audit,
             )
             _check_sites(validated, sites_of, federation, min_sites, "validate", server_round)
@@ -438,22 +501,25 @@ def _run_final_stage(
     federation = list(server.cfg.data.federation)
     last_round, stage_round = server.completed_round, server.completed_round + 1
     config = {**base_config, "server-round": stage_round}
-    personal: dict[str, ArrayRecord] = {}
+    precision = server.cfg.comm.precision
+    nothing = transport.pack({}, precision)
+    personal: dict[str, transport.Packed] = {}
     if stage.exchange_personal:
         collected = _broadcast(
             grid,
             nodes,
             PERSONAL_EXCHANGE,
-            ArrayRecord({}),
+            nothing,
             {**base_config, "server-round": last_round},
             stage_round,
             timeout=policy.round_timeout,
+            poll=policy.reply_poll,
             audit=audit,
         )
         _check_sites(collected, sites_of, federation, min_sites, "personal exchange", stage_round)
         for reply in collected.replies:
             if int(reply.content["site"]["shared"]):
-                personal[_site_of(reply)] = reply.content["personal"]
+                personal[_site_of(reply)] = transport.received(reply.content, "personal")
             else:
                 log.warning(
                     "site %s keeps its personalized parameters: not in %s",
@@ -461,7 +527,7 @@ def _run_final_stage(
                     stage.name,
                 )
     records = {
-        node: {"personal": _others_personal(personal, sites_of[node])}
+        node: {"personal": _others_personal(personal, sites_of[node], precision)}
         for node in nodes
         if sites_of.get(node) in personal
     }
@@ -470,7 +536,7 @@ def _run_final_stage(
         stage.name,
         sorted(personal) or "no site",
     )
-    down = transport.encode(server.shared_payload(), server.cfg.comm.precision)
+    down = transport.pack(server.shared_payload(), precision)
     tuned = _broadcast(
         grid,
         nodes,
@@ -479,6 +545,7 @@ def _run_final_stage(
         config,
         stage_round,
         timeout=policy.round_timeout,
+        poll=policy.reply_poll,
         audit=audit,
         records=records,
     )
@@ -486,21 +553,21 @@ def _run_final_stage(
     node_of = {site: node for node, site in sites_of.items()}
     for reply in tuned.replies:
         site, metrics = _site_of(reply), reply.content["metrics"]
-        received = records.get(node_of[site], {}).get("personal", ArrayRecord({}))
-        sent = personal.get(site, ArrayRecord({}))
+        received = records.get(node_of[site], {}).get("personal", nothing)
+        sent = personal.get(site, nothing)
         runlog.write(
             "comm",
             {
                 "round": stage_round,
                 "site": site,
                 "kind": stage.name,
-                "download_bytes": down.count_bytes() + received.count_bytes(),
-                "download_param_bytes": _param_bytes(down) + _param_bytes(received),
-                "upload_bytes": sent.count_bytes(),
-                "upload_param_bytes": _param_bytes(sent),
+                "download_bytes": down.wire_bytes + received.wire_bytes,
+                "download_param_bytes": down.param_bytes + received.param_bytes,
+                "upload_bytes": sent.wire_bytes,
+                "upload_param_bytes": sent.param_bytes,
                 "upload_param_bytes_by_component": _bytes_by_component(sent),
-                "personal_download_param_bytes": _param_bytes(received),
-                "personal_upload_param_bytes": _param_bytes(sent),
+                "personal_download_param_bytes": received.param_bytes,
+                "personal_upload_param_bytes": sent.param_bytes,
             },
         )
         runlog.write(
@@ -519,10 +586,11 @@ def _run_final_stage(
         grid,
         [n for n in nodes if n in sites_of],
         MessageType.EVALUATE,
-        ArrayRecord({}),
+        nothing,
         config,
         stage_round,
         timeout=policy.round_timeout,
+        poll=policy.reply_poll,
         audit=audit,
     )
     _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", stage_round)
@@ -536,15 +604,20 @@ def _run_final_stage(
     return last_metrics
 
 
-def _others_personal(personal: dict[str, ArrayRecord], site: str) -> ArrayRecord:
-    """The rho_j of every site but ``site``, keyed "<site j>/<key>" (client_app.final_stage)."""
-    return ArrayRecord(
+def _others_personal(
+    personal: dict[str, transport.Packed], site: str, precision: str
+) -> transport.Packed:
+    """The rho_j of every site but ``site``, keyed "<site j>/<key>" (client_app.final_stage),
+    packed in ``precision`` (the values as the sites sent them: the restore to fp32 and the cast
+    back are exact)."""
+    return transport.pack(
         {
-            f"{other}{PERSONAL_KEY_SEPARATOR}{key}": array
-            for other, record in personal.items()
+            f"{other}{PERSONAL_KEY_SEPARATOR}{key}": value
+            for other, packed in personal.items()
             if other != site
-            for key, array in record.items()
-        }
+            for key, value in packed.unpack().items()
+        },
+        precision,
     )
 
 
@@ -637,10 +710,11 @@ def _collect_personal(
         grid,
         nodes,
         "query.personal",
-        ArrayRecord({}),
+        transport.pack({}, "fp32"),
         config,
         last_round,
         timeout=policy.round_timeout,
+        poll=policy.reply_poll,
         audit=audit,
     )
     shared, declined, missed = [], [], []
@@ -650,7 +724,7 @@ def _collect_personal(
             declined.append(site)
             log.warning("site %s declined to send its personalized parameters", site)
             continue
-        personal = reply.content["personal"].to_torch_state_dict()
+        personal = transport.unpack(reply.content, "personal")
         state = {
             "round": last_round,
             "site": site,
@@ -678,18 +752,14 @@ def _collect_personal(
     atomic_write_text(json.dumps(export, indent=1), run_dir / PERSONAL_EXPORT)
 
 
-def _bytes_by_component(record: ArrayRecord) -> dict[str, int]:
-    """Parameter bytes of a message per network component (fedst.model.partition.COMPONENTS)."""
+def _bytes_by_component(packed: transport.Packed) -> dict[str, int]:
+    """Parameter bytes of a payload per network component (fedst.model.partition.COMPONENTS),
+    from its manifest (numel x element size of each tensor on the wire)."""
     sizes: dict[str, int] = {}
-    for key, array in record.items():
-        name = next((c for c, p in COMPONENTS.items() if re.search(p, key)), "other")
-        sizes[name] = sizes.get(name, 0) + int(array.numpy().nbytes)
+    for tensor in packed.tensors:
+        name = next((c for c, p in COMPONENTS.items() if re.search(p, tensor.key)), "other")
+        sizes[name] = sizes.get(name, 0) + tensor.nbytes
     return sizes
-
-
-def _param_bytes(record: ArrayRecord) -> int:
-    """Bytes of the parameter values alone (numel x element size), the paper's Table IX measure."""
-    return int(sum(array.numpy().nbytes for array in record.values()))
 
 
 def _metrics_rows(reply: Message, server_round: int, split: str = "test") -> list[dict[str, Any]]:

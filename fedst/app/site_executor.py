@@ -36,8 +36,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.5
-"""Pause between two task requests when the SuperNode has nothing to run."""
+POLL_SECONDS = 0.1
+"""Pause between two task requests when the SuperNode has nothing to run (``deploy.executor_poll``
+passes the configured value)."""
 
 
 def run_task(runtime_api_address: str, token: str, app: Any) -> bool:
@@ -189,6 +190,12 @@ def serve(runtime_api_address: str, poll_seconds: float = POLL_SECONDS) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fedst.app.site_executor", description=__doc__)
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's host:port")
+    parser.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=POLL_SECONDS,
+        help="pause between two task requests when idle (deploy.executor_poll)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per object and poll
@@ -198,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, leave)
     exit_with_parent()
-    serve(args.runtime_api_address)
+    serve(args.runtime_api_address, args.poll_seconds)
 
 
 def exit_with_parent() -> None:
