@@ -22,6 +22,7 @@ from flwr.app import Message
 from fedst.app.inprocess import InProcessGrid
 from fedst.data.procedural import generate
 from fedst.federation import site as site_module
+from fedst.federation import transport
 from fedst.methods import method_of
 from fedst.outfed import averaged_model
 from fedst.training import run_training
@@ -69,7 +70,7 @@ def sent_shared(messages, site: str, server_round: int) -> dict[str, torch.Tenso
             and message.metadata.group_id == str(server_round)
             and message.content["site"]["site"] == site
         ):
-            return message.content["arrays"].to_torch_state_dict()
+            return transport.unpack(message.content, "arrays")
     raise AssertionError(f"no train reply of site {site} in round {server_round}")
 
 
@@ -81,7 +82,7 @@ def received_shared(messages, server_round: int) -> dict[str, torch.Tensor]:
             and message.metadata.message_type == "evaluate"
             and message.metadata.group_id == str(server_round)
         ):
-            return message.content["arrays"].to_torch_state_dict()
+            return transport.unpack(message.content, "arrays")
     raise AssertionError(f"no evaluate message in round {server_round}")
 
 
