@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 from fedst import report
 from fedst.cli import register_resolvers, resume_experiment, setup_logging, split_config
 from fedst.config import ConfigError, build
-from fedst.experiment import DeployConfig
+from fedst.experiment import DeployConfig, RayConfig
 from fedst.training import load_config, run_training
 
 register_resolvers()
@@ -67,6 +67,7 @@ def main(cfg: DictConfig) -> None:
         engine=runtime["engine"],
         progress=runtime["progress"],
         regenerate=runtime["regenerate"],
+        ray=build(RayConfig, runtime.get("ray"), "ray"),
     )
     print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
     print(f"run directory: {run_dir}")
