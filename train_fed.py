@@ -6,6 +6,9 @@
     python train_fed.py experiment=paper data=paper       # the paper's settings on the real datasets
     python train_fed.py -m seed=0,1,2                     # several seeds; then python -m fedst.report <sweep dir>
     python train_fed.py resume=runs/demo/fedst_s0_...      # continue an interrupted run
+    python train_fed.py engine=ray ray.num_gpus_per_site=0.25  # four sites per GPU (default
+                                                          # "auto": GPUs / sites, fedst/experiment.py
+                                                          # RayConfig)
     python train_fed.py resume=runs/... train.device=cpu  # on resume only train.eval_every,
                                                           # train.device, train.num_workers,
                                                           # progress, engine may change
