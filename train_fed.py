@@ -6,6 +6,9 @@
     python train_fed.py experiment=paper data=paper       # the paper's settings on the real datasets
     python train_fed.py -m seed=0,1,2                     # several seeds; then python -m fedst.report <sweep dir>
     python train_fed.py resume=runs/demo/fedst_s0_...      # continue an interrupted run
+    python train_fed.py engine=ray ray.num_gpus_per_site=0.25  # four sites per GPU (default
+                                                          # "auto": GPUs / sites, fedst/experiment.py
+                                                          # RayConfig)
     python train_fed.py resume=runs/... train.device=cpu  # on resume only train.eval_every,
                                                           # train.device, train.num_workers,
                                                           # progress, engine may change
@@ -40,7 +43,7 @@ from omegaconf import DictConfig
 from fedst import report
 from fedst.cli import register_resolvers, resume_experiment, setup_logging, split_config
 from fedst.config import ConfigError, build
-from fedst.experiment import DeployConfig
+from fedst.experiment import DeployConfig, RayConfig
 from fedst.training import load_config, run_training
 
 register_resolvers()
@@ -69,6 +72,7 @@ def main(cfg: DictConfig) -> None:
         engine=runtime["engine"],
         progress=runtime["progress"],
         regenerate=runtime["regenerate"],
+        ray=build(RayConfig, runtime.get("ray"), "ray"),
     )
     print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
     print(f"run directory: {run_dir}")

@@ -11,9 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedst.config import ConfigError, to_dict
-from fedst.experiment import DeployConfig, ExperimentConfig, experiment_from_dict
+from fedst.experiment import DeployConfig, ExperimentConfig, RayConfig, experiment_from_dict
 
-RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate", "site", "deploy")
+RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate", "site", "deploy", "ray")
 """Top-level keys that steer the entry point, not the experiment."""
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ def _experiment_defaults() -> dict[str, Any]:
         )
         values[item.name] = to_dict(default)
     values["deploy"] = to_dict(DeployConfig())  # train_fed.py site=...: fedst/deploy.py
+    values["ray"] = to_dict(RayConfig())  # engine=ray: fedst.training.ray_client_resources
     return values
 
 
@@ -83,7 +84,14 @@ def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, dict[str, Any]]:
     return experiment_from_dict(values), runtime
 
 
-RESUME_SAFE_KEYS = ("train.eval_every", "train.val_every", "train.device", "train.num_workers")
+RESUME_SAFE_KEYS = (
+    "train.eval_every",
+    "train.val_every",
+    "train.device",
+    "train.num_workers",
+    "train.eval_batch_size",
+    "train.distance_metrics_every",
+)
 """Experiment keys a resumed run accepts from the command line: they change when and where it
 computes (evaluation cadence, device, loader workers), not what it learns. The runtime keys
 (progress, engine, regenerate) are always accepted; anything else is refused on resume."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fedst.accel import AMP_DTYPES
 from fedst.config import ConfigError, build, require_at_least, require_positive, to_dict
 from fedst.data.clips import AugmentConfig, ClipConfig
 from fedst.data.sites import DataConfig
@@ -143,16 +144,36 @@ class TrainConfig:
     """Evaluate every site's personalized model on its test split every k rounds (and at the end)."""
     eval_max_frames: int | None = None
     """Cap on test (and validation) frames per site per evaluation (None: all)."""
+    eval_batch_size: int = 8
+    """Frames per forward pass of evaluation (fedst/federation/evaluation.py): frames of one
+    video are encoded together, scores equal the frame-by-frame path's (to float rounding)."""
+    distance_metrics_every: int | None = 1
+    """HD95 / ASSD (a distance transform per class per frame at native resolution: the costly
+    metrics) at evaluations of rounds that are multiples of k and at the last round; the other
+    evaluations score Dice / IoU only (distances reported as absent). 1: every evaluation
+    (default); None: the last round only (the final tables need them, learning curves use Dice)."""
     val_every: int | None = None
     """Score every site's personalized model on its validation split every k rounds and at the
     last round (metrics.jsonl rows with split "val"), keeping what selection needs of those rounds
     (fedst/selection.py). None: no validation (selection.rule must be last)."""
-    num_workers: int = 0
-    """DataLoader worker processes per site."""
+    num_workers: int | str = "auto"
+    """DataLoader worker processes per site (training and evaluation loaders): a number, or
+    "auto" = min(4, usable CPU cores - 1) (fedst.data.clips.resolve_num_workers). Workers decode,
+    resize and augment; they send uint8 clips, normalised on the device."""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N."""
-    amp: bool = True
-    """Mixed precision (bfloat16 autocast) when the device is CUDA; ignored on CPU."""
+    amp_dtype: str = "auto"
+    """Mixed precision of forward passes on CUDA (fedst/accel.py; CPU always runs fp32): auto
+    (bf16 where the GPU supports it, else fp16) | bf16 (autocast bfloat16) | fp16 (autocast
+    float16 with a GradScaler) | none (fp32). Replaces ``train.amp`` (true = bf16, false = none)."""
+    compile: bool = False
+    """``torch.compile`` the network's training forward (in place, fedst.accel.maybe_compile):
+    faster steps on a GPU after a slower first round; needs a C++ compiler for CPU."""
+    tf32: bool = True
+    """CUDA only: fp32 matmuls and convolutions on TF32 tensor cores (Ampere and later)."""
+    cudnn_benchmark: bool = True
+    """CUDA only: cuDNN picks the fastest convolution algorithm per input shape (shapes are fixed
+    per run, so it is measured once)."""
     max_grad_norm: float | None = None
     """Gradient clipping norm (None: off)."""
 
@@ -171,8 +192,46 @@ class TrainConfig:
         require_at_least("train.eval_every", self.eval_every, 1, "evaluate every k >= 1 rounds")
         require_at_least("train.eval_max_frames", self.eval_max_frames, 1, "or null for all")
         require_at_least("train.val_every", self.val_every, 1, "or null for no validation")
-        require_at_least("train.num_workers", self.num_workers, 0)
+        require_at_least("train.eval_batch_size", self.eval_batch_size, 1)
+        require_at_least(
+            "train.distance_metrics_every", self.distance_metrics_every, 1, "or null: last round"
+        )
+        check_num_workers("train.num_workers", self.num_workers)
+        if self.amp_dtype not in AMP_DTYPES:
+            raise ConfigError(f"train.amp_dtype={self.amp_dtype!r}; choose one of {AMP_DTYPES}")
         require_positive("train.max_grad_norm", self.max_grad_norm, "or null for no clipping")
+
+    @property
+    def amp(self) -> bool:
+        """Whether mixed precision is on at all (``amp_dtype`` is not "none"); the former
+        ``train.amp`` switch, kept for code that only asks whether to autocast."""
+        return self.amp_dtype != "none"
+
+    def evaluation_options(self, server_round: int | None = None) -> dict[str, Any]:
+        """Keyword arguments of fedst.federation.evaluation.evaluate_model for the evaluation of
+        ``server_round`` (None: a final evaluation, distances included): frame cap, batch size,
+        loader workers and whether HD95 / ASSD are computed."""
+        return {
+            "max_frames": self.eval_max_frames,
+            "batch_size": self.eval_batch_size,
+            "num_workers": self.num_workers,
+            "distances": server_round is None or self.distances_at(server_round),
+        }
+
+    def distances_at(self, server_round: int) -> bool:
+        """Whether the evaluation of ``server_round`` computes HD95 / ASSD
+        (``distance_metrics_every``; always at the last round and after it)."""
+        every = self.distance_metrics_every
+        return server_round >= self.rounds or (every is not None and server_round % every == 0)
+
+
+def check_num_workers(where: str, value: int | str) -> None:
+    """ConfigError unless ``value`` is an integer >= 0 or "auto"."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ConfigError(f'{where}={value!r}: a number of workers >= 0 or "auto"')
+        return
+    require_at_least(where, value, 0, 'or "auto"')
 
 
 @dataclass(frozen=True)
@@ -400,11 +459,20 @@ def experiment_from_dict(values: dict[str, Any]) -> ExperimentConfig:
 
 def experiment_from_json(text: str) -> ExperimentConfig:
     """A saved config.json; one written before ``data.generator_version`` existed was rendered by
-    version 1 of the procedural generator and is read as such (not as today's default)."""
+    version 1 of the procedural generator and is read as such (not as today's default); one
+    written with ``train.amp`` (before ``train.amp_dtype``) reads true as "bf16", false as
+    "none" (what each meant)."""
     values = json.loads(text)
     data = values.get("data")
     if isinstance(data, dict) and data.get("procedural") and "generator_version" not in data:
         values = {**values, "data": {**data, "generator_version": 1}}
+    train = values.get("train")
+    if isinstance(train, dict) and "amp" in train:
+        train = {k: v for k, v in train.items() if k != "amp"}
+        values = {
+            **values,
+            "train": {**train, "amp_dtype": "bf16" if values["train"]["amp"] else "none"},
+        }
     return experiment_from_dict(values)
 
 
@@ -432,7 +500,13 @@ SITE_VIEW_UNSET = ""
 NODE_LOCAL_FIELDS = ("train.device", "train.num_workers", "indicator.cache_dir")
 """Experiment fields each site sets for itself (node config); the view carries their defaults."""
 
-EVALUATION_FIELDS = ("eval_every", "eval_max_frames", "val_every")
+EVALUATION_FIELDS = (
+    "eval_every",
+    "eval_max_frames",
+    "val_every",
+    "eval_batch_size",
+    "distance_metrics_every",
+)
 """Train fields that change what is measured, not a site's private state (left out of the
 state fingerprint, so a run may be resumed with another evaluation cadence)."""
 
@@ -500,8 +574,8 @@ class SiteNodeConfig:
     """Exact private-state folder for this run (the in-process engine: <run>/sites/<site>)."""
     device: str = TrainConfig.device
     """auto | cpu | cuda | cuda:N (this site's hardware)."""
-    num_workers: int = TrainConfig.num_workers
-    """DataLoader worker processes at this site."""
+    num_workers: int | str = TrainConfig.num_workers
+    """DataLoader worker processes at this site (a number or "auto", as train.num_workers)."""
     clip_cache: str = IndicatorConfig.cache_dir
     """Folder of cached CLIP text embeddings at this site."""
     progress: bool = False
@@ -509,6 +583,9 @@ class SiteNodeConfig:
     share_personal: bool = True
     """Send rho_k once at the end for the out-of-federation average (the only time private
     parameters leave the site; logged on both sides). False: this site is left out."""
+
+    def __post_init__(self) -> None:
+        check_num_workers("node_config num-workers", self.num_workers)
 
     @classmethod
     def from_node_config(cls, node_config: dict[str, Any]) -> SiteNodeConfig:
@@ -641,6 +718,31 @@ class RoundPolicy:
             raise ConfigError(f"deploy.round_timeout={self.round_timeout}: must be > 0 or null")
         if self.reply_poll <= 0:
             raise ConfigError(f"deploy.reply_poll={self.reply_poll}: must be > 0 seconds")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """``ray.*`` of train_fed.py with ``engine=ray``: what Flower's simulation engine reserves for
+    each site's actor (fedst.training.ray_client_resources). Ray starts as many actors as these
+    shares fit in the machine, and hides the GPUs from an actor that reserved none."""
+
+    num_cpus_per_site: float | str = "auto"
+    """CPU cores per site actor; "auto" = max(1, CPU cores // number of sites), so at most one
+    actor per site (each actor builds its own copy of the sites it runs)."""
+    num_gpus_per_site: float | str = "auto"
+    """GPU share per site actor (0.25: four sites share one GPU); "auto" = min(1, GPUs / number
+    of sites) from torch.cuda.device_count() (0 without CUDA: sites train on the CPU)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_cpus_per_site", "num_gpus_per_site"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                if value != "auto":
+                    raise ConfigError(f'ray.{name}={value!r}: a number or "auto"')
+            else:
+                require_at_least(f"ray.{name}", value, 0, 'or "auto"')
+        if self.num_cpus_per_site == 0:
+            raise ConfigError("ray.num_cpus_per_site=0: each site actor needs a CPU share > 0")
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from monai.metrics import compute_dice, compute_iou
 from monai.metrics.utils import get_edge_surface_distance
 
-from fedst.data.base import CLASS_NAMES, IGNORE_INDEX, NUM_CLASSES
+from fedst.data.base import CLASS_NAMES, IGNORE_INDEX, NUM_CLASSES, check_label_values
 
 __all__ = [
     "BINARY_CLASS_NAMES",
@@ -111,14 +111,8 @@ def _prepare(
             f"pred holds class value(s) {sorted(set(bad_pred.unique().tolist()))[:5]} outside "
             f"0..{num_classes - 1}; pass the argmax class map and the model's num_classes"
         )
+    check_label_values(target, num_classes, ignore_index, "target")
     ignored = target == ignore_index
-    bad_target = target[((target < 0) | (target >= num_classes)) & ~ignored]
-    if bad_target.numel():
-        raise ValueError(
-            f"target holds label value(s) {sorted(set(bad_target.unique().tolist()))[:5]} outside "
-            f"0..{num_classes - 1} and not the ignore index {ignore_index}; check the label "
-            "encoding of the dataset backend"
-        )
     target = target.masked_fill(ignored, 0)
     pred = pred.masked_fill(ignored, 0)
     if binary_target:
@@ -150,13 +144,16 @@ def batch_metrics(
     num_classes: int = NUM_CLASSES,
     ignore_index: int = IGNORE_INDEX,
     binary_target: bool = False,
+    distances: bool = True,
 ) -> list[FrameScores]:
     """Per frame, per scored foreground class: {"dice", "iou", "hd95", "assd"}.
 
     pred: integer class map [B, H, W] (argmax of the logits); target: label map [B, H, W] with
-    ``ignore_index`` for unlabelled pixels. Returns one dict per frame mapping class index
-    (1..num_classes-1, or only 1 with ``binary_target``) to its scores; classes absent from both
-    maps are left out. Dice / IoU are fractions; distances are pixels (module docstring).
+    ``ignore_index`` for unlabelled pixels; ``num_classes``: the network's class count (pred in
+    0..num_classes-1). Returns one dict per frame mapping class index (1..num_classes-1, or only
+    1 with ``binary_target``) to its scores; classes absent from both maps are left out. Dice /
+    IoU are fractions; distances are pixels (module docstring). ``distances=False`` leaves out
+    "hd95" and "assd" (their distance transforms are most of the cost at native resolution).
     """
     pred, target, scored_classes = _prepare(pred, target, num_classes, ignore_index, binary_target)
     height, width = pred.shape[-2:]
@@ -177,16 +174,14 @@ def batch_metrics(
             in_pred, in_target = bool(pred_present[b, c - 1]), bool(target_present[b, c - 1])
             if not (in_pred or in_target):
                 continue
+            scores[c] = {"dice": float(dice[b, c - 1]), "iou": float(iou[b, c - 1])}
+            if not distances:
+                continue
             if in_pred and in_target:
                 hd95, assd = _surface_distances(pred[b] == c, target[b] == c)
             else:
                 hd95 = assd = diagonal
-            scores[c] = {
-                "dice": float(dice[b, c - 1]),
-                "iou": float(iou[b, c - 1]),
-                "hd95": hd95,
-                "assd": assd,
-            }
+            scores[c].update(hd95=hd95, assd=assd)
         frames.append(scores)
     return frames
 
@@ -228,12 +223,15 @@ class SegmentationMeter:
         ignore_index: int = IGNORE_INDEX,
         binary_target: bool = False,
         class_names: Sequence[str] | None = None,
+        distances: bool = True,
     ) -> None:
-        """``class_names`` includes background; by default the unified part names (or
-        "instrument" with ``binary_target``)."""
+        """``num_classes``: the network's; ``class_names`` includes background; by default the
+        unified part names (or "instrument" with ``binary_target``). ``distances=False``: Dice and
+        IoU only (HD95 / ASSD reported as not scored, ``None``)."""
         self.num_classes = num_classes
         self.ignore_index = ignore_index
         self.binary_target = binary_target
+        self.distances = distances
         if class_names is None:
             if binary_target:
                 class_names = BINARY_CLASS_NAMES
@@ -273,7 +271,7 @@ class SegmentationMeter:
                 f"(pred shape {tuple(pred.shape)})"
             )
         scores = batch_metrics(
-            pred, target, self.num_classes, self.ignore_index, self.binary_target
+            pred, target, self.num_classes, self.ignore_index, self.binary_target, self.distances
         )
         if sample_ids is None:
             sample_ids = [f"frame_{self.num_frames + i}" for i in range(len(scores))]
@@ -286,7 +284,8 @@ class SegmentationMeter:
         ``per_class`` maps class name -> the four metrics and "frames" (frames where it was scored).
 
         A class never scored has ``"frames": 0`` and ``None`` values; an overall metric is ``None``
-        when no class was scored at all (e.g. only empty frames predicted empty).
+        when no class was scored at all (e.g. only empty frames predicted empty), and HD95 / ASSD
+        are ``None`` when the meter computes no distances.
         """
         if self.num_frames == 0:
             raise ValueError("SegmentationMeter.summary() called before any update()")
@@ -296,7 +295,7 @@ class SegmentationMeter:
             values = [s[c] for s in self._frame_scores if c in s]
             entry: dict[str, float | int | None] = {}
             for metric in METRIC_NAMES:
-                if values:
+                if values and metric in values[0]:
                     mean = float(np.mean([v[metric] for v in values])) * _scale(metric)
                     class_means[metric].append(mean)
                     entry[metric] = mean
@@ -315,7 +314,7 @@ class SegmentationMeter:
         for sample_id, scores in zip(self._frame_ids, self._frame_scores, strict=True):
             for c, values in sorted(scores.items()):
                 row: dict[str, str | float] = {"sample_id": sample_id, "class": self.class_names[c]}
-                row.update({m: values[m] * _scale(m) for m in METRIC_NAMES})
+                row.update({m: values[m] * _scale(m) for m in METRIC_NAMES if m in values})
                 rows.append(row)
         return rows
 

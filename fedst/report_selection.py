@@ -284,8 +284,8 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
                 tests[site],
                 indicator,
                 device,
-                max_frames=cfg.train.eval_max_frames,
                 progress=progress,
+                **cfg.train.evaluation_options(),
             ).summary
             row_d.append(summary["dice"])
             row_i.append(summary["iou"])

@@ -204,8 +204,8 @@ def held_out_validation(
             dataset,
             indicator,
             device,
-            max_frames=cfg.train.eval_max_frames,
             progress=progress,
+            **cfg.train.evaluation_options(),
         )
         rows.append(
             {
@@ -274,8 +274,8 @@ def evaluate_choices(
                 tests[site],
                 indicators.get(site),
                 device,
-                max_frames=cfg.train.eval_max_frames,
                 progress=progress,
+                **cfg.train.evaluation_options(),
             ).summary
             cache[key] = {k: summary[k] for k in ("dice", "iou", "hd95", "assd", "num_frames")}
         return cache[key]

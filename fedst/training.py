@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import Context, RecordDict
 from omegaconf import OmegaConf
 
@@ -21,10 +22,12 @@ from fedst.app.client_app import app as client_app
 from fedst.app.client_app import make_client_app, release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.server_app import make_server_app
+from fedst.data.clips import usable_cpu_count
 from fedst.data.procedural import SITES, generate
 from fedst.data.validation import validate_experiment_data
 from fedst.experiment import (
     ExperimentConfig,
+    RayConfig,
     experiment_from_json,
     resolve_device,
     site_node_config,
@@ -88,14 +91,40 @@ def prepare_run(
     validate_data(cfg, federated=federated_data)
 
 
+def ray_client_resources(
+    ray: RayConfig, num_sites: int, gpu_count: int | None = None, cpu_count: int | None = None
+) -> dict[str, float]:
+    """Flower's ``client_resources`` of every site actor: ``{"num_cpus", "num_gpus"}``.
+
+    "auto" CPU share: ``max(1, cpu_count // num_sites)``; "auto" GPU share:
+    ``min(1, gpu_count / num_sites)`` (0 without a GPU). ``gpu_count`` / ``cpu_count`` default to
+    ``torch.cuda.device_count()`` and the usable CPU cores of this process.
+    """
+    if num_sites < 1:
+        raise ValueError(f"ray_client_resources: num_sites={num_sites}, need at least one site")
+    if cpu_count is None:
+        cpu_count = usable_cpu_count()
+    if gpu_count is None:
+        gpu_count = torch.cuda.device_count()
+    cpus = ray.num_cpus_per_site
+    if cpus == "auto":
+        cpus = max(1, cpu_count // num_sites)
+    gpus = ray.num_gpus_per_site
+    if gpus == "auto":
+        gpus = min(1.0, gpu_count / num_sites)
+    return {"num_cpus": float(cpus), "num_gpus": float(gpus)}
+
+
 def run_training(
     cfg: ExperimentConfig,
     run_dir: Path,
     engine: str = "inprocess",
     progress: bool = True,
     regenerate: bool = False,
+    ray: RayConfig | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run."""
+    """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run.
+    ``ray``: the site actors' CPU / GPU shares of ``engine="ray"`` (None: the defaults)."""
     prepare_run(cfg, run_dir, progress, regenerate)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     parties = method_of(cfg).training_sites()  # the federated sites (upper bound: its pool)
@@ -124,11 +153,13 @@ def run_training(
             raise RuntimeError(
                 "engine=ray needs Flower's simulation extra: .venv/bin/pip install -e '.[simulation]'"
             ) from err
+        resources = ray_client_resources(ray or RayConfig(), num_sites)
+        log.info("Ray: each of %d site actors reserves %s", num_sites, resources)
         run_simulation(
             server_app=server_app,
             client_app=make_client_app(nodes),
             num_supernodes=num_sites,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+            backend_config={"client_resources": resources},
         )
     else:
         raise ValueError(f"engine={engine!r}; choose one of {ENGINES}")
@@ -220,7 +251,7 @@ def finalize_run(
                 data.test,
                 indicators.get(site),
                 device,
-                max_frames=qualitative,
+                **{**cfg.train.evaluation_options(), "max_frames": qualitative},
                 keep_examples=qualitative,
             )
             examples += _example_rows(cfg, result)

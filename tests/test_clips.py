@@ -272,3 +272,46 @@ def test_batch_stream_with_a_worker_gives_the_same_batches(write_site):
         want, got = in_process.next_batch(), with_worker.next_batch()
         assert got[2] == want[2] and torch.equal(got[0], want[0])
     with_worker.close()
+
+
+def _float32_normalisation_before_uint8_loaders(frames: np.ndarray) -> np.ndarray:
+    """What workers computed and sent before they sent uint8: uint8 [..., 3, H, W] -> float32."""
+    mean = (np.array(IMAGENET_MEAN, dtype=np.float32) * 255).reshape(3, 1, 1)
+    inv_std = (1 / (np.array(IMAGENET_STD, dtype=np.float32) * 255)).reshape(3, 1, 1)
+    return (frames.astype(np.float32) - mean) * inv_std
+
+
+def test_a_worker_sends_uint8_and_the_normalised_batches_equal_the_float_path(write_site):
+    """Under a seed, with augmentation: the stream's batches (uint8 from one worker, normalised
+    in this process) equal the float32 clips the workers used to send, stacked in the stream's
+    order with the stream's augmentation seeds, to 1e-6; masks are equal."""
+    site = write_site("D", videos={"v1": 4, "v2": 3}, size=(16, 20))
+    clip = ClipConfig(num_frames=2, image_size=(16, 20))
+    dataset = ClipDataset(GenericLayoutSource(site.root, "D"), "train", clip, AugmentConfig())
+    raw_clip, raw_mask, _ = dataset.load_raw((0, 123))
+    assert raw_clip.dtype == torch.uint8 and raw_mask.dtype == torch.uint8
+    stream = BatchStream(dataset, batch_size=3, seed=7, num_workers=1)
+    order, aug_seeds = stream.epoch_plan(0)
+    got = [stream.next_batch() for _ in range(2)]  # 6 of the epoch's 7 samples
+    stream.close()
+    for b, (clips, masks, ids) in enumerate(got):
+        assert clips.dtype == torch.float32 and masks.dtype == torch.int64
+        for j in range(3):
+            item = (int(order[3 * b + j]), int(aug_seeds[3 * b + j]))
+            frames, mask, sample_id = dataset.load_raw(item)
+            expected = _float32_normalisation_before_uint8_loaders(frames.numpy())
+            assert ids[j] == sample_id
+            np.testing.assert_allclose(clips[j].numpy(), expected, rtol=0, atol=1e-6)
+            assert torch.equal(masks[j], mask.long())
+
+
+def test_a_batch_stream_given_the_class_count_rejects_other_labels_before_the_copy(write_site):
+    site = write_site("D", videos={"v1": 3}, size=(16, 20))
+    dataset = ClipDataset(
+        GenericLayoutSource(site.root, "D"), "train", ClipConfig(num_frames=1, image_size=(16, 20))
+    )
+    assert BatchStream(dataset, batch_size=2, seed=0, num_classes=4).next_batch()
+    with pytest.raises(
+        ValueError, match=r"labels must be in \[0, 3\) or 255; got value\(s\) \[3\]"
+    ):
+        BatchStream(dataset, batch_size=2, seed=0, num_classes=3).next_batch()

@@ -31,8 +31,9 @@ def _site_without_jaw(root: Path, name: str) -> None:
 
 
 class _FrameByFrame:
-    """The streaming interface of FedSTNet (``uses_temporal``, ``stream(...).step``) for the
-    single-frame test models below: each step is ``forward`` on a one-frame clip."""
+    """The streaming interface of FedSTNet (``uses_temporal``, ``stream(...).step`` and
+    ``.step_frames``) for the single-frame test models below: each step is ``forward`` on
+    one-frame clips."""
 
     def uses_temporal(self, num_frames: int, use_temporal: bool = True) -> bool:
         return False
@@ -42,6 +43,11 @@ class _FrameByFrame:
 
     def step(self, frame: torch.Tensor, time_s=None, *, predict: bool = True):
         return self(frame[:, None]) if predict else None  # [B, 3, H, W] -> [B, 1, 3, H, W]
+
+    def step_frames(self, frames: torch.Tensor, times_s=None, predict=None):
+        predict = [True] * len(frames) if predict is None else predict
+        kept = frames[[i for i, p in enumerate(predict) if p]]  # [M, 3, H, W]
+        return self(kept[:, None]) if len(kept) else None
 
 
 class _NoJawModel(_FrameByFrame, torch.nn.Module):
@@ -139,3 +145,166 @@ def test_hd95_and_assd_are_in_native_label_pixels(tmp_path: Path):
     assert shaft["dice"] == 0.0
     assert shaft["hd95"] == pytest.approx(2 * SHIFT)
     assert shaft["assd"] == pytest.approx(2 * SHIFT - 0.5)
+
+
+# -- batched evaluation ----------------------------------------------------------------------------
+
+
+def _centred_tiny_net(dataset):
+    """The tiny temporal network of tests/test_infer.py with its classifier bias centred on the
+    first sample's mean logits, so its predictions spread over every class (non-trivial scores)."""
+    from tests.test_infer import INDICATOR, tiny_net
+
+    net = tiny_net()
+    with torch.no_grad():
+        clip, _, _ = dataset[0]
+        net.decoder.head.bias -= net(clip[None], INDICATOR)[0].mean((1, 2))
+    return net, INDICATOR
+
+
+def _per_sample_reference(net, dataset, indicator):
+    """The evaluation before batching, written out: for every sample the full clip forward, the
+    logits upsampled to the native label, the argmax scored frame by frame."""
+    from fedst.metrics import SegmentationMeter
+
+    meter = SegmentationMeter()
+    for index in range(len(dataset)):
+        clip, _, sample_id = dataset[index]
+        with torch.no_grad():
+            logits = net(clip[None], indicator)  # [1, K, h, w]
+        label = torch.from_numpy(dataset.native_label(sample_id).astype(np.int64))
+        native = torch.nn.functional.interpolate(
+            logits, size=tuple(label.shape), mode="bilinear", align_corners=False
+        )
+        meter.update(native.argmax(1), label[None], [sample_id])
+    return meter.summary()
+
+
+def _assert_summaries_close(actual: dict, expected: dict, tol: float = 1e-5) -> None:
+    assert actual["num_frames"] == expected["num_frames"]
+    for metric in ("dice", "iou", "hd95", "assd"):
+        assert actual[metric] == pytest.approx(expected[metric], abs=tol), metric
+    assert actual["per_class"].keys() == expected["per_class"].keys()
+    for name, values in expected["per_class"].items():
+        for key, value in values.items():
+            assert actual["per_class"][name][key] == pytest.approx(value, abs=tol), (name, key)
+
+
+def test_batched_evaluation_equals_the_per_sample_clip_evaluation(write_site):
+    """Three test videos at 12 fps labelled every 2nd frame, native 48 x 64, network input
+    32 x 40: batches of 4 frames span video boundaries and hold unlabelled context frames; one
+    loader worker sends uint8 frames. Scores equal the clip-by-clip path's to 1e-5."""
+    from fedst.data.clips import ClipConfig, ClipDataset
+    from fedst.data.generic import GenericLayoutSource
+    from fedst.federation.evaluation import evaluate_model
+
+    write_site("P", videos={"v1": 9, "v2": 14, "v3": 5}, size=(48, 64), fps=12, label_every=2)
+    source = GenericLayoutSource(write_site.args[0], "P")
+    dataset = ClipDataset(source, "test", ClipConfig(image_size=(32, 40)))
+    net, indicator = _centred_tiny_net(dataset)
+    expected = _per_sample_reference(net, dataset, indicator)
+    assert expected["dice"] not in (None, 0.0, 100.0)  # the scores are not trivial
+    cpu = torch.device("cpu")
+    frame_by_frame = evaluate_model(net, dataset, indicator, cpu).summary
+    batched = evaluate_model(net, dataset, indicator, cpu, batch_size=4, num_workers=1).summary
+    _assert_summaries_close(frame_by_frame, expected)
+    _assert_summaries_close(batched, expected)
+
+
+def test_without_distances_the_overlap_scores_are_unchanged_and_distances_absent(write_site):
+    from fedst.data.clips import ClipConfig, ClipDataset
+    from fedst.data.generic import GenericLayoutSource
+    from fedst.federation.evaluation import evaluate_model
+
+    write_site("P", videos={"v1": 6}, size=(48, 64), fps=12, label_every=2)
+    dataset = ClipDataset(
+        GenericLayoutSource(write_site.args[0], "P"), "test", ClipConfig(image_size=(32, 40))
+    )
+    net, indicator = _centred_tiny_net(dataset)
+    cpu = torch.device("cpu")
+    full = evaluate_model(net, dataset, indicator, cpu, batch_size=3).summary
+    overlap = evaluate_model(net, dataset, indicator, cpu, batch_size=3, distances=False).summary
+    assert overlap["dice"] == full["dice"] and overlap["iou"] == full["iou"]
+    assert overlap["hd95"] is None and overlap["assd"] is None
+    assert full["hd95"] is not None
+
+
+# -- the network's class count ---------------------------------------------------------------------
+
+
+class _PaletteModel(_FrameByFrame, torch.nn.Module):
+    """Recognises the test frames' part colours (tests/conftest.py PART_COLOURS) exactly and
+    predicts ``classes[part]`` there, background elsewhere: logits [B, num_classes, H, W]."""
+
+    def __init__(self, num_classes: int, classes: dict[int, int]) -> None:
+        super().__init__()
+        self.num_classes, self.classes = num_classes, classes
+
+    def forward(self, clips: torch.Tensor, indicator=None) -> torch.Tensor:
+        from fedst.data.clips import IMAGENET_MEAN, IMAGENET_STD
+        from tests.conftest import PART_COLOURS
+
+        frame = clips[:, -1]  # [B, 3, H, W] normalised
+        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+        rgb = (frame * std + mean) * 255
+        batch, _, height, width = frame.shape
+        logits = torch.zeros(batch, self.num_classes, height, width)
+        for part, cls in self.classes.items():
+            colour = torch.tensor(PART_COLOURS[part], dtype=torch.float32).view(1, 3, 1, 1)
+            logits[:, cls] += 10.0 * ((rgb - colour).abs().amax(1) < 2)
+        logits[:, 0] += 5.0
+        return logits
+
+
+def _part_site(root: Path, name: str, jaw_as_wrist: bool):
+    """A 4-frame test site at the network's input size; labels 0..2 when ``jaw_as_wrist``."""
+    from fedst.data.clips import ClipConfig, ClipDataset
+    from fedst.data.generic import GenericLayoutSource
+
+    if jaw_as_wrist:
+        _site_without_jaw(root, name)
+    else:
+        write_generic_site(root, name, videos={"v1": 4}, size=(32, 40))
+    config = ClipConfig(num_frames=1, image_size=(32, 40))  # native size: colours stay exact
+    return ClipDataset(GenericLayoutSource(root, name), "test", config)
+
+
+def test_a_three_class_network_is_scored_on_its_three_classes(tmp_path: Path):
+    """Labels 0..2 (jaw relabelled wrist); the network has 3 classes and predicts shaft -> 1,
+    wrist and jaw colours -> 2: both parts perfect in each of the 4 frames (by hand: Dice 100 %,
+    distances 0), and no fourth class reported."""
+    from fedst.federation.evaluation import evaluate_model
+
+    dataset = _part_site(tmp_path, "T", jaw_as_wrist=True)
+    model = _PaletteModel(3, {1: 1, 2: 2, 3: 2})
+    summary = evaluate_model(model, dataset, None, torch.device("cpu"), batch_size=2).summary
+    assert set(summary["per_class"]) == {"class_1", "class_2"}
+    for name in ("class_1", "class_2"):
+        assert summary["per_class"][name]["frames"] == 4
+        assert summary["per_class"][name]["dice"] == pytest.approx(100.0)
+        assert summary["per_class"][name]["hd95"] == pytest.approx(0.0)
+    assert summary["dice"] == pytest.approx(100.0)
+
+
+def test_a_six_class_network_is_scored_on_its_six_classes(tmp_path: Path):
+    """Labels 0..3; the 6-class network predicts shaft -> 1, wrist -> 2, jaw -> 5. By hand, per
+    frame: classes 1, 2 perfect; class 3 in the label only and class 5 in the prediction only
+    (Dice 0, distances = the 32 x 40 diagonal); class 4 absent from both (not scored). Overall
+    Dice = mean(100, 100, 0, 0) = 50 %."""
+    from fedst.federation.evaluation import evaluate_model
+
+    dataset = _part_site(tmp_path, "S", jaw_as_wrist=False)
+    model = _PaletteModel(6, {1: 1, 2: 2, 3: 5})
+    summary = evaluate_model(model, dataset, None, torch.device("cpu"), batch_size=3).summary
+    per_class = summary["per_class"]
+    assert set(per_class) == {f"class_{c}" for c in range(1, 6)}
+    assert per_class["class_1"]["dice"] == pytest.approx(100.0)
+    assert per_class["class_2"]["dice"] == pytest.approx(100.0)
+    diagonal = float(np.hypot(32, 40))
+    for name in ("class_3", "class_5"):
+        assert per_class[name]["frames"] == 4
+        assert per_class[name]["dice"] == 0.0
+        assert per_class[name]["hd95"] == pytest.approx(diagonal)
+    assert per_class["class_4"]["frames"] == 0
+    assert summary["dice"] == pytest.approx(50.0)

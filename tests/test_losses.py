@@ -59,3 +59,34 @@ def test_all_ignored_batch_gives_zero_loss_with_gradient_path():
 def test_labels_outside_the_classes_are_rejected():
     with pytest.raises(ValueError, match="labels must be in"):
         SegmentationLoss()(torch.zeros(1, 4, 2, 2), torch.full((1, 2, 2), 7))
+
+
+@pytest.mark.parametrize(
+    ("num_classes", "target", "expected"),
+    [
+        # uniform logits: p_c = 1/3 on 3 valid pixels, one of each class. CE = ln 3; every
+        # Dice_c = (2 * 1/3 + 1) / (3 * 1/3 + 1 + 1) = 5/9, so Dice loss = 4/9
+        (3, [[0, 1], [2, 255]], math.log(3) + 0.3 * 4 / 9),
+        # p_c = 1/6 on 3 valid pixels of classes 0, 3, 5. CE = ln 6; present classes
+        # (2/6 + 1) / (3/6 + 1 + 1) = 8/15, absent ones (0 + 1) / (3/6 + 1) = 2/3:
+        # Dice loss = 1 - (3 * 8/15 + 3 * 2/3) / 6 = 0.4
+        (6, [[0, 5], [3, 255]], math.log(6) + 0.3 * 0.4),
+    ],
+    ids=["3-classes", "6-classes"],
+)
+def test_the_network_class_count_is_the_loss_class_count(num_classes, target, expected):
+    logits = torch.zeros(1, num_classes, 2, 2, requires_grad=True)
+    loss = SegmentationLoss(lambda_dice=0.3, num_classes=num_classes)(
+        logits, torch.tensor([target])
+    )
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    loss.backward()
+    with pytest.raises(ValueError, match="expected num_classes=4"):
+        SegmentationLoss()(logits, torch.tensor([target]))  # the default is the unified 4
+
+
+def test_a_label_of_a_class_the_network_lacks_is_rejected_with_its_value():
+    with pytest.raises(
+        ValueError, match=r"labels must be in \[0, 3\) or 255; got value\(s\) \[3\]"
+    ):
+        SegmentationLoss(num_classes=3)(torch.zeros(1, 3, 1, 2), torch.tensor([[[2, 3]]]))

@@ -227,3 +227,35 @@ def test_empty_meter_summary_and_wrong_id_count_are_errors():
             torch.zeros(1, 4, 6, dtype=torch.long),
             ["a", "b"],
         )
+
+
+@pytest.mark.parametrize(
+    ("num_classes", "pred", "target", "expected"),
+    [
+        # class 1: pred {(0,0)}, gt {(0,0),(0,1)} -> Dice 2/3, IoU 1/2; class 2: pred
+        # {(0,1),(1,0)}, gt {(1,0)} -> 2/3, 1/2; the ignored pixel (1,1) counts for neither
+        (3, [[1, 2], [2, 0]], [[1, 1], [2, 255]], {1: (2 / 3, 1 / 2), 2: (2 / 3, 1 / 2)}),
+        # class 4: pred 2 pixels, gt 1, shared 1 -> 2/3, 1/2; class 5: pred 1, gt 2, shared 1
+        # -> 2/3, 1/2; classes 1-3 absent from both: not scored
+        (
+            6,
+            [[0, 5, 0], [0, 4, 4]],
+            [[0, 5, 5], [0, 0, 4]],
+            {4: (2 / 3, 1 / 2), 5: (2 / 3, 1 / 2)},
+        ),
+    ],
+    ids=["3-classes", "6-classes"],
+)
+def test_the_network_class_count_is_the_scored_class_count(num_classes, pred, target, expected):
+    pred, target = torch.tensor(pred), torch.tensor(target)
+    scores = frame_metrics(pred, target, num_classes=num_classes)
+    assert set(scores) == set(expected)
+    for c, (dice, iou) in expected.items():
+        assert scores[c]["dice"] == pytest.approx(dice) and scores[c]["iou"] == pytest.approx(iou)
+    meter = SegmentationMeter(num_classes=num_classes, distances=False)
+    meter.update(pred[None], target[None])
+    summary = meter.summary()
+    assert list(summary["per_class"]) == [f"class_{c}" for c in range(1, num_classes)]
+    assert summary["dice"] == pytest.approx(100 * 2 / 3)
+    assert summary["hd95"] is None and summary["assd"] is None  # distances not computed
+    assert [r for r in meter.per_frame() if "hd95" in r] == []

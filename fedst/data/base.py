@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 CLASS_NAMES: tuple[str, ...] = ("background", "shaft", "wrist", "jaw")
 NUM_CLASSES = len(CLASS_NAMES)
@@ -26,6 +27,25 @@ SPLITS = ("train", "val", "test")
 
 class DataError(ValueError):
     """Bad input on disk. The message names the file, the value found and what to do."""
+
+
+def check_label_values(
+    labels: torch.Tensor,
+    num_classes: int,
+    ignore_index: int = IGNORE_INDEX,
+    where: str = "labels",
+    hint: str = "check the label encoding of the dataset backend and network.num_classes",
+) -> None:
+    """ValueError naming ``where`` and the first bad values unless every value of the integer map
+    ``labels`` is a class in [0, num_classes) or ``ignore_index``. Meant for CPU tensors: on a
+    GPU the check would make the host wait for the device."""
+    bad = ((labels < 0) | (labels >= num_classes)) & (labels != ignore_index)
+    if bad.any():
+        values = sorted(labels[bad].unique().tolist())[:5]
+        raise ValueError(
+            f"{where}: labels must be in [0, {num_classes}) or {ignore_index}; got value(s) "
+            f"{values}; {hint}"
+        )
 
 
 MIN_FPS = 0.1

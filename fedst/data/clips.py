@@ -11,7 +11,10 @@ applies it to every frame of the clip and to the mask (photometric parts: frames
 view are 0 in the images (before normalisation) and 255 (ignore) in the mask.
 
 The dataset returns normalised tensors: frames resized to ``image_size`` (bilinear; masks nearest),
-scaled to [0, 1], then normalised with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`.
+scaled to [0, 1], then normalised with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`. Loader workers
+(:class:`BatchStream`, :class:`FrameDataset`) send the uint8 clips and masks instead (4x and 8x
+fewer bytes through shared memory); the consumer normalises them on its device with
+:func:`normalize_clips`, the one implementation of the normalisation, so both paths are equal.
 
 Reproducibility: :func:`make_loader` and :class:`BatchStream` hand the dataset ``(index, aug_seed)``
 pairs drawn from ``(seed, epoch)``, so the sample order and every augmentation depend only on the
@@ -22,8 +25,10 @@ stream exactly.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import multiprocessing
+import os
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -35,7 +40,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from fedst.data.base import IGNORE_INDEX, DataError, SiteSource, VideoRecord
+from fedst.data.base import (
+    IGNORE_INDEX,
+    DataError,
+    SiteSource,
+    VideoRecord,
+    check_label_values,
+)
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -44,13 +55,19 @@ __all__ = [
     "BatchStream",
     "ClipConfig",
     "ClipDataset",
+    "FrameDataset",
     "FrameHistory",
     "build_augmentation",
     "clip_frame_positions",
     "collate_clips",
+    "collate_frames",
+    "frame_loader",
     "make_loader",
+    "normalize_clips",
     "normalize_frames",
     "resize_frame",
+    "resolve_num_workers",
+    "usable_cpu_count",
 ]
 
 logger = logging.getLogger(__name__)
@@ -59,6 +76,9 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 _MEAN_255 = (np.array(IMAGENET_MEAN, dtype=np.float32) * 255).reshape(3, 1, 1)
 _INV_STD_255 = (1 / (np.array(IMAGENET_STD, dtype=np.float32) * 255)).reshape(3, 1, 1)
+AUTO_MAX_WORKERS = 4
+"""``num_workers="auto"``: at most this many loader workers per loader (one core kept for the
+process that trains)."""
 TIME_TOLERANCE_S = 1e-6
 SINGLE_FRAME_MODES = ("repeat", "single")
 AUG_SEED_HIGH = 2**31 - 1
@@ -208,9 +228,49 @@ def resize_frame(rgb: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
 
 def normalize_frames(frames: np.ndarray) -> torch.Tensor:
     """uint8 [T, H, W, 3] -> float32 [T, 3, H, W]: scaled to [0, 1], minus :data:`IMAGENET_MEAN`,
-    divided by :data:`IMAGENET_STD`."""
-    channels_first = np.ascontiguousarray(frames.transpose(0, 3, 1, 2))  # [T, 3, H, W]
-    return torch.from_numpy((channels_first.astype(np.float32) - _MEAN_255) * _INV_STD_255)
+    divided by :data:`IMAGENET_STD` (:func:`normalize_clips` after the channel transpose)."""
+    return normalize_clips(torch.from_numpy(_channels_first(frames)))
+
+
+def _channels_first(frames: np.ndarray) -> np.ndarray:
+    """uint8 [T, H, W, 3] -> contiguous uint8 [T, 3, H, W]."""
+    return np.ascontiguousarray(frames.transpose(0, 3, 1, 2))
+
+
+def normalize_clips(frames: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., 3, H, W] on any device -> float32 on that device: (x - 255 * mean) / (255 *
+    std) with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`, per channel."""
+    if frames.dtype != torch.uint8 or frames.dim() < 3 or frames.shape[-3] != 3:
+        raise ValueError(
+            f"normalize_clips expects uint8 [..., 3, H, W] frames, got {frames.dtype} "
+            f"{tuple(frames.shape)}"
+        )
+    mean, inv_std = _normalization_constants(frames.device)
+    return (frames.float() - mean) * inv_std
+
+
+@functools.cache
+def _normalization_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(255 * mean, 1 / (255 * std)) as float32 [3, 1, 1] on ``device``, copied there once."""
+    return torch.from_numpy(_MEAN_255).to(device), torch.from_numpy(_INV_STD_255).to(device)
+
+
+def usable_cpu_count() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS / Windows
+        return os.cpu_count() or 1
+
+
+def resolve_num_workers(value: int | str) -> int:
+    """``train.num_workers`` as a worker count: a number as given; "auto" =
+    ``min(AUTO_MAX_WORKERS, usable cores - 1)`` (0 on a single core: load in this process)."""
+    if value == "auto":
+        return max(0, min(AUTO_MAX_WORKERS, usable_cpu_count() - 1))
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"num_workers={value!r}: a number of workers >= 0 or \"auto\"")
+    return value
 
 
 def build_augmentation(augment: AugmentConfig, num_frames: int) -> A.Compose:
@@ -256,6 +316,7 @@ class ClipDataset(Dataset):
 
     Items may be indexed by ``index`` or by ``(index, aug_seed)`` (what the samplers of this module
     pass); with a plain index the augmentation seed comes from torch's global RNG.
+    :meth:`load_raw` gives the same item before normalisation (what loader workers send).
     """
 
     def __init__(
@@ -326,6 +387,12 @@ class ClipDataset(Dataset):
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
         """``(clip [T, 3, H, W] float32 normalised, mask [H, W] int64, sample_id)``."""
+        clip, mask, sample_id = self.load_raw(item)
+        return normalize_clips(clip), mask.long(), sample_id
+
+    def load_raw(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """``(clip [T, 3, H, W] uint8, mask [H, W] uint8, sample_id)``: :meth:`__getitem__`
+        before :func:`normalize_clips` (resized and augmented; what loader workers send)."""
         index, aug_seed = item if isinstance(item, tuple) else (item, None)
         video, position = self.sample_ref(int(index))
         positions = self.clip_positions(video, position)
@@ -335,14 +402,20 @@ class ClipDataset(Dataset):
         clip = [resized[p] for p in positions]  # T x [H, W, 3] uint8, oldest first
         if self._augment is not None:
             clip, label = self._apply_augmentation(clip, label, aug_seed)
-        clip_tensor = normalize_frames(np.stack(clip))  # [T, 3, H, W] float32
-        mask_tensor = torch.from_numpy(label.astype(np.int64))  # [H, W]
-        return clip_tensor, mask_tensor, self.sample_id(int(index))
+        clip_tensor = torch.from_numpy(_channels_first(np.stack(clip)))  # [T, 3, H, W] uint8
+        return clip_tensor, torch.from_numpy(label), self.sample_id(int(index))
 
     def _read_label(
         self, video: VideoRecord, position: int, frame_size: tuple[int, ...]
     ) -> np.ndarray:
         """Label of ``video.frames[position]`` resized (nearest) to ``image_size``: uint8 [H, W]."""
+        return self.resize_label(self.read_native_label(video, position, frame_size))
+
+    def read_native_label(
+        self, video: VideoRecord, position: int, frame_size: tuple[int, ...]
+    ) -> np.ndarray:
+        """Label of ``video.frames[position]`` as stored (uint8 [H0, W0], 255 = ignore), checked
+        against the size of its frame (``frame_size`` (H0, W0))."""
         label_ref = video.labels[position]
         label = self.source.read_label(label_ref)
         if tuple(frame_size) != label.shape:
@@ -350,22 +423,26 @@ class ClipDataset(Dataset):
                 f"{label_ref.path}: mask size {label.shape} differs from frame size "
                 f"{tuple(frame_size)} of {video.frames[position].path}"
             )
+        return label
+
+    def resize_label(self, label: np.ndarray) -> np.ndarray:
+        """A native label [H0, W0] at ``image_size`` (nearest): uint8 [H, W]."""
         height, width = self.clip.image_size
         return cv2.resize(label, (width, height), interpolation=cv2.INTER_NEAREST)
 
     def read_frame(self, video: VideoRecord, position: int) -> tuple[torch.Tensor, tuple[int, int]]:
         """One frame as the network sees it without augmentation: ([3, H, W] float32 normalised,
         its size on disk (H0, W0)). What :meth:`__getitem__` puts in a clip, frame by frame."""
-        rgb = self.source.read_frame(video.frames[position])
-        frame = normalize_frames(resize_frame(rgb, self.clip.image_size)[None])[0]
-        return frame, (rgb.shape[0], rgb.shape[1])
+        frame, frame_size = self.read_raw_frame(video, position)
+        return normalize_clips(frame), frame_size
 
-    def read_mask(
-        self, video: VideoRecord, position: int, frame_size: tuple[int, int]
-    ) -> torch.Tensor:
-        """The label of a labelled frame as :meth:`__getitem__` returns it: int64 [H, W]."""
-        label = self._read_label(video, position, frame_size)
-        return torch.from_numpy(label.astype(np.int64))
+    def read_raw_frame(
+        self, video: VideoRecord, position: int
+    ) -> tuple[torch.Tensor, tuple[int, int]]:
+        """:meth:`read_frame` before normalisation: (uint8 [3, H, W], size on disk (H0, W0))."""
+        rgb = self.source.read_frame(video.frames[position])
+        frame = torch.from_numpy(_channels_first(resize_frame(rgb, self.clip.image_size)[None])[0])
+        return frame, (rgb.shape[0], rgb.shape[1])
 
     def _apply_augmentation(
         self, clip: list[np.ndarray], label: np.ndarray, aug_seed: int | None
@@ -459,12 +536,15 @@ def make_loader(
     dataset: ClipDataset,
     batch_size: int,
     shuffle: bool,
-    num_workers: int,
+    num_workers: int | str,
     seed: int,
     drop_last: bool,
 ) -> DataLoader:
     """A DataLoader of ``(clips [B, T, 3, H, W], masks [B, H, W], sample_ids)`` whose order and
-    augmentations depend only on ``seed`` and the epoch (each pass over the loader is one epoch)."""
+    augmentations depend only on ``seed`` and the epoch (each pass over the loader is one epoch).
+    Items are the dataset's (normalised float clips); :class:`BatchStream` is the training path
+    that sends uint8."""
+    num_workers = resolve_num_workers(num_workers)
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -500,21 +580,49 @@ class _ResumableBatchSampler:
             yield batch
 
 
+class _RawClips(Dataset):
+    """A ClipDataset whose items are :meth:`ClipDataset.load_raw`'s (uint8): what workers send."""
+
+    def __init__(self, dataset: ClipDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        return self.dataset.load_raw(item)
+
+
 class BatchStream:
     """An endless, seeded, resumable stream of shuffled batches for fixed-iteration training.
 
     Every batch is full (it continues into the next epoch's order when one ends). ``state_dict()``
     holds ``(epoch, position)`` of the next sample; loading it continues the same sequence of
     samples and augmentations.
+
+    Workers send uint8 clips and masks (pinned when CUDA is present); :meth:`next_batch` copies
+    them to ``device`` and normalises there, so the batches equal the dataset's items.
     """
 
     def __init__(
-        self, dataset: ClipDataset, batch_size: int, seed: int, num_workers: int = 0
+        self,
+        dataset: ClipDataset,
+        batch_size: int,
+        seed: int,
+        num_workers: int | str = 0,
+        device: torch.device | str | None = None,
+        num_classes: int | None = None,
     ) -> None:
+        """``num_workers``: a count or "auto" (:func:`resolve_num_workers`); ``device``: where
+        batches are normalised and returned (None: the CPU); ``num_classes``: the network's,
+        against which every batch's labels are checked on the CPU, before the copy (None: not
+        checked here; the loss then checks labels that are on the CPU)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.num_workers = num_workers
+        self.num_workers = resolve_num_workers(num_workers)
+        self.device = torch.device(device if device is not None else "cpu")
+        self.num_classes = num_classes
         self.epoch, self.position = 0, 0
         self._batches: Iterator[Batch] | None = None
 
@@ -523,10 +631,11 @@ class BatchStream:
         return _epoch_plan(len(self.dataset), self.seed, epoch, shuffle=True)
 
     def next_batch(self) -> Batch:
-        """``(clips [B, T, 3, H, W], masks [B, H, W], sample_ids)``."""
+        """``(clips [B, T, 3, H, W] float32 normalised, masks [B, H, W] int64, sample_ids)``, on
+        the stream's device."""
         if self._batches is None:
             loader = DataLoader(
-                self.dataset,
+                _RawClips(self.dataset),
                 batch_sampler=_ResumableBatchSampler(self, self.epoch, self.position),
                 num_workers=self.num_workers,
                 multiprocessing_context=_worker_context(self.num_workers),
@@ -536,10 +645,14 @@ class BatchStream:
                 generator=torch.Generator().manual_seed(self.seed),
             )
             self._batches = iter(loader)
-        batch = next(self._batches)
+        clips, masks, sample_ids = next(self._batches)  # uint8 [B, T, 3, H, W], uint8 [B, H, W]
         self.epoch += (self.position + self.batch_size) // len(self.dataset)
         self.position = (self.position + self.batch_size) % len(self.dataset)
-        return batch
+        if self.num_classes is not None:
+            check_label_values(masks, self.num_classes, IGNORE_INDEX, f"batch {sample_ids}")
+        clips = clips.to(self.device, non_blocking=True)
+        masks = masks.to(self.device, non_blocking=True)
+        return normalize_clips(clips), masks.long(), sample_ids
 
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
@@ -554,3 +667,58 @@ class BatchStream:
     def close(self) -> None:
         """Stop the worker processes (if any); the next ``next_batch`` restarts them."""
         self._batches = None
+
+
+FrameItem = tuple[torch.Tensor, torch.Tensor | None, int]
+"""One item of :class:`FrameDataset`: (frame uint8 [3, H, W], native label uint8 [H0, W0] or
+None for a context frame, the item's index)."""
+
+
+class FrameDataset(Dataset):
+    """Single frames of a :class:`ClipDataset`'s videos for streaming evaluation, in a given order.
+
+    ``frames`` lists ``(video_index, position, labelled)``; item ``i`` is :data:`FrameItem`:
+    the frame as the network sees it before normalisation (:meth:`ClipDataset.read_raw_frame`)
+    and, for a labelled frame, its label read once at native resolution (checked against the
+    frame's size), the one label read of an evaluation.
+    """
+
+    def __init__(self, dataset: ClipDataset, frames: Sequence[tuple[int, int, bool]]) -> None:
+        self.dataset = dataset
+        self.frames = list(frames)
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def __getitem__(self, index: int) -> FrameItem:
+        video_index, position, labelled = self.frames[index]
+        video = self.dataset.videos[video_index]
+        frame, frame_size = self.dataset.read_raw_frame(video, position)
+        if not labelled:
+            return frame, None, index
+        return frame, torch.from_numpy(self.dataset.read_native_label(video, position, frame_size)), index
+
+
+def collate_frames(
+    items: Sequence[FrameItem],
+) -> tuple[torch.Tensor, list[torch.Tensor | None], list[int]]:
+    """FrameDataset items -> (frames uint8 [B, 3, H, W], B native labels or None, B indices);
+    labels stay a list (their native sizes may differ)."""
+    frames, labels, indices = zip(*items, strict=True)
+    return torch.stack(frames), list(labels), list(indices)
+
+
+def frame_loader(dataset: FrameDataset, batch_size: int, num_workers: int | str) -> DataLoader:
+    """Batches of ``dataset`` in its order (:func:`collate_frames`), decoded by ``num_workers``
+    workers (a count or "auto"), pinned when CUDA is present."""
+    num_workers = resolve_num_workers(num_workers)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        multiprocessing_context=_worker_context(num_workers),
+        collate_fn=collate_frames,
+        pin_memory=torch.cuda.is_available(),
+        worker_init_fn=_seed_worker,
+    )

@@ -6,6 +6,14 @@ are reused by later clips, instead of encoding all 4 frames of every clip. The c
 clip dataset's (:func:`fedst.data.clips.clip_frame_positions` at ``clip.interval_s``), so the
 predictions equal ``model(clip)`` on each test clip (tests/test_infer.py).
 
+Batched (:func:`predict_test_frames`): loader workers decode and resize the needed frames
+(:class:`fedst.data.clips.FrameDataset`) and read each label once, at native resolution; they send
+uint8 frames, normalised on the device; ``batch_size`` consecutive frames of a video share one
+encoder pass (:meth:`fedst.model.network.StreamingState.step_frames`). Upsampling and argmax run
+on the device; only uint8 class maps come back to the host for the metrics. HD95 / ASSD can be
+left out of an evaluation (``distances=False``; ``train.distance_metrics_every``): they are most
+of the metric cost at native resolution.
+
 Scores are measured at each frame's **native label resolution**, as in the paper: the logits
 [C, h, w] at the network's input size are upsampled bilinearly to the label's size [H0, W0]
 (the frame was resized to the input without cropping, so the two grids cover the same image),
@@ -25,7 +33,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedst.data.clips import IMAGENET_MEAN, IMAGENET_STD, ClipDataset, clip_frame_positions
+from fedst.data.clips import (
+    ClipDataset,
+    FrameDataset,
+    clip_frame_positions,
+    frame_loader,
+    normalize_clips,
+)
 from fedst.metrics import SegmentationMeter
 from fedst.model.network import FedSTNet
 from fedst.progress import progress_bar
@@ -63,32 +77,96 @@ class EvaluationResult:
     """The site's labels are binary (instrument vs background)."""
 
 
-def denormalize(frame: torch.Tensor) -> np.ndarray:
-    """[3, H, W] normalised float -> RGB uint8 [H, W, 3]."""
-    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    rgb = (frame.cpu() * std + mean).clamp(0, 1) * 255
-    return rgb.permute(1, 2, 0).round().to(torch.uint8).numpy()
+@dataclass
+class FramePrediction:
+    """One test sample's prediction, as :func:`predict_test_frames` yields it."""
+
+    sample_id: str
+    frame: torch.Tensor
+    """The current frame as the network saw it before normalisation: uint8 [3, H, W] (host)."""
+    label: torch.Tensor
+    """Its label as stored: uint8 [H0, W0] (native resolution, 255 = ignore; host)."""
+    logits: torch.Tensor
+    """[K, H, W] at the network's input size, on the model's device."""
+
+
+def evaluation_plan(
+    dataset: ClipDataset, max_frames: int | None, temporal: bool
+) -> list[tuple[int, int, bool]]:
+    """``(video_index, position, labelled)`` of every frame the first ``max_frames`` samples
+    need, video by video in time order: the labelled frames and, with the temporal module, the
+    earlier frames of their clips (each once)."""
+    samples = dataset.samples[: len(dataset) if max_frames is None else max_frames]
+    plan = []
+    for video_index, group in groupby(samples, key=lambda sample: sample[0]):
+        video = dataset.videos[video_index]
+        labelled = {position for _, position in group}
+        needed = set(labelled)
+        if temporal:
+            for position in labelled:
+                needed.update(
+                    clip_frame_positions(
+                        video.times, position, dataset.clip_length, dataset.clip.interval_s
+                    )
+                )
+        plan += [(video_index, position, position in labelled) for position in sorted(needed)]
+    return plan
 
 
 @torch.no_grad()
-def score_at_native_resolution(
-    meter: SegmentationMeter, logits: torch.Tensor, sample_ids: list[str], dataset: ClipDataset
-) -> None:
-    """Score logits [B, C, h, w] against each frame's native label [H0, W0].
+def predict_test_frames(
+    model: FedSTNet,
+    dataset: ClipDataset,
+    indicator: torch.Tensor | None,
+    device: torch.device,
+    max_frames: int | None = None,
+    batch_size: int = 1,
+    num_workers: int | str = 0,
+) -> Iterator[FramePrediction]:
+    """Predictions of the first ``max_frames`` samples of ``dataset``, in dataset order, by
+    streaming each video's needed frames (:func:`evaluation_plan`) in batches of up to
+    ``batch_size`` consecutive frames of one video, loaded by ``num_workers`` workers.
 
-    Per frame: bilinear upsampling of the logits to [H0, W0] (align_corners=False), argmax,
-    then ``meter.update`` with the label as stored (``dataset.native_label``).
+    Sparse labels (e.g. 1 fps labels in a 25 fps video) cost 4 encoder passes per label at most,
+    dense labels 1.
     """
-    for frame_logits, sample_id in zip(logits, sample_ids, strict=True):
-        label = torch.from_numpy(dataset.native_label(sample_id).astype(np.int64))  # [H0, W0]
-        native = F.interpolate(
-            frame_logits[None].float(),
-            size=tuple(label.shape),
-            mode="bilinear",
-            align_corners=False,
-        )  # [1, C, h, w] -> [1, C, H0, W0]
-        meter.update(native.argmax(1).cpu(), label[None], [sample_id])
+    if batch_size < 1:
+        raise ValueError(f"evaluation batch_size must be >= 1, got {batch_size}")
+    model.eval()
+    temporal = model.uses_temporal(dataset.clip_length)
+    plan = evaluation_plan(dataset, max_frames, temporal)
+    loader = frame_loader(FrameDataset(dataset, plan), batch_size, num_workers)
+    state, current_video = None, None
+    for frames, labels, indices in loader:  # uint8 [B, 3, H, W], B x (uint8 [H0, W0] | None)
+        normalized = normalize_clips(frames.to(device, non_blocking=True))  # float [B, 3, H, W]
+        start = 0
+        while start < len(indices):  # one run of consecutive frames of one video at a time
+            video_index = plan[indices[start]][0]
+            end = start
+            while end < len(indices) and plan[indices[end]][0] == video_index:
+                end += 1
+            if video_index != current_video:
+                state = model.stream(
+                    indicator, interval_s=dataset.clip.interval_s, use_temporal=temporal
+                )
+                current_video = video_index
+            video = dataset.videos[video_index]
+            run = [plan[i] for i in indices[start:end]]
+            logits = state.step_frames(
+                normalized[start:end],
+                [video.times[position] for _, position, _ in run],
+                [labelled for _, _, labelled in run],
+            )  # [M, K, H, W] of the labelled frames of the run
+            labelled_rows = [start + j for j, (_, _, labelled) in enumerate(run) if labelled]
+            for k, row in enumerate(labelled_rows):
+                position = plan[indices[row]][1]
+                yield FramePrediction(
+                    sample_id=f"{dataset.site_name}/{video.video_id}/{position}",
+                    frame=frames[row],
+                    label=labels[row],
+                    logits=logits[k],
+                )
+            start = end
 
 
 @torch.no_grad()
@@ -100,35 +178,21 @@ def stream_test_clips(
     max_frames: int | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, str, torch.Tensor]]:
     """``(frame [3, H, W], mask [H, W], sample_id, logits [K, H, W])`` of the first ``max_frames``
-    samples of ``dataset``, in dataset order, predicted by streaming each video's needed frames.
+    samples, frame by frame in this process: :func:`predict_test_frames` with the frame and the
+    mask as ``dataset[i]`` gives them (normalised float; int64 at the network's input size)."""
+    for prediction in predict_test_frames(model, dataset, indicator, device, max_frames):
+        mask = torch.from_numpy(dataset.resize_label(prediction.label.numpy()).astype(np.int64))
+        yield normalize_clips(prediction.frame), mask, prediction.sample_id, prediction.logits
 
-    The needed frames of a video are the union of its samples' clip frames, so sparse labels
-    (e.g. 1 fps labels in a 25 fps video) cost 4 encoder passes per label at most, dense labels 1.
-    """
-    model.eval()
-    samples = dataset.samples[: len(dataset) if max_frames is None else max_frames]
-    temporal = model.uses_temporal(dataset.clip_length)
-    for video_index, group in groupby(samples, key=lambda sample: sample[0]):
-        video = dataset.videos[video_index]
-        labelled = [position for _, position in group]
-        needed = set(labelled)
-        if temporal:
-            for position in labelled:
-                needed.update(
-                    clip_frame_positions(
-                        video.times, position, dataset.clip_length, dataset.clip.interval_s
-                    )
-                )
-        state = model.stream(indicator, interval_s=dataset.clip.interval_s, use_temporal=temporal)
-        labelled_set = set(labelled)
-        for position in sorted(needed):
-            frame, frame_size = dataset.read_frame(video, position)  # [3, H, W]
-            predict = position in labelled_set
-            logits = state.step(frame[None].to(device), video.times[position], predict=predict)
-            if logits is not None:
-                mask = dataset.read_mask(video, position, frame_size)  # [H, W]
-                sample_id = f"{dataset.site_name}/{video.video_id}/{position}"
-                yield frame, mask, sample_id, logits[0]
+
+@torch.no_grad()
+def native_class_map(logits: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """logits [K, h, w] -> class map uint8 [H0, W0] = ``size`` on the logits' device: bilinear
+    upsampling (align_corners=False), then argmax (K <= 256 classes)."""
+    native = F.interpolate(
+        logits[None].float(), size=size, mode="bilinear", align_corners=False
+    )  # [1, K, h, w] -> [1, K, H0, W0]
+    return native[0].argmax(0).to(torch.uint8)
 
 
 @torch.no_grad()
@@ -141,25 +205,42 @@ def evaluate_model(
     max_frames: int | None = None,
     keep_examples: int = 0,
     progress: bool = False,
+    batch_size: int = 1,
+    num_workers: int | str = 0,
+    distances: bool = True,
 ) -> EvaluationResult:
-    """Predict every test clip's current frame (streaming, see the module docstring) and score it
-    against its label at native resolution (:func:`score_at_native_resolution`).
+    """Predict every test clip's current frame (:func:`predict_test_frames`: ``batch_size``
+    frames per pass, ``num_workers`` loader workers; callers pass ``train.eval_batch_size`` and
+    ``train.num_workers``) and score it against its label at native resolution: the logits
+    upsampled to the label's size and the argmax on the device (:func:`native_class_map`), the
+    uint8 map scored on the host. ``distances=False``: Dice / IoU only (HD95 / ASSD ``None``).
 
-    For a binary site (GraSP) every predicted part class counts as instrument (paper Sec. IV-D1).
+    The class count is the network's (its logits' channels). For a binary site (GraSP) every
+    predicted part class counts as instrument (paper Sec. IV-D1).
     """
-    meter = SegmentationMeter(binary_target=dataset.binary)
+    meter: SegmentationMeter | None = None
     examples: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
     ind = indicator.to(device) if indicator is not None else None
     total = len(dataset) if max_frames is None else min(max_frames, len(dataset))
-    for frame, mask, sample_id, logits in progress_bar(
-        stream_test_clips(model, dataset, ind, device, max_frames),
-        total=total,
-        desc=f"eval {dataset.site_name}",
-        enabled=progress,
-        leave=False,
+    predictions = predict_test_frames(
+        model, dataset, ind, device, max_frames, batch_size, num_workers
+    )
+    for prediction in progress_bar(
+        predictions, total=total, desc=f"eval {dataset.site_name}", enabled=progress, leave=False
     ):
-        score_at_native_resolution(meter, logits[None], [sample_id], dataset)
+        if meter is None:
+            meter = SegmentationMeter(
+                num_classes=prediction.logits.shape[0],
+                binary_target=dataset.binary,
+                distances=distances,
+            )
+        label = prediction.label  # uint8 [H0, W0]
+        pred = native_class_map(prediction.logits, tuple(label.shape)).cpu()  # uint8 [H0, W0]
+        meter.update(pred[None], label[None], [prediction.sample_id])
         if len(examples) < keep_examples:
-            pred = logits.argmax(0).cpu()  # [H, W], network input size (overlays)
-            examples.append((sample_id, denormalize(frame), mask.numpy(), pred.numpy()))
+            rgb = prediction.frame.permute(1, 2, 0).numpy()  # [H, W, 3] uint8
+            mask = dataset.resize_label(label.numpy()).astype(np.int64)  # [H, W]
+            small = prediction.logits.argmax(0).cpu().numpy()  # [H, W], network input size
+            examples.append((prediction.sample_id, rgb, mask, small))
+    assert meter is not None  # a ClipDataset has at least one sample
     return EvaluationResult(summary=meter.summary(), examples=examples, binary=dataset.binary)

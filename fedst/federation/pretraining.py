@@ -14,9 +14,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedst.accel import LossLog, Precision, optimizer_step
 from fedst.data.clips import BatchStream
 from fedst.model.losses import SegmentationLoss
 from fedst.progress import progress_bar
+
+TAIL = 10
+"""The returned loss is the mean of the last TAIL steps."""
 
 
 def pretrain_on_synthetic(
@@ -28,19 +32,26 @@ def pretrain_on_synthetic(
     iters: int,
     device: torch.device,
     progress: bool = False,
+    precision: Precision | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> float:
     """``iters`` steps of L_seg on synthetic batches (images [B, T, 3, H, W], masks [B, H, W]),
-    each frame alone; returns the mean loss of the last 10 steps."""
+    each frame alone; returns the mean loss of the last 10 steps.
+
+    ``precision`` (fedst.accel.resolve_precision of ``train.amp_dtype``; None: fp32) and its
+    ``scaler`` (fp16) set the mixed precision; losses stay on the device until the end.
+    """
+    precision = precision or Precision(device.type)
     model.train()
-    tail: list[float] = []
+    losses = LossLog()
     for _ in progress_bar(
         range(iters), desc="synthetic pre-training", enabled=progress, leave=False
     ):
         images, masks, _ = stream.next_batch()
-        logits = model(images.to(device), indicator, use_temporal=False)
-        loss = loss_fn(logits, masks.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        tail = [*tail[-9:], loss.item()]
+        with precision.autocast():
+            logits = model(images.to(device), indicator, use_temporal=False)
+        loss = loss_fn(logits.float(), masks.to(device))
+        optimizer_step(loss, optimizer, scaler, model.parameters())
+        losses.append(loss)
+    tail = losses.values()[-TAIL:]
     return sum(tail) / max(len(tail), 1)

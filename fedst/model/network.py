@@ -316,17 +316,70 @@ class StreamingState:
         if not (predict or self.temporal):
             return None
         feats = self.net.encoder(frame)  # 4 x [B, C_i, h_i, w_i]
-        history: dict[int, list[torch.Tensor]] = {}
-        if self.temporal:
-            stages = self.net.cfg.temporal_stages
-            earlier = self._history.context(time)  # T-1 x ({stage: [B, C, h, w]} | None)
-            self._history.append(time, {s: feats[s] for s in stages})
-            history = {
-                s: [feats[s] if e is None else e[s] for e in earlier] + [feats[s]] for s in stages
-            }
+        history = self._advance(time, feats) if self.temporal else {}
         if not predict:
             return None
         return self.net._decode(feats, history, self.indicator, (frame.shape[2], frame.shape[3]))
+
+    @torch.no_grad()
+    def step_frames(
+        self,
+        frames: torch.Tensor,
+        times_s: list[float] | None = None,
+        predict: list[bool] | None = None,
+    ) -> torch.Tensor | None:
+        """N consecutive frames of this stream's video, in time order: frames [N, 3, H, W] at
+        ``times_s`` -> logits [M, K, H, W] of the M frames with ``predict`` true (None if M = 0).
+
+        Equals N calls of :meth:`step` on [1, 3, H, W] frames (to float rounding), with one
+        batched encoder pass over the frames it needs and one batched decoder pass over the
+        predicted ones. ``predict`` defaults to every frame.
+        """
+        if frames.dim() != 4:
+            raise ValueError(
+                f"StreamingState.step_frames expects [N, 3, H, W], got {tuple(frames.shape)}"
+            )
+        count = frames.shape[0]
+        predict = [True] * count if predict is None else list(predict)
+        if self.timed == (times_s is None) or len(predict) != count:
+            raise ValueError(
+                "StreamingState.step_frames: pass one time per frame exactly when the stream was "
+                f"started with interval_s, and one predict flag per frame (got {count} frames, "
+                f"times {times_s}, predict {predict})"
+            )
+        if times_s is None:
+            times = [float(self._frames_seen + i) for i in range(count)]
+        else:
+            times = [float(t) for t in times_s]
+        self._frames_seen += count
+        encoded = [i for i in range(count) if predict[i] or self.temporal]
+        if not encoded:
+            return None
+        feats = self.net.encoder(frames if len(encoded) == count else frames[encoded])
+        predicted, histories = [], []  # rows of feats, and their temporal context
+        for row, i in enumerate(encoded):
+            own = [f[row : row + 1] for f in feats]  # 4 x [1, C_i, h_i, w_i]
+            history = self._advance(times[i], own) if self.temporal else {}
+            if predict[i]:
+                predicted.append(row)
+                histories.append(history)
+        if not predicted:
+            return None
+        if len(predicted) != len(encoded):
+            feats = [f[predicted] for f in feats]  # 4 x [M, C_i, h_i, w_i]
+        stacked = {  # stage -> T x [M, C, h, w]
+            s: [torch.cat([h[s][t] for h in histories]) for t in range(self.net.cfg.num_frames)]
+            for s in (self.net.cfg.temporal_stages if self.temporal else ())
+        }
+        return self.net._decode(feats, stacked, self.indicator, (frames.shape[2], frames.shape[3]))
+
+    def _advance(self, time: float, feats: list[torch.Tensor]) -> dict[int, list[torch.Tensor]]:
+        """Add a frame's temporal-stage features (``feats``: its 4 maps [B, C_i, h_i, w_i]) to the
+        history; return its clip's features per temporal stage, T x [B, C, h, w], oldest first."""
+        stages = self.net.cfg.temporal_stages
+        earlier = self._history.context(time)  # T-1 x ({stage: [B, C, h, w]} | None)
+        self._history.append(time, {s: feats[s] for s in stages})
+        return {s: [feats[s] if e is None else e[s] for e in earlier] + [feats[s]] for s in stages}
 
 
 def build_network(cfg: NetworkConfig) -> FedSTNet:

@@ -1,0 +1,199 @@
+"""How a training or evaluation step uses the device: mixed precision, TF32, cuDNN autotuning,
+fused optimizers, optional ``torch.compile``, and losses kept on the device between host syncs.
+
+The config fields (``train.amp_dtype``, ``train.compile``, ``train.tf32``,
+``train.cudnn_benchmark``; fedst/experiment.py TrainConfig) are read once where a site or the
+server sets up; everything below takes plain arguments. On the CPU every choice here is a no-op
+(fp32, no scaler, unfused optimizers), so CPU results do not depend on these settings.
+
+A site step with these helpers (the shape of fedst/federation/site.py and serq.py)::
+
+    configure_device(device, tf32=cfg.tf32, cudnn_benchmark=cfg.cudnn_benchmark)  # once
+    precision = resolve_precision(cfg.amp_dtype, device)
+    scaler = precision.grad_scaler()          # None unless fp16
+    optimizer = torch.optim.AdamW(params, lr, weight_decay=wd, **fused_optimizer_options(device))
+    losses = LossLog()
+    for ...:
+        with precision.autocast():
+            loss = loss_fn(model(clips).float(), masks)
+        optimizer_step(loss, optimizer, scaler, model.parameters(), max_grad_norm)
+        losses.append(loss)                  # no .item(): stays on the device
+    values = losses.values()                 # one host sync per phase
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = [
+    "AMP_DTYPES",
+    "LossLog",
+    "Precision",
+    "configure_device",
+    "first_non_finite",
+    "fused_optimizer_options",
+    "maybe_compile",
+    "optimizer_step",
+    "resolve_precision",
+]
+
+log = logging.getLogger(__name__)
+
+AMP_DTYPES = ("auto", "bf16", "fp16", "none")
+"""Values of ``train.amp_dtype``: auto (bf16 where the GPU supports it, else fp16) | bf16 | fp16
+(with a GradScaler) | none (fp32)."""
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The resolved mixed precision of one device: autocast dtype (None: fp32) and whether the
+    gradients need loss scaling (fp16 only: its 5-bit exponent underflows small gradients)."""
+
+    device_type: str
+    dtype: torch.dtype | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.dtype is not None
+
+    @property
+    def needs_scaler(self) -> bool:
+        return self.dtype == torch.float16
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` at this dtype; a no-op context in fp32."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """A fresh GradScaler for fp16, else None (bf16 and fp32 need no loss scaling)."""
+        return torch.amp.GradScaler(self.device_type) if self.needs_scaler else None
+
+
+def resolve_precision(
+    amp_dtype: str, device: torch.device, bf16_supported: bool | None = None
+) -> Precision:
+    """``train.amp_dtype`` on ``device`` -> :class:`Precision`.
+
+    Mixed precision runs on CUDA only: on any other device every setting gives fp32 (as before
+    ``amp_dtype`` existed, when ``train.amp`` was "ignored on CPU"). ``auto`` picks bf16 when the
+    GPU supports it (Ampere and later), else fp16 with a GradScaler. ``bf16_supported`` overrides
+    the query of the GPU (tests).
+    """
+    if amp_dtype not in AMP_DTYPES:
+        raise ValueError(f"train.amp_dtype={amp_dtype!r}; choose one of {AMP_DTYPES}")
+    if device.type != "cuda" or amp_dtype == "none":
+        return Precision(device.type)
+    if amp_dtype == "auto":
+        if bf16_supported is None:
+            bf16_supported = torch.cuda.is_bf16_supported()
+        amp_dtype = "bf16" if bf16_supported else "fp16"
+    return Precision(device.type, _AUTOCAST_DTYPES[amp_dtype])
+
+
+def configure_device(device: torch.device, *, tf32: bool, cudnn_benchmark: bool) -> None:
+    """Process-wide CUDA settings (call once where the process picks its device; no-op elsewhere).
+
+    ``tf32``: fp32 matmuls and convolutions on TF32 tensor cores (Ampere and later; 10-bit
+    mantissa products, fp32 accumulation). ``cudnn_benchmark``: cuDNN times its convolution
+    algorithms for each new input shape and keeps the fastest (our shapes are fixed per run).
+    """
+    if device.type != "cuda":
+        return
+    precision = "tf32" if tf32 else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = precision
+    torch.backends.cudnn.conv.fp32_precision = precision
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    log.info("CUDA: fp32 matmul/conv precision %s, cudnn.benchmark=%s", precision, cudnn_benchmark)
+
+
+def fused_optimizer_options(device: torch.device) -> dict[str, bool]:
+    """Keyword arguments of ``torch.optim.Adam`` / ``AdamW`` for ``device``: the fused CUDA
+    kernel (one launch for every parameter) on CUDA, the default implementation elsewhere."""
+    return {"fused": True} if device.type == "cuda" else {}
+
+
+def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
+    """``model.compile()`` in place when ``enabled`` (``train.compile``); returns ``model``.
+
+    In place (``nn.Module.compile``), not ``torch.compile(model)``: the wrapper the latter returns
+    prefixes every state-dict key with ``_orig_mod.``, which the partition rules and checkpoints
+    would not match. Only ``model(...)`` (training's forward) is compiled; streaming evaluation
+    calls the submodules directly and stays eager.
+    """
+    if enabled:
+        model.compile()
+        log.info(
+            "torch.compile: %s compiled (first steps are slower while it traces)",
+            type(model).__name__,
+        )
+    return model
+
+
+def optimizer_step(
+    loss: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    parameters: Iterable[torch.nn.Parameter],
+    max_grad_norm: float | None = None,
+) -> None:
+    """Backward pass and one optimizer step, without a host sync (clipping included).
+
+    With a ``scaler`` (fp16) the loss is scaled, the gradients unscaled before clipping, and a
+    step with non-finite gradients is skipped by the scaler (which then lowers its scale).
+    """
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is None:
+        loss.backward()
+    else:
+        scaler.scale(loss).backward()
+    if max_grad_norm is not None:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(list(parameters), max_grad_norm)
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+
+
+class LossLog:
+    """Per-iteration losses kept on the device; :meth:`values` copies them to the host at once.
+
+    ``loss.item()`` every iteration makes the host wait for the GPU each step; a launch-bound
+    network (PVTv2-b0) then idles the GPU between steps. Checking finiteness on the collected
+    values at the end of a phase stops a diverged run one phase later than a per-step check, but
+    before anything is saved (a site saves after its phases), so the same checkpoint is kept.
+    """
+
+    def __init__(self) -> None:
+        self._losses: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self._losses)
+
+    def append(self, loss: torch.Tensor) -> None:
+        """Record a scalar loss (detached; no host sync)."""
+        self._losses.append(loss.detach().float().reshape(()))
+
+    def values(self) -> list[float]:
+        """Every recorded loss as Python floats (one device-to-host copy)."""
+        if not self._losses:
+            return []
+        return torch.stack(self._losses).cpu().tolist()
+
+
+def first_non_finite(values: Sequence[float]) -> int | None:
+    """Index of the first NaN or infinite value in ``values`` (None: all finite)."""
+    return next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
