@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -281,6 +282,7 @@ def finalize_run(
             "model_selection_failure": record["model_selection_failure"],
             "test": record["test"][rule],
         }
+    final["code"] = code_version()  # which code the numbers come from
     if (run_dir / "benchmark.json").is_file():  # which procedural benchmark the numbers are on
         final["benchmark"] = json.loads((run_dir / "benchmark.json").read_text())
     atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / "final.json")
@@ -292,6 +294,30 @@ def finalize_run(
     if examples:
         plots.qualitative_grid(examples, run_dir / "plots" / "qualitative.png")
     return final
+
+
+def code_version() -> dict[str, Any] | None:
+    """{"commit": HEAD, "dirty": uncommitted changes to tracked files} of the checkout this code
+    runs from; None outside a git checkout (an installed package) or without git."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(status.strip())}
 
 
 ROUND_KIND = "round"

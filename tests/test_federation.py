@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +146,7 @@ def test_a_two_round_federation_writes_every_output(fedst_run):
         assert (run_dir / name).is_file(), name
     assert sorted(final["sites"]) == ["A", "B", "C", "D"]
     assert sorted(final["out_of_federation"]) == ["E", "grasp"]
+    assert re.fullmatch(r"[0-9a-f]{40}", final["code"]["commit"])  # the tests run in a checkout
     assert list((run_dir / "tables").glob("*.md")) and list((run_dir / "tables").glob("*.csv"))
     rounds = {(r["round"], r["site"]) for r in read_jsonl(run_dir / "metrics.jsonl")}
     assert rounds == {(t, s) for t in (1, 2) for s in "ABCD"}
