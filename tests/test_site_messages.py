@@ -25,8 +25,11 @@ from fedst.app import server_app
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
+from fedst.config import ConfigError
 from fedst.data.procedural import generate
+from fedst.deploy import run_config_overrides
 from fedst.experiment import (
+    DeployConfig,
     RoundPolicy,
     experiment_from_json,
     site_node_config,
@@ -193,6 +196,45 @@ def test_a_round_goes_on_without_a_failing_site_which_rejoins_and_may_decline_ex
         "left_out": ["C (declined)"],
     }
     assert "E" in final["out_of_federation"]
+
+
+def test_evaluate_steps_wait_the_eval_timeout_and_training_steps_the_round_timeout(
+    tiny_root, tmp_path
+):
+    """Scoring a whole split (HD95 / ASSD included) takes longer than E local iterations: test
+    and validation broadcasts get policy.eval_timeout, training broadcasts policy.round_timeout."""
+    cfg = experiment(
+        tiny_root,
+        "data.federation=[A,D]",
+        "data.out_of_federation=[]",
+        "train.total_iters=2",
+        "train.local_iters=2",
+        "train.val_every=1",
+    )
+    timeouts: list[tuple[str, str, float | None]] = []
+    original = server_app._broadcast
+
+    def recording(grid, nodes, kind, payload, config, server_round, timeout=None, **kwargs):
+        timeouts.append((kind, config.get("split", "test"), timeout))
+        return original(grid, nodes, kind, payload, config, server_round, timeout, **kwargs)
+
+    policy = RoundPolicy(round_timeout=100.0, eval_timeout=300.0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(server_app, "_broadcast", recording)
+        _inprocess_run(cfg, tmp_path / "run", policy)
+    assert ("train", "test", 100.0) in timeouts
+    evaluations = {(split, t) for kind, split, t in timeouts if kind == "evaluate"}
+    assert evaluations == {("test", 300.0), ("val", 300.0)}
+    assert all(t == 100.0 for kind, _, t in timeouts if kind != "evaluate")
+
+
+def test_the_eval_timeout_defaults_to_three_round_timeouts_and_reaches_the_serverapp():
+    assert DeployConfig(round_timeout=600.0).policy().eval_timeout == 1800.0
+    assert DeployConfig(round_timeout=600.0, eval_timeout=50.0).policy().eval_timeout == 50.0
+    overrides = run_config_overrides(Path("run"), DeployConfig(round_timeout=10.0).policy())
+    assert "eval-timeout=30.0" in overrides.split()
+    with pytest.raises(ConfigError, match=r"deploy.eval_timeout=0: must be > 0"):
+        DeployConfig(eval_timeout=0)
 
 
 def test_a_round_with_fewer_sites_than_the_minimum_stops_naming_the_failure(tiny_root, tmp_path):
