@@ -23,8 +23,8 @@ Across hospitals (Flower's deployment engine, docs/deployment.md):
 Site options (the server never sends them): data.sites.<site>.root, train.device,
 train.num_workers, deploy.state_dir, deploy.share_personal, deploy.site_port, deploy.server,
 deploy.certs, deploy.keys, deploy.connect_timeout, deploy.executor_poll. Server options:
-deploy.host, deploy.port, deploy.min_sites, deploy.round_timeout, deploy.join_timeout,
-deploy.reply_poll. Both: deploy.transfers_in_flight, deploy.chunk_mib. All: fedst/experiment.py
+deploy.host, deploy.port, deploy.min_sites, deploy.round_timeout, deploy.eval_timeout,
+deploy.join_timeout, deploy.reply_poll. Both: deploy.transfers_in_flight, deploy.chunk_mib. All: fedst/experiment.py
 DeployConfig.
 
 Configs: configs/ (see configs/config.yaml). The run directory layout: fedst/federation/run_io.py.

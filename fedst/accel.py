@@ -142,7 +142,7 @@ def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
 
 def optimizer_step(
     loss: torch.Tensor,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
     scaler: torch.amp.GradScaler | None,
     parameters: Iterable[torch.nn.Parameter],
     max_grad_norm: float | None = None,
@@ -151,20 +151,29 @@ def optimizer_step(
 
     With a ``scaler`` (fp16) the loss is scaled, the gradients unscaled before clipping, and a
     step with non-finite gradients is skipped by the scaler (which then lowers its scale).
+
+    ``optimizer`` may be several optimizers of one loss (SERQ's EQ step: v_pre's Adam and D_sy's
+    SGD): each is zeroed, then stepped once in order after the one backward pass; one scaler
+    serves them all and updates its scale once (PyTorch AMP, "multiple optimizers").
     """
-    optimizer.zero_grad(set_to_none=True)
+    optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+    for each in optimizers:
+        each.zero_grad(set_to_none=True)
     if scaler is None:
         loss.backward()
     else:
         scaler.scale(loss).backward()
     if max_grad_norm is not None:
         if scaler is not None:
-            scaler.unscale_(optimizer)
+            for each in optimizers:
+                scaler.unscale_(each)
         torch.nn.utils.clip_grad_norm_(list(parameters), max_grad_norm)
-    if scaler is None:
-        optimizer.step()
-    else:
-        scaler.step(optimizer)
+    for each in optimizers:
+        if scaler is None:
+            each.step()
+        else:
+            scaler.step(each)
+    if scaler is not None:
         scaler.update()
 
 

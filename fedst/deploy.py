@@ -41,7 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from fedst.config import ConfigError
-from fedst.experiment import DeployConfig, ExperimentConfig, RoundPolicy, site_node_config
+from fedst.experiment import (
+    DeployConfig,
+    ExperimentConfig,
+    RoundPolicy,
+    default_eval_timeout,
+    site_node_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +312,7 @@ def run_config_overrides(run_dir: Path, policy: RoundPolicy) -> str:
         "run-dir": str(run_dir.resolve()),
         "min-sites": policy.min_sites or 0,
         "round-timeout": float(policy.round_timeout or 0.0),
+        "eval-timeout": float(policy.eval_timeout or 0.0),
         "join-timeout": float(policy.join_timeout),
         "audit": policy.audit,
         "reply-poll": float(policy.reply_poll),
@@ -399,9 +406,13 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
         run_dir = run_dir / f"{cfg.method.name}_s{cfg.seed}_{stamp}"
         prepare_run(cfg, run_dir, progress=False, federated_data=False)
     setup_logging(run_dir)
+    round_timeout = float(run_config.get("round-timeout", 0.0)) or None
     policy = RoundPolicy(
         min_sites=int(run_config.get("min-sites", 0)) or None,
-        round_timeout=float(run_config.get("round-timeout", 0.0)) or None,
+        round_timeout=round_timeout,
+        eval_timeout=default_eval_timeout(
+            round_timeout, float(run_config.get("eval-timeout", 0.0)) or None
+        ),
         join_timeout=float(run_config.get("join-timeout", 0.0)),
         collect_personal=True,
         audit=bool(run_config.get("audit", False)),

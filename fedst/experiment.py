@@ -690,6 +690,18 @@ def site_node_config(
     )
 
 
+EVAL_TIMEOUT_FACTOR = 3.0
+"""``deploy.eval_timeout`` when unset: this many times ``deploy.round_timeout`` (DeployConfig)."""
+
+
+def default_eval_timeout(round_timeout: float | None, eval_timeout: float | None) -> float | None:
+    """``eval_timeout``, or EVAL_TIMEOUT_FACTOR x ``round_timeout`` when it is None (None when
+    both are: no timeout)."""
+    if eval_timeout is not None:
+        return eval_timeout
+    return None if round_timeout is None else EVAL_TIMEOUT_FACTOR * round_timeout
+
+
 @dataclass(frozen=True)
 class RoundPolicy:
     """How the server treats sites that do not answer (deployment; the in-process engine keeps
@@ -699,7 +711,12 @@ class RoundPolicy:
     """Fewest sites whose replies a round aggregates (None: every federated site). A round with
     fewer stops the run with a message naming the missing sites and their errors."""
     round_timeout: float | None = None
-    """Seconds the server waits for the replies of one train/evaluate step (None: forever)."""
+    """Seconds the server waits for the replies of one training step (and the other non-evaluation
+    steps: final stage, personal exchange and export) (None: forever)."""
+    eval_timeout: float | None = None
+    """Seconds the server waits for the replies of one evaluate step, test or validation scores
+    (None: forever). Longer than ``round_timeout`` in a deployment (``deploy.eval_timeout``):
+    see there."""
     join_timeout: float = 0.0
     """Seconds the server waits for SuperNodes to connect: before round 1 for every site, before
     later rounds for sites that dropped out (then it goes on with those connected)."""
@@ -716,6 +733,8 @@ class RoundPolicy:
             raise ConfigError(f"deploy.min_sites={self.min_sites}: must be >= 1 (or null: all)")
         if self.round_timeout is not None and self.round_timeout <= 0:
             raise ConfigError(f"deploy.round_timeout={self.round_timeout}: must be > 0 or null")
+        if self.eval_timeout is not None and self.eval_timeout <= 0:
+            raise ConfigError(f"deploy.eval_timeout={self.eval_timeout}: must be > 0 or null")
         if self.reply_poll <= 0:
             raise ConfigError(f"deploy.reply_poll={self.reply_poll}: must be > 0 seconds")
 
@@ -773,7 +792,16 @@ class DeployConfig:
     min_sites: int | None = None
     """Server: fewest sites a round aggregates (None: all)."""
     round_timeout: float = 600.0
-    """Server: seconds to wait for the replies of one train/evaluate step."""
+    """Server: seconds to wait for the replies of one training step (and of the final stage and
+    the personal exchange / export)."""
+    eval_timeout: float | None = None
+    """Server: seconds to wait for the replies of one evaluate step (test scores, validation
+    scores); null: EVAL_TIMEOUT_FACTOR (3) x round_timeout. An evaluate step can take longer than
+    a training step: a site scores its whole test (or validation) split, every frame at native
+    resolution with HD95 / ASSD (distance transforms on the CPU), plus the other sites' splits
+    under method.returned_model / scored sites, while a training step is a fixed
+    train.local_iters batches. A site still evaluating when the step times out would be left
+    out of the round (or stop the run below deploy.min_sites) although it is healthy."""
     join_timeout: float = 300.0
     """Server: seconds to wait for the sites to connect (before round 1; before later rounds for
     sites that dropped out)."""
@@ -809,6 +837,8 @@ class DeployConfig:
             raise ConfigError(
                 f"deploy.transfers_in_flight={self.transfers_in_flight}: must be >= 1"
             )
+        if self.eval_timeout is not None and self.eval_timeout <= 0:
+            raise ConfigError(f"deploy.eval_timeout={self.eval_timeout}: must be > 0 or null")
 
     def flower_env(self) -> dict[str, str]:
         """The environment variables through which Flower's processes read the transfer
@@ -823,6 +853,7 @@ class DeployConfig:
         return RoundPolicy(
             min_sites=self.min_sites,
             round_timeout=self.round_timeout,
+            eval_timeout=default_eval_timeout(self.round_timeout, self.eval_timeout),
             join_timeout=self.join_timeout,
             collect_personal=True,
             audit=self.audit,

@@ -171,9 +171,9 @@ def evaluate_out_of_federation(
             data.test,
             indicators.get(site),
             device,
-            max_frames=cfg.train.eval_max_frames,
             keep_examples=keep_examples,
             progress=progress,
+            **cfg.train.evaluation_options(),
         )
         log.info(
             "out-of-federation %s: Dice %s IoU %s",
@@ -320,8 +320,8 @@ def evaluate_new_site(
         dataset,
         indicator,
         device,
-        max_frames=cfg.train.eval_max_frames,
         progress=progress,
+        **cfg.train.evaluation_options(),
     )
     log.info(
         "new site %s: Dice %s IoU %s",

@@ -25,8 +25,11 @@ from fedst.app import server_app
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
+from fedst.config import ConfigError
 from fedst.data.procedural import generate
+from fedst.deploy import run_config_overrides
 from fedst.experiment import (
+    DeployConfig,
     RoundPolicy,
     experiment_from_json,
     site_node_config,
@@ -34,7 +37,12 @@ from fedst.experiment import (
     state_fingerprint,
 )
 from fedst.federation import site as site_module
-from fedst.federation.site import STATE_FINGERPRINT, Site, StateMismatchError
+from fedst.federation.site import (
+    STATE_FINGERPRINT,
+    NonFiniteLossError,
+    Site,
+    StateMismatchError,
+)
 from fedst.methods import method_of
 from fedst.training import finalize_run, prepare_run, run_training
 from tests.test_federation import experiment, read_jsonl
@@ -163,6 +171,49 @@ def _inprocess_run(cfg, run_dir, policy, node_settings=None, node_sites=None):
     return grid
 
 
+def test_a_non_finite_loss_stops_the_site_naming_its_iteration_before_anything_is_saved(
+    tiny_root, tmp_path
+):
+    """Losses are read once per phase (no host sync per step): the check names the first
+    non-finite iteration and the round's state is not written, so the last checkpoint is kept."""
+    cfg = experiment(tiny_root)
+    site = Site("A", cfg, tmp_path, torch.device("cpu"))
+    assert [phase.iterations for phase in site.method.local_phases(3)] == [3]
+    original, calls = site.method.local_loss, []
+
+    def nan_at_the_second_step(owner, logits, masks):
+        calls.append(1)
+        loss = original(owner, logits, masks)
+        return loss * float("nan") if len(calls) == 2 else loss
+
+    site.method.local_loss = nan_at_the_second_step
+    full = {k: v.clone() for k, v in method_of(cfg).build_model().state_dict().items()}
+    with pytest.raises(NonFiniteLossError) as caught:
+        site.train_round(full, server_round=1, local_iters=3)
+    message = str(caught.value)
+    assert "site A: loss is nan at round 1, local iteration 1 (" in message
+    assert "keeps the checkpoint of round 0" in message and "train.max_grad_norm" in message
+    assert len(calls) == 3  # the phase ran to its end; nothing was saved for round 1
+    assert not (tmp_path / "state_r0001.pt").exists()
+
+
+def test_a_sites_grad_scaler_is_saved_and_restored_with_its_state(tiny_root, tmp_path):
+    """fp16 (CUDA) sites keep their loss scale across rounds and restarts; on the CPU the site
+    has no scaler, so one is put in by hand."""
+    cfg = experiment(tiny_root)
+    first = Site("A", cfg, tmp_path, torch.device("cpu"))
+    assert first.scaler is None  # fp32 on the CPU whatever train.amp_dtype says
+    first.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    full = {k: v.clone() for k, v in method_of(cfg).build_model().state_dict().items()}
+    first.train_round(full, server_round=1, local_iters=1)
+    saved = torch.load(tmp_path / "state_r0001.pt", weights_only=False)
+    assert saved["scaler"]["scale"] == first.scaler.get_scale()
+    restarted = Site("A", cfg, tmp_path, torch.device("cpu"))
+    restarted.scaler = torch.amp.GradScaler("cpu", init_scale=2.0)
+    restarted.restore(1)
+    assert restarted.scaler.get_scale() == first.scaler.get_scale()
+
+
 def test_a_round_goes_on_without_a_failing_site_which_rejoins_and_may_decline_export(
     tiny_root, tmp_path
 ):
@@ -193,6 +244,45 @@ def test_a_round_goes_on_without_a_failing_site_which_rejoins_and_may_decline_ex
         "left_out": ["C (declined)"],
     }
     assert "E" in final["out_of_federation"]
+
+
+def test_evaluate_steps_wait_the_eval_timeout_and_training_steps_the_round_timeout(
+    tiny_root, tmp_path
+):
+    """Scoring a whole split (HD95 / ASSD included) takes longer than E local iterations: test
+    and validation broadcasts get policy.eval_timeout, training broadcasts policy.round_timeout."""
+    cfg = experiment(
+        tiny_root,
+        "data.federation=[A,D]",
+        "data.out_of_federation=[]",
+        "train.total_iters=2",
+        "train.local_iters=2",
+        "train.val_every=1",
+    )
+    timeouts: list[tuple[str, str, float | None]] = []
+    original = server_app._broadcast
+
+    def recording(grid, nodes, kind, payload, config, server_round, timeout=None, **kwargs):
+        timeouts.append((kind, config.get("split", "test"), timeout))
+        return original(grid, nodes, kind, payload, config, server_round, timeout, **kwargs)
+
+    policy = RoundPolicy(round_timeout=100.0, eval_timeout=300.0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(server_app, "_broadcast", recording)
+        _inprocess_run(cfg, tmp_path / "run", policy)
+    assert ("train", "test", 100.0) in timeouts
+    evaluations = {(split, t) for kind, split, t in timeouts if kind == "evaluate"}
+    assert evaluations == {("test", 300.0), ("val", 300.0)}
+    assert all(t == 100.0 for kind, _, t in timeouts if kind != "evaluate")
+
+
+def test_the_eval_timeout_defaults_to_three_round_timeouts_and_reaches_the_serverapp():
+    assert DeployConfig(round_timeout=600.0).policy().eval_timeout == 1800.0
+    assert DeployConfig(round_timeout=600.0, eval_timeout=50.0).policy().eval_timeout == 50.0
+    overrides = run_config_overrides(Path("run"), DeployConfig(round_timeout=10.0).policy())
+    assert "eval-timeout=30.0" in overrides.split()
+    with pytest.raises(ConfigError, match=r"deploy.eval_timeout=0: must be > 0"):
+        DeployConfig(eval_timeout=0)
 
 
 def test_a_round_with_fewer_sites_than_the_minimum_stops_naming_the_failure(tiny_root, tmp_path):

@@ -416,7 +416,7 @@ def run_federation(
                 shared,
                 config,
                 server_round,
-                timeout=policy.round_timeout,
+                timeout=policy.eval_timeout,
                 poll=policy.reply_poll,
                 audit=audit,
             )
@@ -438,7 +438,7 @@ def run_federation(
                 transport.pack(shared_params, precision),
                 {**config, "split": "val"},
                 server_round,
-                timeout=policy.round_timeout,
+                timeout=policy.eval_timeout,
                 poll=policy.reply_poll,
                 audit=audit,
             )
@@ -589,7 +589,7 @@ def _run_final_stage(
         nothing,
         config,
         stage_round,
-        timeout=policy.round_timeout,
+        timeout=policy.eval_timeout,
         poll=policy.reply_poll,
         audit=audit,
     )

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedst.accel import LossLog, Precision, fused_optimizer_options, optimizer_step
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.experiment import SerqConfig
 from fedst.federation.pretraining import pretrain_on_synthetic
@@ -108,8 +109,16 @@ class Serq:
         loss_fn: SegmentationLoss,
         device: torch.device,
         feature_stage: int,
+        precision: Precision | None = None,
     ) -> None:
+        """``precision``: the server's mixed precision (fedst.accel.resolve_precision of
+        ``train.amp_dtype``; None: fp32) for every forward pass of SERQ."""
         self.cfg = cfg
+        self.precision = precision or Precision(device.type)
+        self.pre_scaler = self.precision.grad_scaler()
+        """fp16 loss scaling of v_pre's losses (pre-training and EQ, whose step also moves D_sy)."""
+        self.global_scaler = self.precision.grad_scaler()
+        """fp16 loss scaling of the global model's SC loss."""
         self.feature_stage = feature_stage
         """Encoder stage of F (``SerqConfig.feature_stage`` resolved; see the module docstring)."""
         self.synthetic_model = synthetic_model
@@ -121,7 +130,9 @@ class Serq:
         self.device = device
         self.domain_descriptor = nn.Parameter(self._probe_feature_shape().normal_(0.0, 0.02))
         self.feature_bank: dict[str, torch.Tensor] = {}
-        self.pre_optimizer = torch.optim.Adam(synthetic_model.parameters(), lr=cfg.lr)
+        self.pre_optimizer = torch.optim.Adam(
+            synthetic_model.parameters(), lr=cfg.lr, **fused_optimizer_options(device)
+        )
         curvature = 2 * cfg.lambda_eq / self.domain_descriptor.numel()  # of Eq. 11 in each element
         self.descriptor_optimizer = torch.optim.SGD(
             [self.domain_descriptor], lr=cfg.descriptor_step / curvature
@@ -131,9 +142,11 @@ class Serq:
 
     # -- helpers --------------------------------------------------------------------------------
     def _forward(self, model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """images [B, T, 3, H, W] -> (logits [B, C, H, W], F at the SERQ stage [B, c, h, w])."""
-        logits, feats = model(images, self.indicator, use_temporal=False, return_features=True)
-        return logits, feats[self.feature_stage]
+        """images [B, T, 3, H, W] -> (logits [B, C, H, W], F at the SERQ stage [B, c, h, w]),
+        the forward under the mixed precision, both returned in float32 (no-op in fp32)."""
+        with self.precision.autocast():
+            logits, feats = model(images, self.indicator, use_temporal=False, return_features=True)
+        return logits.float(), feats[self.feature_stage].float()
 
     @torch.no_grad()
     def _probe_feature_shape(self) -> torch.Tensor:
@@ -164,6 +177,8 @@ class Serq:
             iters,
             self.device,
             progress=progress,
+            precision=self.precision,
+            scaler=self.pre_scaler,
         )
         self.pretrained_iters += iters
         return loss
@@ -200,22 +215,27 @@ class Serq:
         ``batches``: canonical views (:meth:`canonical_view`), the view the bank holds.
         """
         self.synthetic_model.train()
-        total = gap_total = syn_square = bank_square = 0.0
+        losses, gaps, syn_squares, bank_squares = LossLog(), LossLog(), LossLog(), LossLog()
         for images, masks, ids in batches:
             images, masks = images.to(self.device), masks.to(self.device)
             bank = self.update_feature_bank(global_model, images, list(ids))  # F_hat_g^{t+1}
             logits, feat_syn = self._forward(self.synthetic_model, images)  # [B, c, h, w]
             gap = (feat_syn - self.domain_descriptor - bank).pow(2).mean()
             loss = self.loss_fn(logits, masks) + self.cfg.lambda_eq * gap
-            self.pre_optimizer.zero_grad(set_to_none=True)
-            self.descriptor_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.pre_optimizer.step()
-            self.descriptor_optimizer.step()
-            total, gap_total = total + loss.item(), gap_total + gap.item()
-            syn_square += feat_syn.detach().pow(2).mean().item()
-            bank_square += bank.pow(2).mean().item()
+            # one backward, then v_pre's Adam and D_sy's SGD each step once
+            optimizer_step(
+                loss,
+                (self.pre_optimizer, self.descriptor_optimizer),
+                self.pre_scaler,
+                [*self.synthetic_model.parameters(), self.domain_descriptor],
+            )
+            losses.append(loss)  # on the device; read once after the loop
+            gaps.append(gap)
+            syn_squares.append(feat_syn.detach().pow(2).mean())
+            bank_squares.append(bank.pow(2).mean())
         n = len(batches)
+        total, gap_total = _sum(losses), _sum(gaps)
+        syn_square, bank_square = _sum(syn_squares), _sum(bank_squares)
         return total / n, gap_total / n, (syn_square / n) ** 0.5, (bank_square / n) ** 0.5
 
     # -- Eq. 12 --------------------------------------------------------------------------------
@@ -225,10 +245,10 @@ class Serq:
         """SC step: train the global model towards I_sy = F_sy - D_sy with v_pre fixed (Eq. 12).
         Returns the means over the batches of L_g, the feature gap and the RMS of F_g."""
         if self.global_optimizer is None:
-            self.global_optimizer = torch.optim.Adam(global_model.parameters(), lr=self.cfg.lr)
+            self.global_optimizer = self._global_adam(global_model)
         self.synthetic_model.eval()
         global_model.train()
-        total = gap_total = global_square = 0.0
+        losses, gaps, global_squares = LossLog(), LossLog(), LossLog()
         for images, masks, _ in batches:
             images, masks = images.to(self.device), masks.to(self.device)
             with torch.no_grad():
@@ -237,13 +257,21 @@ class Serq:
             logits, feat_global = self._forward(global_model, images)
             gap = (feat_global - instrument_repr).pow(2).mean()
             loss = self.loss_fn(logits, masks) + self.cfg.lambda_sc * gap
-            self.global_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.global_optimizer.step()
-            total, gap_total = total + loss.item(), gap_total + gap.item()
-            global_square += feat_global.detach().pow(2).mean().item()
+            optimizer_step(
+                loss, self.global_optimizer, self.global_scaler, global_model.parameters()
+            )
+            losses.append(loss)  # on the device; read once after the loop
+            gaps.append(gap)
+            global_squares.append(feat_global.detach().pow(2).mean())
         n = len(batches)
+        total, gap_total, global_square = _sum(losses), _sum(gaps), _sum(global_squares)
         return total / n, gap_total / n, (global_square / n) ** 0.5
+
+    def _global_adam(self, global_model: nn.Module) -> torch.optim.Adam:
+        """The SC step's Adam on the global model (created at SERQ's first round)."""
+        return torch.optim.Adam(
+            global_model.parameters(), lr=self.cfg.lr, **fused_optimizer_options(self.device)
+        )
 
     def step(self, global_model: nn.Module) -> SerqRoundStats:
         """One round of SERQ on the freshly aggregated global model (Algorithm 1, lines 10-11)."""
@@ -281,6 +309,11 @@ class Serq:
             else self.global_optimizer.state_dict(),
             "stream": self.stream.state_dict(),
             "pretrained_iters": self.pretrained_iters,
+            "scalers": {
+                name: scaler.state_dict()
+                for name, scaler in (("pre", self.pre_scaler), ("global", self.global_scaler))
+                if scaler is not None
+            },
         }
 
     def load_state_dict(self, state: dict, global_model: nn.Module) -> None:
@@ -291,7 +324,16 @@ class Serq:
         self.pre_optimizer.load_state_dict(state["pre_optimizer"])
         self.descriptor_optimizer.load_state_dict(state["descriptor_optimizer"])
         if state["global_optimizer"] is not None:
-            self.global_optimizer = torch.optim.Adam(global_model.parameters(), lr=self.cfg.lr)
+            self.global_optimizer = self._global_adam(global_model)
             self.global_optimizer.load_state_dict(state["global_optimizer"])
         self.stream.load_state_dict(state["stream"])
         self.pretrained_iters = state["pretrained_iters"]
+        scalers = state.get("scalers", {})
+        for name, scaler in (("pre", self.pre_scaler), ("global", self.global_scaler)):
+            if scaler is not None and name in scalers:
+                scaler.load_state_dict(scalers[name])
+
+
+def _sum(log: LossLog) -> float:
+    """The sum of a round's per-batch scalars, in batch order (one host sync)."""
+    return sum(log.values(), 0.0)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from fedst.accel import configure_device, fused_optimizer_options, resolve_precision
 from fedst.config import ConfigError
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.experiment import ExperimentConfig, site_state_dir
@@ -82,6 +83,9 @@ class FederationServer:
         self.device = device
         self.progress = progress
         self.method = method_of(cfg)
+        configure_device(device, tf32=cfg.train.tf32, cudnn_benchmark=cfg.train.cudnn_benchmark)
+        self.precision = resolve_precision(cfg.train.amp_dtype, device)
+        """Mixed precision of the server's training (synthetic pre-training, SERQ)."""
         self.global_model = self.method.build_model().to(device)
         self.partition = self.method.partition(self.global_model)
         self.completed_round = 0
@@ -104,7 +108,12 @@ class FederationServer:
         clip = cfg.clip_config()
         dataset = ClipDataset(source, "train", clip, cfg.augment)
         stream = BatchStream(
-            dataset, batch_size=cfg.serq.batch_size, seed=cfg.seed * 1000 + 999, num_workers=0
+            dataset,
+            batch_size=cfg.serq.batch_size,
+            seed=cfg.seed * 1000 + 999,
+            num_workers=cfg.train.num_workers,
+            device=self.device,
+            num_classes=cfg.network.num_classes,
         )
         return stream, ClipDataset(source, "train", clip, None, validate=False)
 
@@ -119,6 +128,7 @@ class FederationServer:
             loss_fn=self.method.segmentation_loss(),
             device=self.device,
             feature_stage=self.serq_feature_stage(),
+            precision=self.precision,
         )
 
     def serq_feature_stage(self) -> int:
@@ -142,16 +152,25 @@ class FederationServer:
             self.global_model.load_state_dict(self.serq.synthetic_model.state_dict())
         else:
             stream, _ = self._synthetic_stream()
-            loss = pretrain_on_synthetic(
-                self.global_model,
-                torch.optim.Adam(self.global_model.parameters(), lr=self.cfg.serq.lr),
-                stream,
-                self.method.indicators().get(self.cfg.data.server),
-                self.method.segmentation_loss(),
-                iters,
-                self.device,
-                progress=self.progress,
-            )
+            try:
+                loss = pretrain_on_synthetic(
+                    self.global_model,
+                    torch.optim.Adam(
+                        self.global_model.parameters(),
+                        lr=self.cfg.serq.lr,
+                        **fused_optimizer_options(self.device),
+                    ),
+                    stream,
+                    self.method.indicators().get(self.cfg.data.server),
+                    self.method.segmentation_loss(),
+                    iters,
+                    self.device,
+                    progress=self.progress,
+                    precision=self.precision,
+                    scaler=self.precision.grad_scaler(),
+                )
+            finally:
+                stream.close()  # its loader workers (train.num_workers) are not needed again
         log.info("synthetic pre-training: %d iterations, final loss %.4f", iters, loss)
         return loss
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import Callable
@@ -22,6 +21,15 @@ from pathlib import Path
 
 import torch
 
+from fedst.accel import (
+    LossLog,
+    configure_device,
+    first_non_finite,
+    fused_optimizer_options,
+    maybe_compile,
+    optimizer_step,
+    resolve_precision,
+)
 from fedst.config import ConfigError, to_dict
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.data.splits import validation_dataset
@@ -135,20 +143,30 @@ class Site:
         self.method = method_of(cfg)
         self.index = self.method.training_sites().index(name)
         self.data = open_party_data(cfg, self.method, name)
-        self.model = self.method.build_model().to(device)
+        configure_device(device, tf32=cfg.train.tf32, cudnn_benchmark=cfg.train.cudnn_benchmark)
+        # compiled in place: state-dict keys stay those of the eager model (no "_orig_mod.")
+        self.model = maybe_compile(self.method.build_model().to(device), cfg.train.compile)
+        self.precision = resolve_precision(cfg.train.amp_dtype, device)
+        self.scaler = self.precision.grad_scaler()
+        """fp16 loss scaling (None in bf16 / fp32); saved with the optimizer."""
         self.partition = self.method.partition(self.model)
         self.personal_keys = frozenset(self.partition.personal)
         self.loss_fn = self.method.segmentation_loss()
         self.indicators = self.method.indicators()
         self.indicator = self.indicators.get(name)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+            self.model.parameters(),
+            lr=cfg.train.lr,
+            weight_decay=cfg.train.weight_decay,
+            **fused_optimizer_options(device),
         )
         self.stream = BatchStream(
             self.data.train,
             batch_size=cfg.train.batch_size,
             seed=cfg.seed * 1000 + self.index,
             num_workers=cfg.train.num_workers,
+            device=device,
+            num_classes=cfg.network.num_classes,
         )
         self.completed_round = 0
         self._validation: dict[str, ClipDataset] | None = None
@@ -205,9 +223,8 @@ class Site:
         for parameter in frozen:
             parameter.requires_grad_(False)
         indicator = self.indicator.to(self.device) if self.indicator is not None else None
-        use_amp = self.cfg.train.amp and self.device.type == "cuda"
         self.model.train()
-        losses = []
+        losses = LossLog()
         iterations = progress_bar(
             range(phase.iterations),
             desc=f"site {self.name} round {server_round} {phase.name}",
@@ -215,38 +232,37 @@ class Site:
             leave=False,
         )
         try:
-            for iteration in iterations:
+            for _ in iterations:
+                # on the device, normalised: [B, T, 3, H, W] float32, [B, H, W] int64
                 clips, masks, _ = self.stream.next_batch()
-                clips, masks = (
-                    clips.to(self.device),
-                    masks.to(self.device),
-                )  # [B, T, 3, H, W], [B, H, W]
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_amp):
+                with self.precision.autocast():
                     logits = self.model(clips, indicator)  # [B, C, H, W]
                     loss = (
                         loss_of(clips, logits.float(), masks)
                         if loss_of is not None
                         else self.method.local_loss(self, logits.float(), masks)
                     )
-                if not math.isfinite(loss.item()):
-                    raise NonFiniteLossError(
-                        f"site {self.name}: loss is {loss.item()} at round {server_round}, local "
-                        f"iteration {iteration} ({phase.name}); the run stops here and keeps the "
-                        f"checkpoint of round {server_round - 1}. Lower train.lr or enable "
-                        f"train.max_grad_norm."
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if self.cfg.train.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(
-                        self.model.parameters(), self.cfg.train.max_grad_norm
-                    )
-                optimizer.step()
-                losses.append(loss.item())
+                optimizer_step(
+                    loss,
+                    optimizer,
+                    self.scaler,
+                    self.model.parameters(),
+                    self.cfg.train.max_grad_norm,
+                )
+                losses.append(loss)  # stays on the device: no host sync per step
         finally:
             for parameter in frozen:
                 parameter.requires_grad_(True)
-        return losses
+        values = losses.values()  # the phase's one host sync
+        bad = first_non_finite(values)
+        if bad is not None:
+            raise NonFiniteLossError(
+                f"site {self.name}: loss is {values[bad]} at round {server_round}, local "
+                f"iteration {bad} ({phase.name}); the run stops here and keeps the "
+                f"checkpoint of round {server_round - 1}. Lower train.lr or enable "
+                f"train.max_grad_norm."
+            )
+        return values
 
     def final_stage(
         self,
@@ -308,9 +324,9 @@ class Site:
                 dataset,
                 self.indicators.get(site),
                 self.device,
-                max_frames=self.cfg.train.eval_max_frames,
                 keep_examples=keep_examples,
                 progress=self.progress,
+                **self.cfg.train.evaluation_options(server_round),
             )
             for site, dataset in datasets.items()
         }
@@ -355,6 +371,7 @@ class Site:
                 "shared": self.own_shared_state(),
                 "method": self.method.site_state(self),
                 "optimizer": self.optimizer.state_dict(),
+                **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
                 "stream": self.stream.state_dict(),
                 "num_examples": self.num_examples,
                 "whole_model": self.owns_whole_model,
@@ -407,5 +424,7 @@ class Site:
         self.method.load_site_state(self, state.get("method", {}))
         self.owns_whole_model = bool(state.get("whole_model", False))
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["stream"])
         self.completed_round = server_round

@@ -232,7 +232,9 @@ class Method:
 
     def segmentation_loss(self) -> SegmentationLoss:
         """L_seg = CE + lambda_1 Dice (Eq. 9): the supervised loss of every method."""
-        return SegmentationLoss(lambda_dice=self.cfg.train.lambda_dice)
+        return SegmentationLoss(
+            lambda_dice=self.cfg.train.lambda_dice, num_classes=self.cfg.network.num_classes
+        )
 
     # -- the site's round (Algorithm 1, lines 5-7) ----------------------------------------------
     def adopt(self, site: Site, received: dict[str, torch.Tensor], server_round: int) -> None:

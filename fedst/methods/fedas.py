@@ -212,11 +212,13 @@ class FedAS(Method):
             batch_size=self.cfg.train.batch_size,
             seed=int(seed.generate_state(1)[0]),
             num_workers=self.cfg.train.num_workers,
+            device=site.device,
+            num_classes=self.cfg.network.num_classes,
         )
         try:
             for _ in range(count):
-                clips, masks, _ = stream.next_batch()
-                yield clips.to(site.device), masks.to(site.device)
+                clips, masks, _ = stream.next_batch()  # on site.device, normalised
+                yield clips, masks
         finally:
             stream.close()
 
