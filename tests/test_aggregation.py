@@ -81,8 +81,12 @@ def test_a_site_train_reply_carries_both_weight_keys(
         ]
     )
     monkeypatch.setattr(Method, "build_model", lambda _method: _TinyModel())
-    reply = reply_of_one_site(
-        cfg, tmp_path, MessageType.TRAIN, **{"server-round": 1, "local-iters": 1}
+    reply = reply_of_one_site(  # round 1 carries the server's whole initial model
+        cfg,
+        tmp_path,
+        MessageType.TRAIN,
+        dict(_TinyModel().state_dict()),
+        **{"server-round": 1, "local-iters": 1},
     )
     assert not reply.has_error(), reply.error.reason
     metrics = reply.content["metrics"]
