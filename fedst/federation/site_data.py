@@ -59,10 +59,20 @@ class PooledClips(torch.utils.data.Dataset):
         dataset, local = self.locate(index)
         return dataset.sample_id(local)
 
-    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+    def _part_item(self, item: int | tuple[int, int]) -> tuple[ClipDataset, tuple[int, int | None]]:
         index, aug_seed = item if isinstance(item, tuple) else (item, None)
         dataset, local = self.locate(int(index))
-        return dataset[(local, aug_seed)] if aug_seed is not None else dataset[local]
+        return dataset, (local, aug_seed)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        dataset, part_item = self._part_item(item)
+        return dataset[part_item]
+
+    def load_raw(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """The uint8 item loader workers send (:meth:`ClipDataset.load_raw`) of pool sample
+        ``item``."""
+        dataset, part_item = self._part_item(item)
+        return dataset.load_raw(part_item)
 
 
 @dataclass
