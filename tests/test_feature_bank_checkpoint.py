@@ -86,34 +86,44 @@ def test_a_save_writes_only_the_changed_entries_and_resume_restores_the_bank(
     assert_same_bank(resumed.serq.feature_bank, bank_2)
 
 
+def round_revisiting_the_bank(server: FederationServer, next_round: int) -> tuple[int, dict, set]:
+    """Run (and save) rounds from ``next_round`` on until one changes an entry that was already
+    in the bank; that round is not saved. Returns it, the bank before it and its changes."""
+    while True:
+        before = snapshot(server)
+        changed = run_round(server, next_round)
+        if changed & before.keys():
+            return next_round, before, changed
+        server.save(next_round)
+        next_round += 1
+
+
 def test_bank_entries_written_before_a_crash_are_rolled_back_to_server_pt_s_round(
-    saved_two_rounds,
-    tiny_root,
-    tmp_path,
+    saved_two_rounds, tiny_root, tmp_path
 ):
-    server, _, bank_2, _, _ = saved_two_rounds
-    run_round(server, 3)
-    server.serq.save_feature_bank(server.bank_store, 3)  # ... and the process dies: no server.pt
-    assert files_of_round(tmp_path, 3)
+    server = saved_two_rounds[0]
+    crashed, bank_saved, _ = round_revisiting_the_bank(server, 3)
+    server.serq.save_feature_bank(server.bank_store, crashed)  # ... then dies: no server.pt
+    assert files_of_round(tmp_path, crashed)
 
     resumed = new_server(tiny_root, tmp_path)
     resumed.load()
-    assert resumed.completed_round == 2
-    assert_same_bank(resumed.serq.feature_bank, bank_2)
-    assert not files_of_round(tmp_path, 3)  # the abandoned round's entries are gone
-    changed = run_round(resumed, 3)  # the re-run round writes its entries again
-    assert resumed.save(3)["bank_entries_written"] == len(changed)
+    assert resumed.completed_round == crashed - 1
+    assert_same_bank(resumed.serq.feature_bank, bank_saved)
+    assert not files_of_round(tmp_path, crashed)  # the abandoned round's entries are gone
+    changed = run_round(resumed, crashed)  # the re-run round writes its entries again
+    assert resumed.save(crashed)["bank_entries_written"] == len(changed)
 
 
 def test_a_fall_back_to_server_prev_pt_restores_the_previous_round_s_bank(
-    saved_two_rounds,
-    tiny_root,
-    tmp_path,
+    saved_two_rounds, tiny_root, tmp_path
 ):
-    _, bank_1, _, _, _ = saved_two_rounds
+    server = saved_two_rounds[0]
+    last, bank_previous, _ = round_revisiting_the_bank(server, 3)
+    server.save(last)  # server.prev.pt: round last - 1, whose entries ``last`` superseded
     (tmp_path / SERVER_CHECKPOINT).write_bytes(b"damaged")
 
     resumed = new_server(tiny_root, tmp_path)
     resumed.load()
-    assert resumed.completed_round == 1
-    assert_same_bank(resumed.serq.feature_bank, bank_1)
+    assert resumed.completed_round == last - 1
+    assert_same_bank(resumed.serq.feature_bank, bank_previous)
