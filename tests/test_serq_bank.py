@@ -39,8 +39,8 @@ def test_the_eq_target_of_a_sample_drawn_twice_under_two_augmentations_is_its_vi
     )
     seen: dict[str, list] = {"eq": [], "sc": []}
     eq, sc = serq.explicit_quantification, serq.synchronize_convergence
-    serq.explicit_quantification = lambda g, b: (seen["eq"].append(b), eq(g, b))[1]
-    serq.synchronize_convergence = lambda g, b: (seen["sc"].append(b), sc(g, b))[1]
+    serq.explicit_quantification = lambda g, b: (seen["eq"].append(list(b)), eq(g, b))[1]
+    serq.synchronize_convergence = lambda g, b: (seen["sc"].append(list(b)), sc(g, b))[1]
     global_before = copy.deepcopy(global_model).eval()  # EQ keeps the global model fixed
 
     serq.step(global_model)

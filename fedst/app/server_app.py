@@ -394,16 +394,13 @@ def run_federation(
             aggregated = method.aggregate(server_round, unpacked, received)
             aggregation_seconds = time.perf_counter() - step_started
             stats = server.server_step(aggregated, server_round)
-            runlog.write(
-                "train",
-                {
-                    "round": server_round,
-                    "site": "server",
-                    "aggregation_seconds": aggregation_seconds,
-                    "seconds": time.perf_counter() - step_started,  # aggregation + server step
-                    **stats,
-                },
-            )
+            server_row = {
+                "round": server_round,
+                "site": "server",
+                "aggregation_seconds": aggregation_seconds,
+                "seconds": time.perf_counter() - step_started,  # aggregation + server step
+                **stats,
+            }
         # -- evaluation of the personalized models ---------------------------------------------
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
             shared = transport.pack(
@@ -446,7 +443,9 @@ def run_federation(
             for reply in validated.replies:
                 for row in _metrics_rows(reply, server_round, split="val"):
                     runlog.write("metrics", row)
-        server.save(server_round, extra={"last_metrics": last_metrics})
+        checkpoint = server.save(server_round, extra={"last_metrics": last_metrics})
+        if method.communicates:  # written with the round's checkpoint time and bytes
+            runlog.write("train", {**server_row, **checkpoint})
         log.info(  # the one line per round of a non-terminal log (fedst/progress.py)
             "round %d/%d done in %.1f s",
             server_round,

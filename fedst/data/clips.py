@@ -57,6 +57,7 @@ __all__ = [
     "ClipDataset",
     "FrameDataset",
     "FrameHistory",
+    "PlannedBatches",
     "build_augmentation",
     "clip_frame_positions",
     "collate_clips",
@@ -634,20 +635,56 @@ class BatchStream:
         """``(clips [B, T, 3, H, W] float32 normalised, masks [B, H, W] int64, sample_ids)``, on
         the stream's device."""
         if self._batches is None:
-            loader = DataLoader(
-                _RawClips(self.dataset),
-                batch_sampler=_ResumableBatchSampler(self, self.epoch, self.position),
-                num_workers=self.num_workers,
-                multiprocessing_context=_worker_context(self.num_workers),
-                collate_fn=collate_clips,
-                pin_memory=torch.cuda.is_available(),
-                worker_init_fn=_seed_worker,
-                generator=torch.Generator().manual_seed(self.seed),
+            self._batches = iter(
+                self._loader(self.dataset, _ResumableBatchSampler(self, self.epoch, self.position))
             )
-            self._batches = iter(loader)
-        clips, masks, sample_ids = next(self._batches)  # uint8 [B, T, 3, H, W], uint8 [B, H, W]
-        self.epoch += (self.position + self.batch_size) // len(self.dataset)
-        self.position = (self.position + self.batch_size) % len(self.dataset)
+        batch = next(self._batches)  # uint8 [B, T, 3, H, W], uint8 [B, H, W], ids
+        self._advance(1)
+        return self._to_device(*batch)
+
+    def next_plan(self, num_batches: int) -> list[list[tuple[int, int]]]:
+        """The ``(index, aug_seed)`` pairs of the next ``num_batches`` batches, one list per batch,
+        without loading them: exactly the samples and augmentations ``num_batches`` calls of
+        :meth:`next_batch` would return, and the stream's position advances as theirs would.
+        Load them with :meth:`load_plan`."""
+        if num_batches < 0:
+            raise ValueError(f"num_batches must be >= 0, got {num_batches}")
+        batches = iter(_ResumableBatchSampler(self, self.epoch, self.position))
+        plan = [next(batches) for _ in range(num_batches)]
+        self.close()  # a live loader would continue from the old position
+        self._advance(num_batches)
+        return plan
+
+    def load_plan(
+        self, plan: Sequence[Sequence[tuple[int, int]]], dataset: ClipDataset | None = None
+    ) -> PlannedBatches:
+        """The batches of ``plan`` (from :meth:`next_plan`) read from ``dataset`` (default: the
+        stream's; e.g. the same samples without augmentation), as :meth:`next_batch` returns
+        them, loaded by the stream's workers one batch at a time (plus their prefetch)."""
+        return PlannedBatches(self, dataset if dataset is not None else self.dataset, plan)
+
+    def _loader(self, dataset: ClipDataset, batch_sampler: Any) -> DataLoader:
+        """uint8 batches of ``dataset`` in ``batch_sampler``'s order, by the stream's workers."""
+        return DataLoader(
+            _RawClips(dataset),
+            batch_sampler=batch_sampler,
+            num_workers=self.num_workers,
+            multiprocessing_context=_worker_context(self.num_workers),
+            collate_fn=collate_clips,
+            pin_memory=torch.cuda.is_available(),
+            worker_init_fn=_seed_worker,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+
+    def _advance(self, num_batches: int) -> None:
+        """Move (epoch, position) past ``num_batches`` batches (batches span epochs)."""
+        consumed = self.position + num_batches * self.batch_size
+        self.epoch += consumed // len(self.dataset)
+        self.position = consumed % len(self.dataset)
+
+    def _to_device(self, clips: torch.Tensor, masks: torch.Tensor, sample_ids: list[str]) -> Batch:
+        """A loader's uint8 batch -> :meth:`next_batch`'s: labels checked on the CPU, then copied
+        to the device and normalised there."""
         if self.num_classes is not None:
             check_label_values(masks, self.num_classes, IGNORE_INDEX, f"batch {sample_ids}")
         clips = clips.to(self.device, non_blocking=True)
@@ -667,6 +704,28 @@ class BatchStream:
     def close(self) -> None:
         """Stop the worker processes (if any); the next ``next_batch`` restarts them."""
         self._batches = None
+
+
+
+class PlannedBatches:
+    """The batches of a plan (:meth:`BatchStream.next_plan`) read from one dataset; each pass
+    loads them again, in order, through the stream's workers (one batch in memory at a time
+    plus the workers' prefetch), as :meth:`BatchStream.next_batch` returns them."""
+
+    def __init__(
+        self, stream: BatchStream, dataset: ClipDataset, plan: Sequence[Sequence[tuple[int, int]]]
+    ) -> None:
+        self.stream, self.dataset = stream, dataset
+        self.plan = [list(batch) for batch in plan]
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if not self.plan:
+            return
+        for batch in self.stream._loader(self.dataset, self.plan):
+            yield self.stream._to_device(*batch)
 
 
 FrameItem = tuple[torch.Tensor, torch.Tensor | None, int]

@@ -6,12 +6,15 @@ config.json / config.yaml   resolved experiment config (config.yaml also holds H
 metrics.jsonl               per-round evaluation rows (site, model, dice, iou, hd95, assd, per_class)
 train.jsonl                 per-round training rows (site, loss, seconds, iterations); site "server":
                             aggregation_seconds, seconds (aggregation + server step), SERQ losses,
-                            eq_seconds and sc_seconds
+                            eq_seconds and sc_seconds, checkpoint_seconds, checkpoint_bytes and
+                            bank_entries_written (the round's server checkpoint)
 comm.jsonl                  parameter bytes uploaded / downloaded per site per round
 participation.jsonl         per round: the sites whose training replies were aggregated, and the missing
 wire.jsonl                  (deploy.audit) record names, keys and shapes of every message
 personal_export.json        (deployment) sites that sent rho_k at the end / declined / were unreachable
-checkpoints/server.pt       last completed round: global model, SERQ state, RNG (atomic)
+checkpoints/server.pt       last completed round: global model, SERQ state but its bank, RNG (atomic)
+checkpoints/feature_bank/   SERQ's feature bank: one file per entry and round written
+                            (fedst/federation/feature_bank.py); only changed entries each round
 checkpoints/server.prev.pt  the round before (fallback when server.pt is damaged)
 sites/<site>/state_rNNNN.pt a site's private state after round N (in-process: written by the site;
                             deployment: only rho_k of sites that sent it at the end)

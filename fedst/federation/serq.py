@@ -44,6 +44,13 @@ SC compares F_g and F_sy - D_sy of one image at one instant and needs no bank, s
 global model on the **augmented** view (the paper's rotation and scale augmentation). Cost: the
 canonical view is read once more per sample (data loading only, no extra forward pass).
 
+Data path. A round first draws its plan, the (sample index, augmentation seed) pairs of its
+``batches_per_round`` batches (:meth:`BatchStream.next_plan`, the stream advancing as that many
+``next_batch`` calls would); EQ then reads the plan's canonical views and SC its augmented views
+batch by batch through the stream's loader workers, so one batch (plus the workers' prefetch) is
+in memory at a time instead of the round's 2 x ``batches_per_round`` batches. Synthetic images
+are read as 1-frame clips (server.py): SERQ's forward passes use only the current frame.
+
 Refresh rate. A bank entry is refreshed only when its sample is drawn: ``batches_per_round x
 batch_size`` of the N synthetic samples per round, i.e. every N / (B x b) rounds on average (demo:
 200 / (20 x 2) = every 5 rounds, 4 visits per entry in the 20-round demo; paper: 3600 / (100 x 2)
@@ -60,8 +67,9 @@ import torch
 from torch import nn
 
 from fedst.accel import LossLog, Precision, fused_optimizer_options, optimizer_step
-from fedst.data.clips import BatchStream, ClipDataset
+from fedst.data.clips import BatchStream, ClipDataset, PlannedBatches
 from fedst.experiment import SerqConfig
+from fedst.federation.feature_bank import BankWrite, FeatureBankStore
 from fedst.federation.pretraining import pretrain_on_synthetic
 from fedst.model.losses import SegmentationLoss
 
@@ -130,6 +138,11 @@ class Serq:
         self.device = device
         self.domain_descriptor = nn.Parameter(self._probe_feature_shape().normal_(0.0, 0.02))
         self.feature_bank: dict[str, torch.Tensor] = {}
+        self._bank_changed: set[str] = set()
+        """Samples whose bank entry changed since the bank was last saved or loaded."""
+        self._bank_on_disk = False
+        """Whether the bank's folder holds this bank but for ``_bank_changed`` (False: a new run,
+        or a checkpoint with the bank inside; the next save writes every entry)."""
         self.pre_optimizer = torch.optim.Adam(
             synthetic_model.parameters(), lr=cfg.lr, **fused_optimizer_options(device)
         )
@@ -155,14 +168,32 @@ class Serq:
         _, feat = self._forward(self.synthetic_model, clip[None].to(self.device))
         return torch.empty(feat.shape[1:], device=self.device)  # [c, h, w]
 
-    def _draw_batches(self) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-        """The round's ``batches_per_round`` augmented batches (images [B, T, 3, H, W], masks, ids)."""
-        return [self.stream.next_batch() for _ in range(self.cfg.batches_per_round)]
+    def _draw_plan(self) -> list[list[tuple[int, int]]]:
+        """The round's ``batches_per_round`` batches as (sample index, augmentation seed) pairs
+        (:meth:`BatchStream.next_plan`: what as many ``next_batch`` calls would have drawn)."""
+        return self.stream.next_plan(self.cfg.batches_per_round)
+
+    def augmented_batches(self, plan: list[list[tuple[int, int]]]) -> PlannedBatches:
+        """The plan's augmented batches (images [B, T, 3, H, W], masks [B, H, W], ids), streamed."""
+        return self.stream.load_plan(plan)
+
+    def canonical_batches(self, plan: list[list[tuple[int, int]]]) -> PlannedBatches:
+        """The plan's samples without augmentation (images [B, T, 3, H, W], masks [B, H, W],
+        ids), batch by batch, streamed through the stream's workers from ``reference``."""
+        dataset = self.stream.dataset
+        canonical = [
+            [(self.reference.index_of(dataset.sample_id(index)), seed) for index, seed in batch]
+            for batch in plan
+        ]
+        return self.stream.load_plan(canonical, self.reference)
 
     def canonical_view(self, ids: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-        """The un-augmented (images [B, T, 3, H, W], masks [B, H, W], ids) of the samples ``ids``."""
-        samples = [self.reference[self.reference.index_of(sample_id)] for sample_id in ids]
-        return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples]), ids
+        """The un-augmented (images [B, T, 3, H, W], masks [B, H, W], ids) of the samples ``ids``
+        (one batch of :meth:`canonical_batches`), on the device."""
+        (batch,) = self.stream.load_plan(
+            [[(self.reference.index_of(sample_id), 0) for sample_id in ids]], self.reference
+        )
+        return batch
 
     # -- synthetic pre-training of v_pre (Algorithm 1 input v_pre^0) ----------------------------
     def pretrain(self, iters: int, progress: bool = False) -> float:
@@ -202,6 +233,7 @@ class Serq:
             self.feature_bank[sample_id] = (
                 new if old is None else ((1 - mu) * old.float() + mu * new.float()).half()
             )
+            self._bank_changed.add(sample_id)
             rows.append(self.feature_bank[sample_id])
         return torch.stack(rows).to(self.device, torch.float32)
 
@@ -276,11 +308,14 @@ class Serq:
     def step(self, global_model: nn.Module) -> SerqRoundStats:
         """One round of SERQ on the freshly aggregated global model (Algorithm 1, lines 10-11)."""
         started = time.perf_counter()
-        batches = self._draw_batches()
-        canonical = [self.canonical_view(list(ids)) for _, _, ids in batches]
-        eq_loss, eq_gap, syn_rms, bank_rms = self.explicit_quantification(global_model, canonical)
+        plan = self._draw_plan()
+        eq_loss, eq_gap, syn_rms, bank_rms = self.explicit_quantification(
+            global_model, self.canonical_batches(plan)
+        )
         eq_done = time.perf_counter()
-        sc_loss, sc_gap, global_rms = self.synchronize_convergence(global_model, batches)
+        sc_loss, sc_gap, global_rms = self.synchronize_convergence(
+            global_model, self.augmented_batches(plan)
+        )
         descriptor = self.domain_descriptor.detach()
         return SerqRoundStats(
             eq_loss,
@@ -297,11 +332,28 @@ class Serq:
         )
 
     # -- checkpointing -------------------------------------------------------------------------
+    def save_feature_bank(self, store: FeatureBankStore, server_round: int) -> BankWrite:
+        """Write the bank entries changed since the last save or load as of ``server_round``
+        (every entry, into an emptied folder, the first time); before the server checkpoint."""
+        if self._bank_on_disk:
+            changed = self._bank_changed
+        else:
+            store.clear()
+            changed = set(self.feature_bank)
+        written = store.write(self.feature_bank, changed, server_round)
+        self._bank_changed, self._bank_on_disk = set(), True
+        return written
+
+    def load_feature_bank(self, store: FeatureBankStore, server_round: int) -> None:
+        """The bank of the server checkpoint of ``server_round`` (newer entries are dropped)."""
+        self.feature_bank = store.read(server_round)
+        self._bank_changed, self._bank_on_disk = set(), True
+
     def state_dict(self) -> dict:
+        """Everything but the feature bank (:meth:`save_feature_bank`, fedst/federation/feature_bank.py)."""
         return {
             "synthetic_model": self.synthetic_model.state_dict(),
             "domain_descriptor": self.domain_descriptor.detach().cpu(),
-            "feature_bank": self.feature_bank,
             "pre_optimizer": self.pre_optimizer.state_dict(),
             "descriptor_optimizer": self.descriptor_optimizer.state_dict(),
             "global_optimizer": None
@@ -317,10 +369,14 @@ class Serq:
         }
 
     def load_state_dict(self, state: dict, global_model: nn.Module) -> None:
+        """:meth:`state_dict`'s state; the bank is loaded by :meth:`load_feature_bank`, except
+        from a checkpoint written before the bank had its own files (its ``feature_bank``)."""
         self.synthetic_model.load_state_dict(state["synthetic_model"])
         with torch.no_grad():
             self.domain_descriptor.copy_(state["domain_descriptor"])
-        self.feature_bank = dict(state["feature_bank"])
+        if "feature_bank" in state:
+            self.feature_bank = dict(state["feature_bank"])
+            self._bank_changed, self._bank_on_disk = set(), False
         self.pre_optimizer.load_state_dict(state["pre_optimizer"])
         self.descriptor_optimizer.load_state_dict(state["descriptor_optimizer"])
         if state["global_optimizer"] is not None:

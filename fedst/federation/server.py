@@ -9,7 +9,9 @@ private parameters rho_k.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -18,6 +20,7 @@ from fedst.accel import configure_device, fused_optimizer_options, resolve_preci
 from fedst.config import ConfigError
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.experiment import ExperimentConfig, site_state_dir
+from fedst.federation.feature_bank import FEATURE_BANK_DIR, BankWrite, FeatureBankStore
 from fedst.federation.pretraining import pretrain_on_synthetic
 from fedst.federation.run_io import (
     CheckpointError,
@@ -89,6 +92,9 @@ class FederationServer:
         self.global_model = self.method.build_model().to(device)
         self.partition = self.method.partition(self.global_model)
         self.completed_round = 0
+        self._saved_round: int | None = None
+        """Round of the checkpoint on disk (None: none written or loaded by this process)."""
+        self.bank_store = FeatureBankStore(run_dir / FEATURE_BANK_DIR)
         for folder in (run_dir / "checkpoints", run_dir):  # left by a process killed mid-write
             remove_stale_tmp(folder)
         self.serq: Serq | None = None
@@ -96,7 +102,11 @@ class FederationServer:
             self.serq = self._build_serq()
 
     def _synthetic_stream(self) -> tuple[BatchStream, ClipDataset]:
-        """The server's synthetic set: a seeded augmented batch stream and the un-augmented set."""
+        """The server's synthetic set: a seeded augmented batch stream and the un-augmented set.
+
+        Clips of one frame: the server's passes (synthetic pre-training, SERQ) run the network
+        with ``use_temporal=False``, which reads only a clip's current frame, so earlier frames
+        would be decoded, augmented and copied for nothing."""
         cfg = self.cfg
         if cfg.data.server is None:
             raise ConfigError(
@@ -105,7 +115,7 @@ class FederationServer:
                 f"method.synthetic_pretraining=false (and method.serq=false)"
             )
         source = cfg.data.open(cfg.data.server)
-        clip = cfg.clip_config()
+        clip = dataclasses.replace(cfg.clip_config(), num_frames=1)
         dataset = ClipDataset(source, "train", clip, cfg.augment)
         stream = BatchStream(
             dataset,
@@ -208,8 +218,20 @@ class FederationServer:
         }
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def save(self, server_round: int, extra: dict | None = None) -> None:
+    def save(self, server_round: int, extra: dict | None = None) -> dict:
+        """Checkpoint the completed ``server_round``: SERQ's changed bank entries first
+        (fedst/federation/feature_bank.py), then ``server.pt`` (the previous one kept as
+        ``server.prev.pt``), then bank files neither checkpoint reads are pruned.
+
+        Returns what the log records: ``checkpoint_seconds`` (wall time of the writes),
+        ``checkpoint_bytes`` (``server.pt`` plus the bank entries written) and
+        ``bank_entries_written``."""
+        started = time.perf_counter()
         self.completed_round = server_round
+        bank = BankWrite(0, 0)
+        if self.serq is not None:
+            bank = self.serq.save_feature_bank(self.bank_store, server_round)
+        path = self.run_dir / SERVER_CHECKPOINT
         atomic_torch_save(
             {
                 "round": server_round,
@@ -219,9 +241,17 @@ class FederationServer:
                 "method": self.method.state_dict(),
                 "extra": extra or {},
             },
-            self.run_dir / SERVER_CHECKPOINT,
+            path,
             keep_previous=self.run_dir / SERVER_PREVIOUS,
         )
+        if self.serq is not None:
+            self.bank_store.prune(server_round, self._saved_round)
+        self._saved_round = server_round
+        return {
+            "checkpoint_seconds": time.perf_counter() - started,
+            "checkpoint_bytes": path.stat().st_size + bank.bytes,
+            "bank_entries_written": bank.files,
+        }
 
     def load(self) -> dict:
         """Resume from the newest usable checkpoint (see :func:`load_server_checkpoint`)."""
@@ -229,8 +259,10 @@ class FederationServer:
         self.global_model.load_state_dict(state["global_model"])
         if self.serq is not None:
             self.serq.load_state_dict(state["serq"], self.global_model)
+            if "feature_bank" not in state["serq"]:
+                self.serq.load_feature_bank(self.bank_store, state["round"])
         self.method.load_state_dict(state.get("method", {}))
-        self.completed_round = state["round"]
+        self.completed_round = self._saved_round = state["round"]
         return state["extra"]
 
 

@@ -1,0 +1,129 @@
+"""Specification of SERQ's feature bank on disk (fedst/federation/feature_bank.py): server.pt holds
+no bank; each save writes only the entries changed since the previous one; resuming restores the
+bank of server.pt's round exactly, also after a crash between the bank's write and server.pt's,
+and after a fall back to server.prev.pt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedst.data.procedural import generate
+from fedst.federation.feature_bank import FEATURE_BANK_DIR
+from fedst.federation.run_io import load_checkpoint
+from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
+from fedst.seeding import seed_everything
+from tests.test_federation import experiment
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("procedural") / "tiny"
+    generate(root, seed=0, preset="tiny", workers=1, progress=False)
+    return root
+
+
+def new_server(root: Path, run_dir: Path) -> FederationServer:
+    cfg = experiment(root, "serq.batches_per_round=2", "serq.batch_size=2")
+    return FederationServer(cfg, run_dir, torch.device("cpu"))
+
+
+def run_round(server: FederationServer, server_round: int) -> set[str]:
+    """One SERQ round; returns the samples whose bank entry it changed."""
+    seed_everything(server.cfg.seed, 0x5E12, server_round)
+    before = {k: v.clone() for k, v in server.serq.feature_bank.items()}
+    server.serq.step(server.global_model)
+    bank = server.serq.feature_bank
+    return {k for k, v in bank.items() if k not in before or not torch.equal(v, before[k])}
+
+
+def snapshot(server: FederationServer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in server.serq.feature_bank.items()}
+
+
+def assert_same_bank(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key].dtype == torch.float16 and torch.equal(got[key], value), key
+
+
+def files_of_round(run_dir: Path, server_round: int) -> list[Path]:
+    return sorted((run_dir / FEATURE_BANK_DIR).glob(f"*.r{server_round:06d}.pt"))
+
+
+@pytest.fixture
+def saved_two_rounds(tiny_root: Path, tmp_path: Path):
+    """A server after rounds 1 and 2, each saved; the banks of both rounds and round 2's changes."""
+    server = new_server(tiny_root, tmp_path)
+    server.save(0)
+    run_round(server, 1)
+    server.save(1)
+    bank_1 = snapshot(server)
+    changed = run_round(server, 2)
+    written = server.save(2)
+    return server, bank_1, snapshot(server), changed, written
+
+
+def test_a_save_writes_only_the_changed_entries_and_resume_restores_the_bank(
+    saved_two_rounds,
+    tiny_root,
+    tmp_path,
+):
+    _, _, bank_2, changed, written = saved_two_rounds
+    assert 0 < len(changed) < len(bank_2)  # the round changed part of the bank
+    round_2 = files_of_round(tmp_path, 2)
+    assert written["bank_entries_written"] == len(round_2) == len(changed)
+    server_pt = (tmp_path / SERVER_CHECKPOINT).stat().st_size
+    assert written["checkpoint_bytes"] == server_pt + sum(p.stat().st_size for p in round_2)
+    assert written["checkpoint_seconds"] > 0
+    state = load_checkpoint(tmp_path / SERVER_CHECKPOINT)
+    assert "feature_bank" not in state["serq"]  # server.pt holds no bank
+
+    resumed = new_server(tiny_root, tmp_path)
+    resumed.load()
+    assert_same_bank(resumed.serq.feature_bank, bank_2)
+
+
+def round_revisiting_the_bank(server: FederationServer, next_round: int) -> tuple[int, dict, set]:
+    """Run (and save) rounds from ``next_round`` on until one changes an entry that was already
+    in the bank; that round is not saved. Returns it, the bank before it and its changes."""
+    while True:
+        before = snapshot(server)
+        changed = run_round(server, next_round)
+        if changed & before.keys():
+            return next_round, before, changed
+        server.save(next_round)
+        next_round += 1
+
+
+def test_bank_entries_written_before_a_crash_are_rolled_back_to_server_pt_s_round(
+    saved_two_rounds, tiny_root, tmp_path
+):
+    server = saved_two_rounds[0]
+    crashed, bank_saved, _ = round_revisiting_the_bank(server, 3)
+    server.serq.save_feature_bank(server.bank_store, crashed)  # ... then dies: no server.pt
+    assert files_of_round(tmp_path, crashed)
+
+    resumed = new_server(tiny_root, tmp_path)
+    resumed.load()
+    assert resumed.completed_round == crashed - 1
+    assert_same_bank(resumed.serq.feature_bank, bank_saved)
+    assert not files_of_round(tmp_path, crashed)  # the abandoned round's entries are gone
+    changed = run_round(resumed, crashed)  # the re-run round writes its entries again
+    assert resumed.save(crashed)["bank_entries_written"] == len(changed)
+
+
+def test_a_fall_back_to_server_prev_pt_restores_the_previous_round_s_bank(
+    saved_two_rounds, tiny_root, tmp_path
+):
+    server = saved_two_rounds[0]
+    last, bank_previous, _ = round_revisiting_the_bank(server, 3)
+    server.save(last)  # server.prev.pt: round last - 1, whose entries ``last`` superseded
+    (tmp_path / SERVER_CHECKPOINT).write_bytes(b"damaged")
+
+    resumed = new_server(tiny_root, tmp_path)
+    resumed.load()
+    assert resumed.completed_round == last - 1
+    assert_same_bank(resumed.serq.feature_bank, bank_previous)
