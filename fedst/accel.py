@@ -26,6 +26,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import resource
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +43,7 @@ __all__ = [
     "first_non_finite",
     "fused_optimizer_options",
     "maybe_compile",
+    "memory_usage",
     "optimizer_step",
     "resolve_precision",
 ]
@@ -206,3 +210,23 @@ class LossLog:
 def first_non_finite(values: Sequence[float]) -> int | None:
     """Index of the first NaN or infinite value in ``values`` (None: all finite)."""
     return next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+
+
+def memory_usage() -> dict[str, int]:
+    """This process's memory for the run log: ``rss_bytes`` (resident now, Linux only),
+    ``peak_rss_bytes`` (the most it has held so far) and, with CUDA, ``cuda_peak_bytes`` (the
+    most tensors have held on the current device). In the in-process engine the sites live in
+    this process too, so these are the whole job's figures."""
+    usage: dict[str, int] = {}
+    try:  # /proc/self/statm: pages of [size, resident, ...]
+        with open("/proc/self/statm") as statm:
+            usage["rss_bytes"] = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    peak = peak if sys.platform == "darwin" else peak * 1024
+    # the kernel updates its high-water mark lazily: it can lag the resident size just read
+    usage["peak_rss_bytes"] = max(peak, usage.get("rss_bytes", 0))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        usage["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
+    return usage

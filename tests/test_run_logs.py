@@ -71,6 +71,25 @@ def test_train_log_times_the_aggregation_and_serq_steps_of_every_round(tiny_cli_
     assert table.rows["fedst"][-1] is not None
 
 
+def test_train_log_gives_each_round_its_loader_wait_evaluation_time_and_memory(tiny_cli_run):
+    """What bench/paper_scale.py reads: the share of a site's round spent waiting for batches,
+    the evaluation's wall time and frames, the whole round, and the process's memory."""
+    run_dir, _ = tiny_cli_run
+    rows = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
+    sites = [r for r in rows if r["site"] != "server"]
+    assert len(sites) == 4 * ROUNDS
+    for row in sites:
+        assert 0 < row["loader_seconds"] < row["seconds"]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    server = [r for r in rows if r["site"] == "server" and r["round"] >= 1]
+    for row in server:  # tiny: eval_every 1
+        frames = sum(m["num_frames"] for m in metrics if m["round"] == row["round"])
+        assert row["evaluation_frames"] == frames > 0
+        assert 0 < row["evaluation_seconds"] < row["round_seconds"]
+        assert row["seconds"] + row["evaluation_seconds"] < row["round_seconds"]
+        assert 0 < row["rss_bytes"] <= row["peak_rss_bytes"]
+
+
 def _run(seed: int, train_rows: list[dict]) -> dict:
     return {"method": "fedst", "seed": seed, "experiment": "x", "final": {}, "train": train_rows}
 

@@ -153,6 +153,7 @@ def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, Metr
             UNIFORM_WEIGHT_KEY: 1,
             "train-loss": result.mean_loss,
             "seconds": result.seconds,
+            "loader-seconds": result.loader_seconds,
             **result.metrics,
         }
     )

@@ -30,6 +30,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from fedst.accel import memory_usage
 from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
 from fedst.federation import privacy, transport
 from fedst.federation.evaluation import METRICS_RECORD, scored_site
@@ -263,6 +264,11 @@ def _log_training_reply(
             "iterations": iterations,
             "loss": float(metrics["train-loss"]),
             "seconds": float(metrics["seconds"]),
+            **(
+                {"loader_seconds": float(metrics["loader-seconds"])}
+                if "loader-seconds" in metrics
+                else {}
+            ),
             "update_norm": update_norm,
         },
     )
@@ -402,7 +408,9 @@ def run_federation(
                 **stats,
             }
         # -- evaluation of the personalized models ---------------------------------------------
+        timing: dict[str, float] = {}
         if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
+            eval_started = time.perf_counter()
             shared = transport.pack(
                 server.shared_payload() if method.communicates else {}, precision
             )
@@ -418,14 +426,19 @@ def run_federation(
                 audit=audit,
             )
             _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
+            frames = 0
             for reply in evaluated.replies:
                 for row in _metrics_rows(reply, server_round):
                     runlog.write("metrics", row)
                     last_metrics[row["site"]] = row
+                    frames += row["num_frames"]
+            timing["evaluation_seconds"] = time.perf_counter() - eval_started
+            timing["evaluation_frames"] = frames
         # -- validation scores of the personalized models (model selection, fedst/selection.py) --
         if cfg.train.val_every is not None and (
             server_round % cfg.train.val_every == 0 or server_round == cfg.train.rounds
         ):
+            val_started = time.perf_counter()
             shared_params = server.shared_payload() if method.communicates else {}
             save_shared_snapshot(run_dir, server_round, shared_params)
             validated = _broadcast(
@@ -443,9 +456,11 @@ def run_federation(
             for reply in validated.replies:
                 for row in _metrics_rows(reply, server_round, split="val"):
                     runlog.write("metrics", row)
+            timing["validation_seconds"] = time.perf_counter() - val_started
         checkpoint = server.save(server_round, extra={"last_metrics": last_metrics})
         if method.communicates:  # written with the round's checkpoint time and bytes
-            runlog.write("train", {**server_row, **checkpoint})
+            timing["round_seconds"] = time.perf_counter() - started
+            runlog.write("train", {**server_row, **checkpoint, **timing, **memory_usage()})
         log.info(  # the one line per round of a non-terminal log (fedst/progress.py)
             "round %d/%d done in %.1f s",
             server_round,

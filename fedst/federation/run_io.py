@@ -4,10 +4,14 @@ Layout of a run directory (every file is written by the server process unless no
 ```
 config.json / config.yaml   resolved experiment config (config.yaml also holds Hydra's view)
 metrics.jsonl               per-round evaluation rows (site, model, dice, iou, hd95, assd, per_class)
-train.jsonl                 per-round training rows (site, loss, seconds, iterations); site "server":
+train.jsonl                 per-round training rows (site, loss, seconds, loader_seconds: of those,
+                            the wait for batches, iterations); site "server":
                             aggregation_seconds, seconds (aggregation + server step), SERQ losses,
                             eq_seconds and sc_seconds, checkpoint_seconds, checkpoint_bytes and
-                            bank_entries_written (the round's server checkpoint)
+                            bank_entries_written (the round's server checkpoint),
+                            evaluation_seconds / evaluation_frames and validation_seconds (rounds
+                            that evaluate), round_seconds (the whole round), rss_bytes and
+                            peak_rss_bytes (the server process; in-process: the whole job)
 comm.jsonl                  parameter bytes uploaded / downloaded per site per round
 participation.jsonl         per round: the sites whose training replies were aggregated, and the missing
 wire.jsonl                  (deploy.audit) record names, keys and shapes of every message

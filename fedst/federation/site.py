@@ -121,6 +121,8 @@ class LocalRoundResult:
     seconds: float
     metrics: dict[str, float]
     """The method's own scalars for the server (Method.reply_metrics)."""
+    loader_seconds: float = 0.0
+    """Of ``seconds``, the time the training steps waited for their next batch (the loader)."""
 
 
 class Site:
@@ -169,6 +171,8 @@ class Site:
             num_classes=cfg.network.num_classes,
         )
         self.completed_round = 0
+        self.loader_seconds = 0.0
+        """Time the current round's steps waited for batches (the loader), in seconds."""
         self._validation: dict[str, ClipDataset] | None = None
         self.owns_whole_model = False
         """True after a final stage (Method.final_stage): every float tensor is then the site's."""
@@ -191,6 +195,7 @@ class Site:
         self.method.adopt(self, received, server_round)
         seed_everything(self.cfg.seed, self.index, server_round)
         started, losses = time.perf_counter(), []
+        self.loader_seconds = 0.0
         for phase in self.method.local_phases(local_iters):
             losses += self._train_phase(phase, server_round)
         self.completed_round = server_round
@@ -201,6 +206,7 @@ class Site:
             mean_loss=sum(losses) / max(len(losses), 1),
             seconds=time.perf_counter() - started,
             metrics=self.method.reply_metrics(self),
+            loader_seconds=self.loader_seconds,
         )
 
     def _train_phase(
@@ -234,7 +240,9 @@ class Site:
         try:
             for _ in iterations:
                 # on the device, normalised: [B, T, 3, H, W] float32, [B, H, W] int64
+                waited = time.perf_counter()
                 clips, masks, _ = self.stream.next_batch()
+                self.loader_seconds += time.perf_counter() - waited
                 with self.precision.autocast():
                     logits = self.model(clips, indicator)  # [B, C, H, W]
                     loss = (
