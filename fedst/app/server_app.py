@@ -311,11 +311,17 @@ def run_federation(
         runlog.truncate_after(server.completed_round)
         log.info("resuming %s after round %d", run_dir, server.completed_round)
     else:
+        pretrain_started = time.perf_counter()
         pre_loss = server.initialize()
         if pre_loss is not None:
-            runlog.write(
-                "train", {"round": 0, "site": "server", "synthetic_pretrain_loss": pre_loss}
-            )
+            row = {
+                "round": 0,
+                "site": "server",
+                "synthetic_pretrain_loss": pre_loss,
+                "pretrain_iters": cfg.serq.pretrain_iters,
+                "pretrain_seconds": time.perf_counter() - pretrain_started,
+            }
+            runlog.write("train", row)
         server.save(0)
 
     method = server.method

@@ -48,6 +48,9 @@ frame (labelled frames in brackets); E and grasp are test only; synthetic holds 
 * full, 256 x 320, labelled train / test frames as in the paper's Table I: A 8x225 / 1x75 / 4x150
   (1800 / 600), B 15x149 / 1x75 / 4x249 (2235 / 996), C 7x578 / 1x150 / 6x380 [2023 / 1140],
   D 2x499 / 1x100 / 2x491 (998 / 982), E 1x203, grasp 5x60, synthetic 3600. Val videos are extra.
+* paper_scale, 512 x 640: A, B, D 1x24 / 1x8 / 1x16; C 1x48 / 1x16 / 1x32 [half labelled];
+  E, grasp 1x16; synthetic 3600 (SISVSE's count). The time and memory of a paper-size round
+  (bench/paper_scale.py), not a benchmark to score.
 
 Generation time, measured with ``python bench/data_generation.py`` (2 worker processes, on the
 shared 2-core machine): tiny 0.7 s (180 frames/s) and demo 8.0 s (138 frames/s) at load average
@@ -533,6 +536,22 @@ PRESETS: dict[str, Preset] = {
             "grasp": SiteSize(test=SplitSize(5, 60)),
         },
         description="labelled-frame counts of the paper's Table I at 256x320 (GPU users)",
+    ),
+    "paper_scale": Preset(
+        name="paper_scale",
+        height=512,
+        width=640,
+        sites=_sizes(
+            SplitSize(1, 24),
+            SplitSize(1, 8),
+            SplitSize(1, 16),
+            (SplitSize(1, 48), SplitSize(1, 16), SplitSize(1, 32)),
+            (SplitSize(1, 24), SplitSize(1, 8), SplitSize(1, 16)),
+            SplitSize(1, 16),
+            3600,
+        ),
+        description="bench/paper_scale.py: the paper's 512x640 input and SISVSE's 3600 "
+        "synthetic images, a few frames per site",
     ),
 }
 

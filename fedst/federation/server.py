@@ -224,8 +224,8 @@ class FederationServer:
         ``server.prev.pt``), then bank files neither checkpoint reads are pruned.
 
         Returns what the log records: ``checkpoint_seconds`` (wall time of the writes),
-        ``checkpoint_bytes`` (``server.pt`` plus the bank entries written) and
-        ``bank_entries_written``."""
+        ``checkpoint_bytes`` (``server.pt`` plus the bank entries written), and its two parts
+        ``server_checkpoint_bytes`` and ``bank_bytes_written`` (``bank_entries_written`` files)."""
         started = time.perf_counter()
         self.completed_round = server_round
         bank = BankWrite(0, 0)
@@ -250,6 +250,8 @@ class FederationServer:
         return {
             "checkpoint_seconds": time.perf_counter() - started,
             "checkpoint_bytes": path.stat().st_size + bank.bytes,
+            "server_checkpoint_bytes": path.stat().st_size,
+            "bank_bytes_written": bank.bytes,
             "bank_entries_written": bank.files,
         }
 
