@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedst.accel import LossLog
 from fedst.config import require_at_least, require_positive
 from fedst.data.clips import BatchStream
 from fedst.experiment import ExperimentConfig
@@ -151,16 +152,16 @@ def align_base(
     base = [p for name, p in model.named_parameters() if not is_head(name)]
     optimizer = torch.optim.SGD(base, lr=lr)
     model.train()
-    losses = []
+    losses = LossLog()  # on the device: one host copy at the end, not one per step
     for clips, masks in batches:
         features, labels = pixel_features(model, clips, masks, indicator)
         loss = alignment_loss(features, labels, prototypes, counts, ignore_index)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(loss)
     optimizer.zero_grad(set_to_none=True)
-    return losses
+    return losses.values()
 
 
 def fisher_trace(
