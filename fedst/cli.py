@@ -91,9 +91,10 @@ RESUME_SAFE_KEYS = (
     "train.num_workers",
     "train.eval_batch_size",
     "train.distance_metrics_every",
+    "train.checkpoint_every",
 )
 """Experiment keys a resumed run accepts from the command line: they change when and where it
-computes (evaluation cadence, device, loader workers), not what it learns. The runtime keys
+computes (evaluation cadence, device, loader workers, checkpoint cadence), not what it learns. The runtime keys
 (progress, engine, regenerate) are always accepted; anything else is refused on resume."""
 
 

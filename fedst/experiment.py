@@ -152,6 +152,11 @@ class TrainConfig:
     metrics) at evaluations of rounds that are multiples of k and at the last round; the other
     evaluations score Dice / IoU only (distances reported as absent). 1: every evaluation
     (default); None: the last round only (the final tables need them, learning curves use Dice)."""
+    checkpoint_every: int = 1
+    """The server writes its checkpoint (``server.pt`` and the feature bank entries changed since
+    the last one) every k rounds and at the last round; a resumed run restarts after the latest
+    one, redoing at most k - 1 rounds (each site keeps its states of the server's two latest
+    checkpoint rounds). Results do not depend on k. 1: every round."""
     val_every: int | None = None
     """Score every site's personalized model on its validation split every k rounds and at the
     last round (metrics.jsonl rows with split "val"), keeping what selection needs of those rounds
@@ -193,6 +198,7 @@ class TrainConfig:
         require_at_least("train.eval_max_frames", self.eval_max_frames, 1, "or null for all")
         require_at_least("train.val_every", self.val_every, 1, "or null for no validation")
         require_at_least("train.eval_batch_size", self.eval_batch_size, 1)
+        require_at_least("train.checkpoint_every", self.checkpoint_every, 1, "save every k rounds")
         require_at_least(
             "train.distance_metrics_every", self.distance_metrics_every, 1, "or null: last round"
         )
@@ -506,9 +512,10 @@ EVALUATION_FIELDS = (
     "val_every",
     "eval_batch_size",
     "distance_metrics_every",
+    "checkpoint_every",
 )
-"""Train fields that change what is measured, not a site's private state (left out of the
-state fingerprint, so a run may be resumed with another evaluation cadence)."""
+"""Train fields that change what is measured or when the server saves, not a site's private
+state (left out of the state fingerprint, so a run may be resumed with another cadence)."""
 
 
 def site_view(cfg: ExperimentConfig) -> ExperimentConfig:

@@ -52,7 +52,7 @@ def test_the_paper_round_scales_each_part_by_its_own_unit():
         + _rows(3, site_seconds=10.0, loader=1.0, eval_frames=0),
         serq_batches=4,
     )
-    job = PaperJob()
+    job = PaperJob(checkpoint_every=1)
     paper = extrapolate(costs, pretrain_seconds_per_iter=3.0, job=job)
     # per site iteration: compute 9 / 4 = 2.25 s, wait 0.25 s; 4 sites x 100 iterations
     assert paper.site_compute == pytest.approx(400 * 2.25)
@@ -70,3 +70,17 @@ def test_the_paper_round_scales_each_part_by_its_own_unit():
     assert paper.wall == pytest.approx(round_s)
     assert paper.run_hours == pytest.approx((300 * round_s + 3000 * 3.0) / 3600)
     assert paper.bank_ram_bytes == pytest.approx(3600 * MB)
+
+
+def test_a_checkpoint_every_k_rounds_writes_server_pt_once_and_the_bank_s_changes_of_k_rounds():
+    rows = _rows(2, site_seconds=10.0, loader=1.0, eval_frames=0)
+    rows += _rows(3, site_seconds=10.0, loader=1.0, eval_frames=16)
+    rows[4] |= {"checkpoint_seconds": 0.0, "server_checkpoint_bytes": 0, "bank_bytes_written": 0,
+                "bank_entries_written": 0}  # round 2: no checkpoint  # fmt: skip
+    costs = round_costs(rows, serq_batches=4)
+    # by hand, per checkpoint: server.pt 100 MB + the entries of k rounds (1 MB each);
+    # k = 10: 2000 entries -> 2100 MB / 10 = 210 MB per round; k = 30: all 3600 -> 3700 / 30
+    for k, per_round in ((10, 210 * MB), (30, 3700 * MB / 30)):
+        paper = extrapolate(costs, pretrain_seconds_per_iter=0.0, job=PaperJob(checkpoint_every=k))
+        assert paper.checkpoint_bytes == pytest.approx(per_round)
+        assert paper.checkpoint == pytest.approx(per_round * 3.0 / (108 * MB))

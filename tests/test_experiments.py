@@ -67,10 +67,10 @@ def test_the_runner_trains_missing_runs_skips_finished_ones_and_resumes_interrup
     monkeypatch.setattr(experiments, "run_training", counting_training)
     original_round = site_module.Site.train_round
 
-    def power_cut_in_fedavg_round_two(self, received, server_round, local_iters):
+    def power_cut_in_fedavg_round_two(self, received, server_round, local_iters, **kwargs):
         if self.cfg.method.name == "fedavg" and server_round == 2:
             raise RuntimeError("power cut")
-        return original_round(self, received, server_round, local_iters)
+        return original_round(self, received, server_round, local_iters, **kwargs)
 
     # 1st invocation: Local trains; FedAvg is interrupted after round 1 (exit code 1)
     with monkeypatch.context() as patch:

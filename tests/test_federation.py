@@ -111,8 +111,8 @@ def fedst_run(
         original_site_init(self, *args, **kwargs)
         getattr(self.model, INTEGER_BUFFER).fill_(site_counter(self.index))
 
-    def recording_train_round(self, received, server_round, local_iters):
-        result = original_train_round(self, received, server_round, local_iters)
+    def recording_train_round(self, received, server_round, local_iters, **kwargs):
+        result = original_train_round(self, received, server_round, local_iters, **kwargs)
         after_training[(self.name, server_round)] = SiteRound(
             personal=state_subset(self.model, self.partition.personal),
             counter=getattr(self.model, INTEGER_BUFFER).clone(),
@@ -423,12 +423,12 @@ def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_r
     calls = {"n": 0}
     original = site_module.Site.train_round
 
-    def crash_in_round_two(self, received, server_round, local_iters):
+    def crash_in_round_two(self, received, server_round, local_iters, **kwargs):
         if server_round == 2:
             calls["n"] += 1
             if calls["n"] == 3:  # two sites of round 2 have trained and saved; the third dies
                 raise RuntimeError("power cut")
-        return original(self, received, server_round, local_iters)
+        return original(self, received, server_round, local_iters, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(site_module.Site, "train_round", crash_in_round_two)
@@ -441,6 +441,47 @@ def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_r
         r["round"] for r in read_jsonl(tmp_path / "resumed" / "train.jsonl") if r["site"] == "A"
     ]
     assert rounds == [1, 2]  # the interrupted round is logged once
+
+
+def test_a_run_checkpointed_every_3_rounds_resumes_after_its_last_checkpoint_as_if_uninterrupted(
+    tiny_root, tmp_path
+):
+    """train.checkpoint_every=3 over 5 rounds: the server saves after rounds 3 and 5 only; a run
+    killed in round 5 restarts after round 3, whose states its sites kept although they had saved
+    rounds 4 and 5 since, and ends with the uninterrupted run's metrics."""
+    cfg = experiment(
+        tiny_root, "serq.pretrain_iters=1", "train.total_iters=10", "train.checkpoint_every=3"
+    )
+    uninterrupted = run_training(cfg, tmp_path / "whole", progress=False)
+    rows = read_jsonl(tmp_path / "whole" / "train.jsonl")
+    server = [r for r in rows if r["site"] == "server" and r["round"] >= 1]
+    saved = {r["round"]: r["checkpoint_bytes"] > 0 for r in server}
+    assert saved == {1: False, 2: False, 3: True, 4: False, 5: True}
+
+    original = site_module.Site.train_round
+    trained_in_round_5 = []
+
+    def crash_in_round_five(self, received, server_round, local_iters, **kwargs):
+        if server_round == 5:
+            trained_in_round_5.append(self.name)
+            if len(trained_in_round_5) == 3:  # A, B have saved round 5, C dies
+                raise RuntimeError("power cut")
+        return original(self, received, server_round, local_iters, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(site_module.Site, "train_round", crash_in_round_five)
+        with pytest.raises(server_app.FederationError, match="power cut"):
+            run_training(cfg, tmp_path / "resumed", progress=False)
+    crashed = tmp_path / "resumed"
+    assert torch.load(crashed / "checkpoints" / "server.pt", weights_only=False)["round"] == 3
+    # A keeps round 3 (the server's checkpoint) beside its two latest; rounds 1-2 are gone
+    states = sorted(p.name for p in (crashed / "sites" / "A").glob("state_r*.pt"))
+    assert states == ["state_r0003.pt", "state_r0004.pt", "state_r0005.pt"]
+    resumed = run_training(cfg, crashed, progress=False)
+    assert resumed["sites"] == uninterrupted["sites"]
+    assert resumed["out_of_federation"] == uninterrupted["out_of_federation"]
+    rounds = [r["round"] for r in read_jsonl(crashed / "train.jsonl") if r["site"] == "A"]
+    assert rounds == [1, 2, 3, 4, 5]  # rounds 4 and 5 redone, each logged once
 
 
 def test_a_nan_loss_stops_the_run_with_a_clear_message_and_keeps_the_last_checkpoint(
@@ -462,9 +503,9 @@ def test_a_nan_loss_stops_the_run_with_a_clear_message_and_keeps_the_last_checkp
     nan_in_round_two.round = 0
     original_train = site_module.Site.train_round
 
-    def tracking(self, received, server_round, local_iters):
+    def tracking(self, received, server_round, local_iters, **kwargs):
         nan_in_round_two.round = server_round
-        return original_train(self, received, server_round, local_iters)
+        return original_train(self, received, server_round, local_iters, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(losses.SegmentationLoss, "forward", nan_in_round_two)

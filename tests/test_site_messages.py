@@ -83,7 +83,9 @@ def test_messages_carry_no_path_of_any_site_or_of_the_server(one_round, tiny_roo
     assert downloads
     for message in downloads:
         config = dict(message.content["config"])
-        assert set(config) == {"experiment", "run-name", "local-iters", "server-round"}
+        assert set(config) == {
+            "experiment", "run-name", "local-iters", "server-round", "keep-rounds"
+        }  # fmt: skip
         text = json.dumps(config)
         assert str(tiny_root) not in text and str(run_dir) not in text
         assert str(tiny_root.parent) not in text and str(run_dir.parent) not in text
@@ -221,10 +223,10 @@ def test_a_round_goes_on_without_a_failing_site_which_rejoins_and_may_decline_ex
     assert cfg.train.rounds == 3
     original = site_module.Site.train_round
 
-    def d_fails_in_round_two(self, received, server_round, local_iters):
+    def d_fails_in_round_two(self, received, server_round, local_iters, **kwargs):
         if self.name == "D" and server_round == 2:
             raise ConnectionError("hospital D lost power")
-        return original(self, received, server_round, local_iters)
+        return original(self, received, server_round, local_iters, **kwargs)
 
     policy = RoundPolicy(min_sites=3, collect_personal=True)
     with pytest.MonkeyPatch.context() as patch:
@@ -289,10 +291,10 @@ def test_a_round_with_fewer_sites_than_the_minimum_stops_naming_the_failure(tiny
     cfg = experiment(tiny_root, "data.federation=[A,D]", "data.out_of_federation=[]")
     original = site_module.Site.train_round
 
-    def d_fails(self, received, server_round, local_iters):
+    def d_fails(self, received, server_round, local_iters, **kwargs):
         if self.name == "D":
             raise ConnectionError("hospital D lost power")
-        return original(self, received, server_round, local_iters)
+        return original(self, received, server_round, local_iters, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(site_module.Site, "train_round", d_fails)

@@ -146,7 +146,12 @@ def train(message: Message, context: Context) -> Message:
 def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, MetricRecord]:
     """gamma_k after this round's local training, and the reply's metrics."""
     with _forget_on_error(site):
-        result = site.train_round(received, int(config["server-round"]), int(config["local-iters"]))
+        result = site.train_round(
+            received,
+            int(config["server-round"]),
+            int(config["local-iters"]),
+            keep_rounds=[int(r) for r in config.get("keep-rounds", [])],
+        )
     metrics = MetricRecord(
         {
             "num-examples": result.num_examples,

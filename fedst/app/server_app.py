@@ -358,6 +358,8 @@ def run_federation(
         config = {
             **base_config,
             "server-round": server_round,
+            # the sites keep their states of these rounds: a resumed run restarts after one
+            **({"keep-rounds": kept} if (kept := server.checkpoint_rounds()) else {}),
             **method.instruction_config(server_round),
         }
         down = transport.pack(_train_payload(server, server_round), precision)
@@ -463,7 +465,7 @@ def run_federation(
                 for row in _metrics_rows(reply, server_round, split="val"):
                     runlog.write("metrics", row)
             timing["validation_seconds"] = time.perf_counter() - val_started
-        checkpoint = server.save(server_round, extra={"last_metrics": last_metrics})
+        checkpoint = server.end_round(server_round, extra={"last_metrics": last_metrics})
         if method.communicates:  # written with the round's checkpoint time and bytes
             timing["round_seconds"] = time.perf_counter() - started
             runlog.write("train", {**server_row, **checkpoint, **timing, **memory_usage()})

@@ -94,6 +94,8 @@ class FederationServer:
         self.completed_round = 0
         self._saved_round: int | None = None
         """Round of the checkpoint on disk (None: none written or loaded by this process)."""
+        self._previous_saved_round: int | None = None
+        """Round of the checkpoint before it (``server.prev.pt``; None: none)."""
         self.bank_store = FeatureBankStore(run_dir / FEATURE_BANK_DIR)
         for folder in (run_dir / "checkpoints", run_dir):  # left by a process killed mid-write
             remove_stale_tmp(folder)
@@ -218,6 +220,31 @@ class FederationServer:
         }
 
     # -- checkpoints ----------------------------------------------------------------------------
+    def checkpoint_due(self, server_round: int) -> bool:
+        """Whether ``server_round`` ends with a checkpoint: every ``train.checkpoint_every``
+        rounds and at the last round."""
+        every, last = self.cfg.train.checkpoint_every, self.cfg.train.rounds
+        return server_round % every == 0 or server_round >= last
+
+    def checkpoint_rounds(self) -> list[int]:
+        """Rounds of the two checkpoints on disk (latest last): the rounds a resumed run can
+        restart after, so the sites keep their states of these rounds."""
+        return [r for r in (self._previous_saved_round, self._saved_round) if r is not None]
+
+    def end_round(self, server_round: int, extra: dict | None = None) -> dict:
+        """Close ``server_round``: :meth:`save` when a checkpoint is due, else only count it
+        (the log then records zero checkpoint time and bytes)."""
+        if self.checkpoint_due(server_round):
+            return self.save(server_round, extra)
+        self.completed_round = server_round
+        return {
+            "checkpoint_seconds": 0.0,
+            "checkpoint_bytes": 0,
+            "server_checkpoint_bytes": 0,
+            "bank_bytes_written": 0,
+            "bank_entries_written": 0,
+        }
+
     def save(self, server_round: int, extra: dict | None = None) -> dict:
         """Checkpoint the completed ``server_round``: SERQ's changed bank entries first
         (fedst/federation/feature_bank.py), then ``server.pt`` (the previous one kept as
@@ -235,6 +262,7 @@ class FederationServer:
         atomic_torch_save(
             {
                 "round": server_round,
+                "previous_round": self._saved_round,
                 "global_model": self.global_model.state_dict(),
                 "shared_keys": list(self.partition.shared),
                 "serq": None if self.serq is None else self.serq.state_dict(),
@@ -246,6 +274,8 @@ class FederationServer:
         )
         if self.serq is not None:
             self.bank_store.prune(server_round, self._saved_round)
+        if self._saved_round != server_round:
+            self._previous_saved_round = self._saved_round
         self._saved_round = server_round
         return {
             "checkpoint_seconds": time.perf_counter() - started,
@@ -265,6 +295,7 @@ class FederationServer:
                 self.serq.load_feature_bank(self.bank_store, state["round"])
         self.method.load_state_dict(state.get("method", {}))
         self.completed_round = self._saved_round = state["round"]
+        self._previous_saved_round = state.get("previous_round")
         return state["extra"]
 
 

@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +173,8 @@ class Site:
         self.completed_round = 0
         self.loader_seconds = 0.0
         """Time the current round's steps waited for batches (the loader), in seconds."""
+        self.keep_rounds: tuple[int, ...] = ()
+        """Rounds of the server's checkpoints (its train message): states :meth:`save` keeps."""
         self._validation: dict[str, ClipDataset] | None = None
         self.owns_whole_model = False
         """True after a final stage (Method.final_stage): every float tensor is then the site's."""
@@ -185,10 +187,16 @@ class Site:
 
     # -- Algorithm 1, lines 5-7 ----------------------------------------------------------------
     def train_round(
-        self, received: dict[str, torch.Tensor], server_round: int, local_iters: int
+        self,
+        received: dict[str, torch.Tensor],
+        server_round: int,
+        local_iters: int,
+        keep_rounds: Sequence[int] = (),
     ) -> LocalRoundResult:
         """Adopt gamma_g (round 1: the server's full initial model), train E iterations in the
-        method's phases, return gamma_k."""
+        method's phases, return gamma_k. ``keep_rounds``: rounds of the server's checkpoints,
+        whose states the site keeps beside its two latest (:meth:`save`)."""
+        self.keep_rounds = tuple(keep_rounds)
         self.restore(server_round - 1)
         if self.completed_round > 0:  # rho_k is the site's own from its first round on
             received = {k: v for k, v in received.items() if k not in self.personal_keys}
@@ -369,8 +377,10 @@ class Site:
 
     def save(self, server_round: int) -> None:
         """Persist rho_k, the own gamma_k, optimizer moments and data order after
-        ``server_round`` (keeps two). Called right after local training, so ``shared`` is
-        gamma_k^t, never gamma_g."""
+        ``server_round``. Keeps this round's and the previous round's states and those of the
+        server's checkpoint rounds (``keep_rounds``: a resumed run restarts after one of them);
+        older ones are deleted. Called right after local training, so ``shared`` is gamma_k^t,
+        never gamma_g."""
         atomic_torch_save(
             {
                 "round": server_round,
@@ -386,9 +396,10 @@ class Site:
             },
             self.state_path(server_round),
         )
-        stale = self.state_path(server_round - 2)
-        if stale.exists():
-            stale.unlink()
+        kept = {server_round, server_round - 1, *self.keep_rounds}
+        for stale in saved_rounds(self.state_dir):
+            if stale < server_round and stale not in kept:
+                self.state_path(stale).unlink(missing_ok=True)
 
     def restore(self, server_round: int) -> None:
         """Make the in-memory state that of the end of ``server_round`` (0: fresh start), or of
