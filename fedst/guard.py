@@ -832,6 +832,11 @@ def evaluate_guarded_sites(
     from fedst.federation.site_data import open_site_data
     from fedst.methods import method_of
 
+    unknown = [s for s in sites if s not in cfg.data.sites]
+    if unknown:
+        raise GuardError(
+            f"sites {unknown} are not configured in {run_dir}: {sorted(cfg.data.sites)}"
+        )
     model = load_guarded_model(cfg, run_dir, held_out_site(cfg), device)
     indicators = method_of(cfg).indicators()
     return {
