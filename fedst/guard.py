@@ -621,7 +621,7 @@ def fit_dad(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            fit_total += float(loss) * len(clips)
+            fit_total += float(loss.detach()) * len(clips)
             frames += len(clips)
         model.generator.eval()
         stop_loss, disagree = stopping_loss()
