@@ -24,11 +24,15 @@ out-of-federation sites (E, GraSP) have no validation split (fedst/data/splits.p
 cannot train a correction of their own: they are scored with the held-out site's corrected
 out-of-federation model, which never saw them (the paper's zero-shot Out-Fed column). Each
 correction is saved beside the site's models, ``<site state dir>/guard/dad.pt`` (generator
-weights, the rules and rounds of student and teacher, settings and the loss history);
-``python -m fedst.infer ... guard=dad`` and ``python eval_outfed.py run=RUN_DIR guard=dad`` run
-the corrected model. Test scores before and after DAD: :func:`guard_test_scores`, called by
-``python -m fedst.report msf`` only once corrections exist (same discipline as
-fedst/selection.py's evaluate_choices).
+weights, the rules and rounds of student and teacher, settings and the loss history), and the
+corrected models run with ``guard=dad``:
+
+    python -m fedst.infer run=RUN_DIR site=A input=VIDEO guard=dad
+    python eval_outfed.py run=RUN_DIR guard=dad
+
+Test scores before and after DAD (:func:`guard_test_scores`) are measured by
+``python -m fedst.report msf RUN_DIR`` only once corrections exist (the discipline of
+fedst/selection.py's evaluate_choices: nothing is tested before the correction is final).
 
 Design notes (how we read the paper for a segmentation network):
 
@@ -346,23 +350,13 @@ class GuardedNet(nn.Module):
         final = self.head_outputs(clip, indicator).final
         return F.interpolate(final, size=clip.shape[-2:], mode="bilinear")
 
-    def stream(
-        self,
-        indicator: torch.Tensor | None,
-        frame_stride: int = 1,
-        *,
-        interval_s: float | None = None,
-        use_temporal: bool = True,
-    ) -> GuardedStream:
-        """Streaming inference over one video (as :meth:`FedSTNet.stream`), both models in step."""
+    def stream(self, indicator: torch.Tensor | None, *args: Any, **kwargs: Any) -> GuardedStream:
+        """Streaming inference over one video: :meth:`FedSTNet.stream`'s arguments, both models
+        stepped together."""
         return GuardedStream(
             self,
-            *(
-                net.stream(
-                    indicator, frame_stride, interval_s=interval_s, use_temporal=use_temporal
-                )
-                for net in (self.student, self.teacher)
-            ),
+            self.student.stream(indicator, *args, **kwargs),
+            self.teacher.stream(indicator, *args, **kwargs),
         )
 
 
@@ -387,16 +381,10 @@ class GuardedStream:
         )
 
     @torch.no_grad()
-    def step_frames(
-        self,
-        frames: torch.Tensor,
-        times_s: list[float] | None = None,
-        predict: list[bool] | None = None,
-    ) -> torch.Tensor | None:
-        """frames [N, 3, H, W] -> corrected logits [M, K, H, W] of the predicted frames."""
-        return self._corrected(
-            lambda stream: stream.step_frames(frames, times_s, predict), frames.shape[-2:]
-        )
+    def step_frames(self, frames: torch.Tensor, *args: Any) -> torch.Tensor | None:
+        """frames [N, 3, H, W] (then StreamingState.step_frames's times and predict flags) ->
+        corrected logits [M, K, H, W] of the predicted frames."""
+        return self._corrected(lambda stream: stream.step_frames(frames, *args), frames.shape[-2:])
 
     def _corrected(self, advance, size) -> torch.Tensor | None:
         with head_calls(self.net.student) as student_calls:
@@ -768,10 +756,6 @@ def guard_test_scores(
     ``{"corrections": site -> id, "rounds": {"student", "teacher"}, "in_federation" |
     "held_out" | "out_of_federation": site -> {"before", "after"} (dice, iou, num_frames)}``.
     """
-    from fedst.federation.evaluation import evaluate_model
-    from fedst.federation.site_data import open_site_data
-    from fedst.methods import method_of
-
     corrections = saved_corrections(run_dir)
     if not corrections:
         return None
@@ -781,7 +765,6 @@ def guard_test_scores(
         cached = json.loads(path.read_text())
         if cached.get("corrections") == ids:
             return cached
-    indicators = method_of(cfg).indicators()
     held_out = cfg.selection.held_out_site
     groups: dict[str, list[tuple[str, str]]] = {  # group -> (scored site, correcting site)
         "in_federation": [(s, s) for s in cfg.data.federation if s in corrections],
@@ -792,14 +775,7 @@ def guard_test_scores(
     }
 
     def score(model: nn.Module, site: str) -> dict[str, Any]:
-        summary = evaluate_model(
-            model,
-            open_site_data(cfg, site, ("test",)).test,
-            indicators.get(site),
-            device,
-            progress=progress,
-            **{**cfg.train.evaluation_options(), "distances": False},
-        ).summary
+        summary = _test_summary(cfg, model, site, device, progress, distances=False)
         return {k: summary[k] for k in ("dice", "iou", "num_frames")}
 
     plan = next(iter(corrections.values()))["plan"]  # every site's plan has the same rounds
@@ -828,28 +804,37 @@ def evaluate_guarded_sites(
 ) -> dict[str, dict[str, Any]]:
     """The held-out site's corrected out-of-federation model on each site's test split
     (``eval_outfed.py guard=dad``); site -> evaluation summary."""
-    from fedst.federation.evaluation import evaluate_model
-    from fedst.federation.site_data import open_site_data
-    from fedst.methods import method_of
-
     unknown = [s for s in sites if s not in cfg.data.sites]
     if unknown:
         raise GuardError(
             f"sites {unknown} are not configured in {run_dir}: {sorted(cfg.data.sites)}"
         )
     model = load_guarded_model(cfg, run_dir, held_out_site(cfg), device)
-    indicators = method_of(cfg).indicators()
-    return {
-        site: evaluate_model(
-            model,
-            open_site_data(cfg, site, ("test",)).test,
-            indicators.get(site),
-            device,
-            progress=progress,
-            **cfg.train.evaluation_options(),
-        ).summary
-        for site in sites
-    }
+    return {site: _test_summary(cfg, model, site, device, progress) for site in sites}
+
+
+def _test_summary(
+    cfg: ExperimentConfig,
+    model: nn.Module,
+    site: str,
+    device: torch.device,
+    progress: bool,
+    **options: Any,
+) -> dict[str, Any]:
+    """evaluate_model's summary of ``model`` on ``site``'s test split, prompted as that site
+    (``options`` override the run's evaluation options)."""
+    from fedst.federation.evaluation import evaluate_model
+    from fedst.federation.site_data import open_site_data
+    from fedst.methods import method_of
+
+    return evaluate_model(
+        model,
+        open_site_data(cfg, site, ("test",)).test,
+        method_of(cfg).indicators().get(site),
+        device,
+        progress=progress,
+        **{**cfg.train.evaluation_options(), **options},
+    ).summary
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:

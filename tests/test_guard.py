@@ -27,6 +27,7 @@ from fedst.guard import GuardConfig, GuardedNet, ResidualHeadGenerator
 from fedst.infer import InferenceError, load_site_model
 from fedst.methods import method_of
 from fedst.report_selection import dad_rows, msf_report
+from tests.conftest import record_reads
 from tests.test_federation import experiment
 from tests.test_selection import held_out_run  # noqa: F401  (the tiny run with held-out D)
 
@@ -203,21 +204,8 @@ def guarded_run(held_out_run, tmp_path_factory):  # noqa: F811
     cfg, root, run_dir, _, _ = held_out_run
     run = tmp_path_factory.mktemp("guarded") / "run"
     shutil.copytree(run_dir, run)
-    read: list[Path] = []
-    original_frame = GenericLayoutSource.read_frame
-    original_label = GenericLayoutSource.read_label
-
-    def read_frame(self, ref):
-        read.append(ref.path)
-        return original_frame(self, ref)
-
-    def read_label(self, ref):
-        read.append(ref.path)
-        return original_label(self, ref)
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(GenericLayoutSource, "read_frame", read_frame)
-        patch.setattr(GenericLayoutSource, "read_label", read_label)
+        read = record_reads(patch)
         written = guard.run_guard(cfg, run, GuardConfig(epochs=EPOCHS))
     return cfg, root, run, written, read
 
@@ -321,6 +309,8 @@ def test_the_msf_report_shows_the_corrected_models_before_and_after(guarded_run,
     assert "| D Dice | E Dice | grasp Dice | out-fed mean | worst site |" in text
     assert set(scores["in_federation"]) == {"A", "B", "C"} and set(scores["held_out"]) == {"D"}
     assert set(scores["out_of_federation"]) == {"E", "grasp"}
+    by_eval_outfed = guard.evaluate_guarded_sites(cfg, run, ["E"], resolve_device("cpu"))
+    assert by_eval_outfed["E"]["dice"] == scores["out_of_federation"]["E"]["after"]["dice"]
     every = {**scores["in_federation"], **scores["held_out"], **scores["out_of_federation"]}
     worst = min(every, key=lambda s: every[s]["after"]["dice"])
     assert f"| {worst} {every[worst]['after']['dice']:.2f} |" in text
