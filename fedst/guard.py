@@ -847,14 +847,29 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         nargs="+",
         help="only these sites (default: every training site and the held-out site)",
     )
-    parser.add_argument("--epochs", type=int, default=GuardConfig.epochs, help="T_max (paper: 5)")
+    parser.add_argument("--epochs", type=int, help=f"T_max (default {GuardConfig.epochs})")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a DAD setting (a GuardConfig field of fedst/guard.py), e.g. temperature_disagree=3",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from omegaconf import OmegaConf
+
+    from fedst.config import build
     from fedst.training import load_config
 
     try:
-        settings = GuardConfig(epochs=args.epochs)
+        if any("=" not in item for item in args.set):
+            raise GuardError(f"--set takes KEY=VALUE, got {args.set}")
+        values = OmegaConf.to_container(OmegaConf.from_dotlist(args.set))
+        if args.epochs is not None:
+            values["epochs"] = args.epochs
+        settings = build(GuardConfig, values, "guard")
         cfg = load_config(args.run_dir)
         written = run_guard(cfg, args.run_dir, settings, args.site, not args.no_progress)
     except (GuardError, ConfigError, FileNotFoundError) as err:

@@ -275,6 +275,11 @@ def test_a_missing_correction_is_one_clear_line(guarded_run, tmp_path):
         load_site_model(copy, "B", None, resolve_device("cpu"), guard="dad")
     assert "\n" not in str(err.value)
     load_site_model(copy, "A", None, resolve_device("cpu"), guard="dad")  # A's is still there
+    _, outfed, _ = load_site_model(copy, "outfed", "E", resolve_device("cpu"), guard="dad")
+    assert isinstance(outfed, GuardedNet)  # the held-out site D's correction
+    shutil.rmtree(guard.guard_file(copy, "D").parent)
+    with pytest.raises(InferenceError, match=r"--site D"):
+        load_site_model(copy, "outfed", "E", resolve_device("cpu"), guard="dad")
 
 
 @pytest.mark.parametrize(
@@ -296,6 +301,13 @@ def test_a_run_without_the_snapshots_or_held_out_site_is_refused_in_one_line(
     message = str(stopped.value.code)
     assert "\n" not in message and missing in message
     assert "train.val_every=<k>" in message and "selection.held_out_site=<" in message
+
+
+def test_settings_on_the_command_line_are_checked_before_the_run_is_read(tmp_path):
+    with pytest.raises(SystemExit, match=r"unknown key\(s\) \['temperature'\]"):
+        guard.main([str(tmp_path), "--set", "temperature=3"])
+    with pytest.raises(SystemExit, match=r"guard.epochs=0: must be >= 1"):
+        guard.main([str(tmp_path), "--set", "temperature_disagree=3", "--epochs", "0"])
 
 
 def test_the_msf_report_shows_the_corrected_models_before_and_after(guarded_run, tmp_path):
