@@ -631,8 +631,8 @@ def fit_dad(
 
 
 def split_for_stopping(num_samples: int, stop_fraction: float, site: str) -> tuple[list, list]:
-    """(fitted indices, early-stopping indices): the last ceil-rounded ``stop_fraction`` of the
-    samples (at least one) are held back."""
+    """(fitted indices, early-stopping indices): the last round(stop_fraction * n) of the n
+    samples (at least one, at most n - 1) are held back."""
     if num_samples < 2:
         raise GuardError(
             f"site {site}: its validation split has {num_samples} labelled frame(s); DAD needs "
