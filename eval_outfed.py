@@ -3,11 +3,14 @@
     python eval_outfed.py run=runs/demo/fedst_s0_...             # site E and GraSP, tables and plots
     python eval_outfed.py run=runs/demo/fedst_s0_... sites=[E]
     python eval_outfed.py run=runs/demo/fedst_s0_... site_root=/data/new_hospital/lung site_name=lung
+    python eval_outfed.py run=runs/demo/fedst_s0_... guard=dad    # corrected by DAD (fedst/guard.py)
 
 Writes <run>/final.json (with "out_of_federation"), <run>/tables/ and <run>/plots/, and prints
 the comparison table. With site_root: writes only <run>/external/<site_name>.json and
 <run>/external/results.md (config.json and final.json stay as they are) and prints the site's
-line. The model: fedst/outfed.py.
+line. With guard=dad: the out-of-federation model corrected by GEN-Guard's DAD at the held-out
+site, on ``sites`` (default: the run's out-of-federation sites); writes only
+<run>/outfed_dad_<sites>.json. The model: fedst/outfed.py (fedst/guard.py with guard=dad).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedst import report
 from fedst.cli import register_resolvers, setup_logging
 from fedst.config import ConfigError
-from fedst.experiment import resolve_device
+from fedst.experiment import ExperimentConfig, resolve_device
 from fedst.metrics import format_score
 from fedst.outfed import (
     evaluate_new_site,
@@ -47,6 +50,14 @@ def main(cfg: DictConfig) -> None:
             experiment,
             train=dataclasses.replace(experiment.train, eval_max_frames=int(cfg.max_frames)),
         )
+    if cfg.guard is not None:
+        if cfg.guard != "dad" or cfg.site_root is not None:
+            raise ConfigError(
+                f"guard={cfg.guard}: guard=dad scores configured sites (sites=[...]) with the "
+                "DAD-corrected out-of-federation model; a new site (site_root) has no correction"
+            )
+        _evaluate_guarded(experiment, run_dir, cfg)
+        return
     if cfg.site_root is not None:
         if cfg.sites is not None:
             raise ConfigError(
@@ -81,7 +92,27 @@ def main(cfg: DictConfig) -> None:
         progress=cfg.progress,
     )
     summary = {site: result.summary for site, result in results.items()}
-    out = run_dir / f"outfed_{'_'.join(sites)}.json"
+    _write_summary(summary, run_dir / f"outfed_{'_'.join(sites)}.json")
+
+
+def _evaluate_guarded(experiment: ExperimentConfig, run_dir: Path, cfg: DictConfig) -> None:
+    """guard=dad: the DAD-corrected out-of-federation model on the chosen sites."""
+    from fedst.guard import GuardError, evaluate_guarded_sites
+
+    if cfg.sites is None:
+        sites = tuple(experiment.data.out_of_federation)
+    else:
+        sites = tuple(OmegaConf.to_container(cfg.sites))
+    try:
+        summary = evaluate_guarded_sites(
+            experiment, run_dir, sites, resolve_device(experiment.train.device), cfg.progress
+        )
+    except GuardError as err:
+        raise SystemExit(f"eval_outfed.py: {err}") from err
+    _write_summary(summary, run_dir / f"outfed_dad_{'_'.join(sites)}.json")
+
+
+def _write_summary(summary: dict, out: Path) -> None:
     out.write_text(json.dumps(summary, indent=2, sort_keys=True, default=float))
     for site, values in summary.items():
         print(

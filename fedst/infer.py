@@ -3,6 +3,7 @@
     python -m fedst.infer run=runs/demo/fedst_s0 site=A input=case12.mp4
     python -m fedst.infer run=runs/demo/fedst_s0 site=A input=frames/ fps=25 labels=true
     python -m fedst.infer run=runs/demo/fedst_s0 site=outfed prompt_site=E input=0   # camera 0
+    python -m fedst.infer run=runs/demo/fedst_s0 site=A input=case12.mp4 guard=dad     # corrected
 
 Frames are read with OpenCV and streamed through :meth:`fedst.model.network.FedSTNet.stream`: each
 frame is encoded once and the temporal module's earlier frames are chosen by time, as in training
@@ -100,6 +101,10 @@ class InferConfig:
     """auto (CUDA when present, else CPU) | cpu | cuda | cuda:N."""
     progress: bool = True
     """Show a progress bar with the running FPS."""
+    guard: str | None = None
+    """"dad": the model corrected by GEN-Guard's DAD (fedst/guard.py, ``python -m fedst.guard``)
+    instead of the last round's: the site's corrected v_k, or for site=outfed the out-of-federation
+    model corrected at the held-out site. Its sites/<site>/guard/dad.pt must exist."""
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -160,17 +165,22 @@ def _field_docs(cls: type) -> dict[str, str]:
 
 
 def load_site_model(
-    run_dir: Path, site: str, prompt_site: str | None, device: torch.device
+    run_dir: Path,
+    site: str,
+    prompt_site: str | None,
+    device: torch.device,
+    guard: str | None = None,
 ) -> tuple[ExperimentConfig, FedSTNet, torch.Tensor | None]:
     """(run config, model in eval mode on ``device``, its indicator or None) of a finished run.
 
     ``site``: a federated site -> v_k = gamma_g U rho_k; "outfed" -> the out-of-federation model
-    (fedst/outfed.py), prompted with ``prompt_site``'s indicator.
+    (fedst/outfed.py), prompted with ``prompt_site``'s indicator. ``guard="dad"``: the model
+    corrected by DAD at that site (the held-out site for "outfed"; fedst/guard.py).
     """
-    from fedst.outfed import averaged_model, personalized_model
-
     if not run_dir.is_dir():
         raise InferenceError(f"run directory {run_dir} does not exist")
+    if guard not in (None, "dad"):
+        raise InferenceError(f"guard={guard!r}: choose dad (GEN-Guard's correction) or null")
     cfg = load_config(run_dir)
     federation = list(cfg.data.federation)
     if site == OUTFED:
@@ -184,10 +194,10 @@ def load_site_model(
                 f"prompt_site={prompt_site!r} is not a site of run {run_dir}; its sites are "
                 f"{sorted(cfg.data.sites)}"
             )
-        model = averaged_model(cfg, run_dir, device)
+        model = _trained_model(cfg, run_dir, OUTFED, device, guard)
         indicator_site = prompt_site
     elif site in federation:
-        model = personalized_model(cfg, run_dir, method_of(cfg).party_of(site), device)
+        model = _trained_model(cfg, run_dir, method_of(cfg).party_of(site), device, guard)
         indicator_site = site
     else:
         raise InferenceError(
@@ -198,6 +208,25 @@ def load_site_model(
     if indicator is not None:
         indicator = indicator.to(device)
     return cfg, model.eval(), indicator
+
+
+def _trained_model(
+    cfg: ExperimentConfig, run_dir: Path, party: str, device: torch.device, guard: str | None
+) -> torch.nn.Module:
+    """The model of ``party`` (a training party, or "outfed") after the run's last round, or
+    with ``guard="dad"`` the DAD-corrected one (the held-out site's correction for "outfed")."""
+    from fedst.guard import GuardError, held_out_site, load_guarded_model
+    from fedst.outfed import averaged_model, personalized_model
+
+    if guard is None:
+        if party == OUTFED:
+            return averaged_model(cfg, run_dir, device)
+        return personalized_model(cfg, run_dir, party, device)
+    try:
+        owner = held_out_site(cfg) if party == OUTFED else party
+        return load_guarded_model(cfg, run_dir, owner, device)
+    except GuardError as err:
+        raise InferenceError(str(err)) from err
 
 
 # -- the input -----------------------------------------------------------------------------------
@@ -346,7 +375,9 @@ def run_inference(cfg: InferConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     source = open_input(cfg.input, cfg.fps)
     try:
-        experiment, model, indicator = load_site_model(run_dir, cfg.site, cfg.prompt_site, device)
+        experiment, model, indicator = load_site_model(
+            run_dir, cfg.site, cfg.prompt_site, device, cfg.guard
+        )
     except BaseException:
         source.close()
         raise

@@ -8,7 +8,11 @@ training sites' personalized models) and out of federation (the averaged model o
 ``selection/selection.json``: measured after the rounds were chosen on validation (computed here
 when a run lacks the file). Also, per run, ``msf_<run>.png``: validation (solid) and test (dashed,
 logged during training every ``train.eval_every`` rounds) Dice per site, with the chosen rounds
-marked.
+marked. When GEN-Guard's correction has run (``python -m fedst.guard RUN``, fedst/guard.py), a
+second table gives the corrected models' test Dice before (the ``mixed`` student) and after DAD:
+in-federation mean, held-out site, each out-of-federation site, their mean and the worst site
+(GEN-Guard reports worst-case institutional performance); scored only once DAD has finished
+(``selection/guard.json``).
 
 ``matrix RUN [--rule last|val|mixed|cbe]``: every training site's personalized model v_k and the
 out-of-federation model of the run's last round (default) or of the rounds a selection rule chose
@@ -141,6 +145,80 @@ def msf_markdown(runs: Mapping[Path, Mapping[str, Any]]) -> str:
     )
 
 
+def load_guard(run_dir: Path, progress: bool = False) -> dict[str, Any] | None:
+    """Test scores before and after DAD of a run's corrections (None: DAD never ran on it)."""
+    from fedst.experiment import resolve_device
+    from fedst.guard import guard_test_scores
+    from fedst.training import load_config
+
+    cfg = load_config(run_dir)
+    return guard_test_scores(cfg, run_dir, resolve_device(cfg.train.device), progress)
+
+
+def dad_rows(run_dir: Path, scores: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rows "before" (the mixed student) and "after DAD": in-federation mean, held-out and
+    out-of-federation Dice per site, out-of-federation mean and the worst scored site."""
+    rows = []
+    for stage in ("before", "after"):
+        in_fed = {s: v[stage]["dice"] for s, v in scores["in_federation"].items()}
+        held_out = {s: v[stage]["dice"] for s, v in scores["held_out"].items()}
+        out_fed = {s: v[stage]["dice"] for s, v in scores["out_of_federation"].items()}
+        every = {s: d for s, d in {**in_fed, **held_out, **out_fed}.items() if d is not None}
+        worst = min(every, key=every.get) if every else None
+        rows.append(
+            {
+                "run": run_dir.name,
+                "stage": stage,
+                "in_fed_dice": _mean(list(in_fed.values())) if in_fed else None,
+                "site_dice": {**held_out, **out_fed},
+                "out_fed_mean": _mean(list(out_fed.values())) if out_fed else None,
+                "worst_site": worst,
+                "worst_dice": every.get(worst),
+            }
+        )
+    return rows
+
+
+def dad_markdown(guards: Mapping[Path, Mapping[str, Any]]) -> str:
+    """The table of the corrected models (markdown): before (student, rule mixed) and after DAD."""
+    sites = list(
+        dict.fromkeys(
+            s
+            for g in guards.values()
+            for part in ("held_out", "out_of_federation")
+            for s in g[part]
+        )
+    )
+    header = ["run", "model", "in-fed Dice"] + [f"{s} Dice" for s in sites]
+    header += ["out-fed mean", "worst site"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run_dir, scores in guards.items():
+        rounds = scores["rounds"]
+        names = {
+            "before": f"mixed (student, round {rounds['student']})",
+            "after": f"mixed + DAD (teacher: cbe round {rounds['teacher']})",
+        }
+        for row in dad_rows(run_dir, scores):
+            cells = [row["run"], names[row["stage"]], _fmt(row["in_fed_dice"])]
+            cells += [_fmt(row["site_dice"].get(s)) for s in sites]
+            worst = (
+                "n/a"
+                if row["worst_site"] is None
+                else f"{row['worst_site']} {_fmt(row['worst_dice'])}"
+            )
+            cells += [_fmt(row["out_fed_mean"]), worst]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(
+        [
+            "GEN-Guard correction (DAD, fedst/guard.py): test Dice (%) of the corrected models "
+            "before and after DAD, measured after DAD finished; held-out and out-of-federation "
+            "sites: the out-of-federation model corrected at the held-out site (zero-shot).",
+            "",
+            *lines,
+        ]
+    )
+
+
 def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
     """Validation (solid) and test (dashed) Dice per site against the round, chosen rounds marked."""
     from fedst.plots import _figure, _save
@@ -191,8 +269,12 @@ def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
 
 def msf_report(run_dirs: Sequence[Path], out: Path, progress: bool = False) -> list[Path]:
     runs = {run_dir: load_selection(run_dir, progress) for run_dir in run_dirs}
+    guards = {run_dir: load_guard(run_dir, progress) for run_dir in run_dirs}
+    guards = {run_dir: scores for run_dir, scores in guards.items() if scores is not None}
     out.mkdir(parents=True, exist_ok=True)
     text = msf_markdown(runs)
+    if guards:
+        text += "\n\n" + dad_markdown(guards)
     (out / "msf.md").write_text(text + "\n")
     written = [out / "msf.md"]
     with open(out / "msf.csv", "w", newline="") as handle:
@@ -376,7 +458,10 @@ def main(argv: Sequence[str]) -> list[Path]:
         prog="python -m fedst.report", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    msf = sub.add_parser("msf", help="rounds chosen by each selection rule, MSF, test scores")
+    msf = sub.add_parser(
+        "msf",
+        help="rounds chosen by each selection rule, MSF, test scores (and DAD's, when it ran)",
+    )
     msf.add_argument("run_dirs", nargs="+", type=Path)
     msf.add_argument("--out", type=Path, help="output folder (default: <first RUN>/report)")
     matrix = sub.add_parser("matrix", help="every model on every site's test split")

@@ -138,6 +138,28 @@ def write_generic_site(
     return written
 
 
+def record_reads(patch: pytest.MonkeyPatch) -> list[Path]:
+    """Record, in the returned list, the path of every frame and label that a
+    :class:`fedst.data.generic.GenericLayoutSource` reads while ``patch`` is active."""
+    from fedst.data.generic import GenericLayoutSource
+
+    read: list[Path] = []
+    original_frame = GenericLayoutSource.read_frame
+    original_label = GenericLayoutSource.read_label
+
+    def read_frame(self, ref):
+        read.append(ref.path)
+        return original_frame(self, ref)
+
+    def read_label(self, ref):
+        read.append(ref.path)
+        return original_label(self, ref)
+
+    patch.setattr(GenericLayoutSource, "read_frame", read_frame)
+    patch.setattr(GenericLayoutSource, "read_label", read_label)
+    return read
+
+
 @pytest.fixture
 def write_site(tmp_path: Path) -> Callable[..., WrittenSite]:
     """:func:`write_generic_site` at ``tmp_path``: ``write_site("D", videos={"v1": 6})``."""

@@ -22,6 +22,7 @@ ENTRIES = {  # command -> text its help must show
     "-m fedst.demo": "--methods",
     "-m fedst.model.indicators": "--sites",
     "-m fedst.experiments": "usage: python -m fedst.experiments",
+    "-m fedst.guard": "usage: python -m fedst.guard",
 }
 
 

@@ -124,6 +124,7 @@ def test_the_documentation_shows_every_entry_point():
         "fedst.infer",
         "fedst.export",
         "fedst.experiments",
+        "fedst.guard",
     ):
         assert expected in programs
 

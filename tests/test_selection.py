@@ -9,7 +9,6 @@ import dataclasses
 import hashlib
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +33,7 @@ from fedst.methods import method_of
 from fedst.outfed import averaged_model, personalized_model
 from fedst.report_selection import cross_site_matrix
 from fedst.training import run_training
+from tests.conftest import record_reads
 from tests.test_federation import experiment
 
 # -- the rules on a constructed log -----------------------------------------------------------
@@ -254,20 +254,7 @@ def test_no_test_split_frame_or_label_is_read_while_rounds_are_selected(held_out
         for video in GenericLayoutSource(root, site).videos("test"):
             test_files.update(ref.path for ref in video.frames)
             test_files.update(ref.path for ref in video.labels.values())
-    read: list[Path] = []
-    original_frame = GenericLayoutSource.read_frame
-    original_label = GenericLayoutSource.read_label
-
-    def read_frame(self, ref):
-        read.append(ref.path)
-        return original_frame(self, ref)
-
-    def read_label(self, ref):
-        read.append(ref.path)
-        return original_label(self, ref)
-
-    monkeypatch.setattr(GenericLayoutSource, "read_frame", read_frame)
-    monkeypatch.setattr(GenericLayoutSource, "read_label", read_label)
+    read = record_reads(monkeypatch)
     choices = selection.select_rounds(cfg, run_dir, resolve_device("cpu"))
     assert read, "selection read no frame at all: the instrumentation is not in the path"
     assert not set(read) & test_files
