@@ -246,8 +246,11 @@ SERQ_MAGNITUDES = (
 
 
 def plot_serq(train_rows: Sequence[Mapping], out_png: str | Path) -> Path | None:
-    """Write :func:`serq_figure` to ``out_png``; None (nothing written) without SERQ rows."""
-    rows = [r for r in train_rows if r.get("site") == "server" and "descriptor_rms" in r]
+    """Write :func:`serq_figure` to ``out_png``; None (nothing written) without SERQ rows (server
+    fine-tuning, serq.mode=finetune, logs no descriptor)."""
+    rows = [
+        r for r in train_rows if r.get("site") == "server" and r.get("descriptor_rms") is not None
+    ]
     return _save(serq_figure(rows), out_png) if rows else None
 
 
