@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedst.config import ConfigError, to_dict
+from fedst.data.sites import DataConfig
 from fedst.experiment import DeployConfig, ExperimentConfig, RayConfig, experiment_from_dict
 
 RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate", "site", "deploy", "ray")
@@ -55,20 +56,28 @@ def _is_int(value: Any) -> bool:
 
 
 def _experiment_defaults() -> dict[str, Any]:
-    """Defaults of every ExperimentConfig field except ``data`` (which has none)."""
-    values = {}
-    for item in dataclasses.fields(ExperimentConfig):
-        if item.name == "data":
-            continue
-        default = (
-            item.default_factory()
-            if item.default_factory is not dataclasses.MISSING
-            else item.default
-        )
-        values[item.name] = to_dict(default)
+    """Defaults of every ExperimentConfig field; of ``data`` (no default: its sites are the data
+    config's), the defaults of its other fields (e.g. ``data.mix_synthetic``)."""
+    values: dict[str, Any] = {
+        item.name: to_dict(_default(item))
+        for item in dataclasses.fields(ExperimentConfig)
+        if item.name != "data"
+    }
+    values["data"] = {
+        item.name: to_dict(_default(item))
+        for item in dataclasses.fields(DataConfig)
+        if item.default is not dataclasses.MISSING
+        or item.default_factory is not dataclasses.MISSING
+    }
     values["deploy"] = to_dict(DeployConfig())  # train_fed.py site=...: fedst/deploy.py
     values["ray"] = to_dict(RayConfig())  # engine=ray: fedst.training.ray_client_resources
     return values
+
+
+def _default(item: dataclasses.Field) -> Any:
+    if item.default_factory is not dataclasses.MISSING:
+        return item.default_factory()
+    return item.default
 
 
 def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, dict[str, Any]]:
