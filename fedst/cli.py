@@ -27,6 +27,8 @@ def register_resolvers() -> None:
     """Prepare Hydra for our configs (idempotent).
 
     * ``${fedst.div:a,b}`` = a // b (rounds = total_iters // local_iters in experiment configs).
+    * ``${fedst.curve_every:rounds,points}`` = max(1, rounds // points): the evaluation interval
+      that gives a learning curve about ``points`` points (the Fig. 5 ablations' train.eval_every).
     * ``fedst_defaults``: every field of the typed configs (fedst/experiment.py and the dataclasses
       it holds) with its dataclass default, stored in Hydra's ConfigStore and listed first in
       configs/config.yaml. Defaults are thus defined once, in code, and every key can be
@@ -34,6 +36,8 @@ def register_resolvers() -> None:
     """
     if not OmegaConf.has_resolver("fedst.div"):
         OmegaConf.register_new_resolver("fedst.div", _integer_division)
+    if not OmegaConf.has_resolver("fedst.curve_every"):
+        OmegaConf.register_new_resolver("fedst.curve_every", _curve_every)
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=DEFAULTS_NODE, node=_experiment_defaults())
@@ -47,6 +51,16 @@ def _integer_division(a: Any, b: Any) -> int:
             "local_iters): both must be integers and train.local_iters >= 1"
         )
     return int(a) // int(b)
+
+
+def _curve_every(rounds: Any, points: Any) -> int:
+    """``${fedst.curve_every:rounds,points}``: evaluate every max(1, rounds // points) rounds."""
+    if not (_is_int(rounds) and _is_int(points) and int(points) >= 1):
+        raise ConfigError(
+            f"fedst.curve_every: rounds={rounds!r}, points={points!r}: both must be integers "
+            "and points >= 1"
+        )
+    return max(1, int(rounds) // int(points))
 
 
 def _is_int(value: Any) -> bool:
