@@ -3,6 +3,7 @@ after aggregation the global model takes one Adam step on L_seg per synthetic ba
 round, the batches SERQ would draw, and nothing else: no EQ step (v_pre, D_sy and the feature
 bank untouched) and no feature term (lambda_sc plays no part)."""
 
+# ruff: noqa: F811 (the imported fixture tiny_root is the tests' argument)
 from __future__ import annotations
 
 import copy
@@ -11,19 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedst.data.procedural import generate
 from fedst.federation.server import FederationServer
 from fedst.seeding import seed_everything
-from tests.test_federation import experiment
+from tests.test_federation import (
+    experiment,
+    tiny_root,  # noqa: F401 (module fixture)
+)
 
 BATCHES = 2
-
-
-@pytest.fixture(scope="module")
-def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("procedural") / "tiny"
-    generate(root, seed=0, preset="tiny", workers=1, progress=False)
-    return root
 
 
 def server_after_one_round(

@@ -4,10 +4,10 @@ party's training split is its own samples plus each sample of the server's synth
 as clips of the site's length; its test split is its own, untouched; each site reads the set
 from its own disk (its node config), so nothing new travels in a message."""
 
+# ruff: noqa: F811 (the imported fixture tiny_root is the tests' argument)
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,20 +15,16 @@ from flwr.app import Message
 
 from fedst.app.inprocess import InProcessGrid
 from fedst.config import ConfigError
-from fedst.data.procedural import generate
 from fedst.experiment import experiment_from_json, site_node_config
 from fedst.federation.site_data import open_party_data, open_site_data
 from fedst.methods import method_of
 from fedst.methods.upperbound import POOLED
 from fedst.training import run_training
-from tests.test_federation import experiment, read_jsonl
-
-
-@pytest.fixture(scope="module")
-def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("procedural") / "tiny"
-    generate(root, seed=0, preset="tiny", workers=1, progress=False)
-    return root
+from tests.test_federation import (
+    experiment,
+    read_jsonl,
+    tiny_root,  # noqa: F401 (module fixture)
+)
 
 
 def sample_ids(dataset) -> list[str]:
