@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedst.config import ConfigError, to_dict
+from fedst.data.sites import DataConfig
 from fedst.experiment import DeployConfig, ExperimentConfig, RayConfig, experiment_from_dict
 
 RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate", "site", "deploy", "ray")
@@ -26,6 +27,8 @@ def register_resolvers() -> None:
     """Prepare Hydra for our configs (idempotent).
 
     * ``${fedst.div:a,b}`` = a // b (rounds = total_iters // local_iters in experiment configs).
+    * ``${fedst.curve_every:rounds,points}`` = max(1, rounds // points): the evaluation interval
+      that gives a learning curve about ``points`` points (the Fig. 5 ablations' train.eval_every).
     * ``fedst_defaults``: every field of the typed configs (fedst/experiment.py and the dataclasses
       it holds) with its dataclass default, stored in Hydra's ConfigStore and listed first in
       configs/config.yaml. Defaults are thus defined once, in code, and every key can be
@@ -33,6 +36,8 @@ def register_resolvers() -> None:
     """
     if not OmegaConf.has_resolver("fedst.div"):
         OmegaConf.register_new_resolver("fedst.div", _integer_division)
+    if not OmegaConf.has_resolver("fedst.curve_every"):
+        OmegaConf.register_new_resolver("fedst.curve_every", _curve_every)
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=DEFAULTS_NODE, node=_experiment_defaults())
@@ -48,6 +53,16 @@ def _integer_division(a: Any, b: Any) -> int:
     return int(a) // int(b)
 
 
+def _curve_every(rounds: Any, points: Any) -> int:
+    """``${fedst.curve_every:rounds,points}``: evaluate every max(1, rounds // points) rounds."""
+    if not (_is_int(rounds) and _is_int(points) and int(points) >= 1):
+        raise ConfigError(
+            f"fedst.curve_every: rounds={rounds!r}, points={points!r}: both must be integers "
+            "and points >= 1"
+        )
+    return max(1, int(rounds) // int(points))
+
+
 def _is_int(value: Any) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)) or (
         isinstance(value, str) and value.strip().lstrip("-").isdigit()
@@ -55,20 +70,28 @@ def _is_int(value: Any) -> bool:
 
 
 def _experiment_defaults() -> dict[str, Any]:
-    """Defaults of every ExperimentConfig field except ``data`` (which has none)."""
-    values = {}
-    for item in dataclasses.fields(ExperimentConfig):
-        if item.name == "data":
-            continue
-        default = (
-            item.default_factory()
-            if item.default_factory is not dataclasses.MISSING
-            else item.default
-        )
-        values[item.name] = to_dict(default)
+    """Defaults of every ExperimentConfig field; of ``data`` (no default: its sites are the data
+    config's), the defaults of its other fields (e.g. ``data.mix_synthetic``)."""
+    values: dict[str, Any] = {
+        item.name: to_dict(_default(item))
+        for item in dataclasses.fields(ExperimentConfig)
+        if item.name != "data"
+    }
+    values["data"] = {
+        item.name: to_dict(_default(item))
+        for item in dataclasses.fields(DataConfig)
+        if item.default is not dataclasses.MISSING
+        or item.default_factory is not dataclasses.MISSING
+    }
     values["deploy"] = to_dict(DeployConfig())  # train_fed.py site=...: fedst/deploy.py
     values["ray"] = to_dict(RayConfig())  # engine=ray: fedst.training.ray_client_resources
     return values
+
+
+def _default(item: dataclasses.Field) -> Any:
+    if item.default_factory is not dataclasses.MISSING:
+        return item.default_factory()
+    return item.default
 
 
 def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, dict[str, Any]]:

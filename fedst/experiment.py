@@ -60,7 +60,8 @@ class MethodConfig:
     indicator: str = "clip"
     """Indicator kind (Table VII): clip | onehot | gaussian | random."""
     serq: bool = True
-    """Server-side SERQ step with synthetic data (Sec. III-C)."""
+    """Server-side step with synthetic data after aggregation: SERQ (Sec. III-C), or plain
+    synthetic fine-tuning of the global model with ``serq.mode=finetune`` (Fig. 5)."""
     synthetic_pretraining: bool = True
     """Start from the network pre-trained on the server's synthetic set (every method, paper
     Sec. IV-A; fedst/federation/pretraining.py). False: from the initialisation (an ablation)."""
@@ -240,8 +241,17 @@ def check_num_workers(where: str, value: int | str) -> None:
     require_at_least(where, value, 0, 'or "auto"')
 
 
+SERQ_MODES = ("serq", "finetune")
+"""serq.mode: SERQ (Sec. III-C, Eq. 10-12) or plain synthetic fine-tuning (Fig. 5, blue line)."""
+
+
 @dataclass(frozen=True)
 class SerqConfig:
+    mode: str = "serq"
+    """What the server's synthetic step after aggregation does (:data:`SERQ_MODES`; only with
+    method.serq=true): serq (EQ then SC, Eq. 10-12) | finetune (Fig. 5's blue line: the global
+    model trained on the round's synthetic batches with L_seg only, no EQ step, no descriptor,
+    no feature term; fedst/federation/serq.py)."""
     pretrain_iters: int = 3000
     """Iterations of synthetic pre-training of v_pre before round 1 (not given in the paper)."""
     batches_per_round: int = 100
@@ -266,6 +276,8 @@ class SerqConfig:
     lr per step, 0.01 over the demo, against features of RMS ~1 that it must offset."""
 
     def __post_init__(self) -> None:
+        if self.mode not in SERQ_MODES:
+            raise ConfigError(f"serq.mode={self.mode!r}; choose one of {SERQ_MODES}")
         require_at_least("serq.pretrain_iters", self.pretrain_iters, 0)
         require_at_least("serq.batches_per_round", self.batches_per_round, 1)
         require_at_least("serq.batch_size", self.batch_size, 1)

@@ -6,12 +6,18 @@
 The table (first argument) is one of :data:`TABLES`: ``table2`` (sites A-D: Dice / IoU / HD95 / ASSD per site and
 Avg.), ``table3`` (site E, out of federation), ``table8`` (GraSP, binary), ``table9``
 (communication per site and round in MB and MiB, training time, inference FPS), ``table4`` ..
-``table7`` (the ablation rows of configs/ablation/) and ``fig6`` (communication interval).
+``table7`` (the ablation rows of configs/ablation/), ``fig6`` (communication interval), ``fig5``
+(learning curves of three ways to use the synthetic set: server fine-tuning, synthetic data at
+the sites, SERQ) and ``fig7`` (every method without and with the synthetic set mixed into every
+site's training data, iterations doubled; the "without" runs are Table II's).
 
 Each table declares its rows (a method of configs/method/ or an ablation of configs/ablation/, in
 the paper's order); every row runs once per seed. A run is table-independent: its directory is
-``<runs>/<experiment name>/<row name>_s<seed>/`` (Tables II, III, VIII and IX share the same eight
-methods' runs). For each run the runner
+``<runs>/<experiment name>/<row name>_s<seed>/`` (Tables II, III, VIII and IX and Fig. 7's
+"without" bars share the same eight methods' runs). A row may be an ablation applied to another
+method than FedST (Fig. 7: ``method=fedavg +ablation=fig7_synthetic``) and may scale
+``train.total_iters`` by a factor of the experiment's (Fig. 7 and Fig. 5's green line: x2; the
+rounds, total_iters // local_iters, double with it). For each run the runner
 
 * skips it when it is finished: ``final.json`` present and the run's ``config.json`` equal to the
   config the command composes (up to ``train.eval_every / device / num_workers``, which do not
@@ -28,7 +34,8 @@ in the table as "n/a" with 0 runs and a note saying why; it is never dropped. A 
 logged, the others still run, its row shows the runs that finished, and the command exits with 1.
 The tables (markdown and CSV) go to ``<out>/<experiment name>/<TABLE>.md|csv`` (``<out>``:
 ``results``, or ``<runs>/results`` when ``--runs`` is not the default): mean ± sample std
-over seeds (fedst/report.py). ``--dry-run`` lists every run and its state, and trains nothing.
+over seeds (fedst/report.py); Figs. 5, 6 and 7 also write ``<TABLE>.png`` there. ``--dry-run``
+lists every run, its state and the overrides the row adds, and trains nothing.
 
 Seeds and rows are the runner's own keys (``seeds=0,1,2``, ``rows=local,fedavg``); every other
 argument is a Hydra override applied to every run (``experiment=demo``, ``train.device=cpu``);
@@ -83,16 +90,31 @@ class Row:
 
     label: str
     name: str
+    """The row's key (``rows=``) and run directory stem (``<name>_s<seed>``)."""
     group: str = "method"
     marks: tuple[str, ...] = ()
-    """Descriptive cells of the row (Table IV's component ticks, Table V's personalized layers)."""
+    """Descriptive cells of the row (Table IV's component ticks, Table V's personalized layers,
+    Fig. 5's line colour)."""
+    config: str | None = None
+    """The config file of ``group`` when it is not ``name`` (Fig. 7: every method's
+    ``<method>_synthetic`` row is the one ablation fig7_synthetic)."""
+    method: str | None = None
+    """An ablation row's method (``method=<name>``); None: the default method, FedST."""
+    iters_factor: int = 1
+    """``train.total_iters`` of the row's runs as a multiple of the experiment's (Fig. 7, Fig.
+    5's green line: 2, the paper's doubled iterations); the rounds follow it (:func:`compose_row`)."""
 
     @property
-    def config_file(self) -> Path:
-        return CONFIG_DIR / self.group / f"{self.name}.yaml"
+    def config_files(self) -> tuple[Path, ...]:
+        """The config files the row composes: its own, and its method's for an ablation on one."""
+        own = CONFIG_DIR / self.group / f"{self.config or self.name}.yaml"
+        return (*([CONFIG_DIR / "method" / f"{self.method}.yaml"] if self.method else []), own)
 
     def overrides(self) -> list[str]:
-        return [f"method={self.name}"] if self.group == "method" else [f"+ablation={self.name}"]
+        config = self.config or self.name
+        if self.group == "method":
+            return [f"method={config}"]
+        return [*([f"method={self.method}"] if self.method else []), f"+ablation={config}"]
 
 
 @dataclass(frozen=True)
@@ -103,8 +125,10 @@ class TableSpec:
     caption: str
     rows: tuple[Row, ...]
     kind: str
-    """"sites" (Table II), "outfed" (Tables III / VIII), "efficiency" (Table IX) or "dice"
-    (Tables IV-VII, Fig. 6: Dice per federated site, Avg. and site E)."""
+    """"sites" (Table II), "outfed" (Tables III / VIII), "efficiency" (Table IX), "dice"
+    (Tables IV-VII, Fig. 6: Dice per federated site, Avg. and site E), "curves" (Fig. 5: Dice
+    per site and Avg. at every evaluated round) or "paired" (Fig. 7: Dice per site, Avg. and
+    site E without and with synthetic data in training, rows of one label paired)."""
     site: str | None = None
     """The out-of-federation site of an "outfed" table."""
     mark_headers: tuple[str, ...] = ()
@@ -130,6 +154,41 @@ X = "x"
 TABLE_II_ORDER = _methods(LOCAL, UPPER, FEDLD, FEDDP, FEDAVG, FEDREP, FEDAS, FEDST)
 """Table II's row order (the paper's Tables III, VIII and IX list the same methods in another)."""
 TABLE_III_ORDER = _methods(LOCAL, UPPER, FEDDP, FEDAS, FEDLD, FEDAVG, FEDREP, FEDST)
+
+SYNTHETIC_IN_SITES = "fig7_synthetic"
+"""The ablation that mixes the synthetic set into every site's training data (Fig. 7)."""
+DOUBLED = 2
+"""Fig. 7 (Sec. IV-C6): "the number of training iterations is doubled" with synthetic data."""
+
+
+def _with_and_without_synthetic(*pairs: tuple[str, str]) -> tuple[Row, ...]:
+    """Fig. 7's rows: each baseline as in Table II (its run directory), then the same method with
+    the synthetic set mixed into every site's data and train.total_iters doubled; FedST once, as
+    it is (its synthetic data enters through SERQ)."""
+    rows: list[Row] = []
+    for label, name in pairs:
+        rows.append(Row(label, name))
+        if name != FEDST[1]:
+            rows.append(
+                Row(
+                    label,
+                    f"{name}_synthetic",
+                    "ablation",
+                    config=SYNTHETIC_IN_SITES,
+                    method=name,
+                    iters_factor=DOUBLED,
+                )
+            )
+    return tuple(rows)
+
+
+def synthetic_in_training(cfg: ExperimentConfig) -> bool:
+    """Whether a run trains with the synthetic set beyond the pre-training every method starts
+    from (Fig. 7's darker bars): mixed into the sites' data, or at the server after aggregation
+    (SERQ or its fine-tuning). The paper: "all experiments without the SERQ module do not utilize
+    any synthetic data during training"."""
+    return cfg.data.mix_synthetic or cfg.method.serq
+
 
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
@@ -207,6 +266,30 @@ TABLES: dict[str, TableSpec] = {
             "dice",
         ),
         TableSpec(
+            "fig5",
+            "Fig. 5: learning curves of the ways to use the synthetic set (test Dice)",
+            (
+                Row("Server fine-tuning", "fig5_server_finetune", "ablation", ("blue",)),
+                Row(
+                    "Synthetic at the sites",
+                    "fig5_local_synthetic",
+                    "ablation",
+                    ("green",),
+                    iters_factor=DOUBLED,
+                ),
+                Row("SERQ (FedST)", "fig5_serq", "ablation", ("red",)),
+            ),
+            "curves",
+            mark_headers=("Line",),
+        ),
+        TableSpec(
+            "fig7",
+            "Fig. 7: Dice without and with synthetic data in training",
+            _with_and_without_synthetic(LOCAL, UPPER, FEDLD, FEDDP, FEDAVG, FEDREP, FEDAS, FEDST),
+            "paired",
+            site="E",
+        ),
+        TableSpec(
             "fig6",
             "Fig. 6: communication every E local iterations at a fixed total (Dice)",
             _variants("fig6", **{f"every {e}": f"every_{e}" for e in (10, 50, 100, 200, 500)}),
@@ -229,6 +312,9 @@ class PlannedRun:
     """"done", "resume", "new", "conflict" (the directory holds another config's run) or
     "unavailable" (no config file, or it does not compose)."""
     detail: str = ""
+    overrides: tuple[str, ...] = ()
+    """What the row and seed add to the command line's overrides (``method=fedavg
+    +ablation=fig7_synthetic seed=0 train.total_iters=800``)."""
 
 
 @dataclass
@@ -291,19 +377,55 @@ def plan_table(
     base, runtime = compose_experiment(list(overrides))
     plan = Plan(spec, base.name, tuple(seeds), runtime=runtime)
     for row in selected:
-        if not row.config_file.is_file():
-            detail = f"{row.config_file.relative_to(CONFIG_DIR.parent)} does not exist (yet)"
+        absent = [f for f in row.config_files if not f.is_file()]
+        if absent:
+            detail = f"{absent[0].relative_to(CONFIG_DIR.parent)} does not exist (yet)"
             plan.runs += [PlannedRun(row, s, None, None, "unavailable", detail) for s in seeds]
             continue
         for seed in seeds:
             try:
-                cfg, _ = compose_experiment([*overrides, *row.overrides(), f"seed={seed}"])
+                cfg, own = compose_row(row, seed, overrides)
             except ConfigError as err:
                 plan.runs.append(PlannedRun(row, seed, None, None, "unavailable", str(err)))
                 continue
             run_dir = runs_root / cfg.name / f"{row.name}_s{seed}"
-            plan.runs.append(PlannedRun(row, seed, run_dir, cfg, *_run_state(cfg, run_dir)))
+            state, detail = _run_state(cfg, run_dir)
+            plan.runs.append(PlannedRun(row, seed, run_dir, cfg, state, detail, tuple(own)))
     return plan
+
+
+TOTAL_ITERS_KEY = "train.total_iters"
+
+
+def compose_row(
+    row: Row, seed: int, overrides: Sequence[str]
+) -> tuple[ExperimentConfig, list[str]]:
+    """The config of ``row``'s run of ``seed`` and the overrides the row adds to ``overrides``.
+
+    With ``row.iters_factor`` k != 1 the row's config is composed twice: first as is, then with
+    ``train.total_iters`` = k x the first's (replacing a ``train.total_iters`` of the command
+    line, so k scales whatever total the experiment and the command line give). The rounds must
+    follow (rounds = total_iters // local_iters, the experiments' ``${fedst.div:...}``), so each
+    round keeps E = local_iters local iterations; a config whose rounds do not (``train.rounds``
+    set explicitly) is a ConfigError naming the keys."""
+    own = [*row.overrides(), f"seed={seed}"]
+    cfg, _ = compose_experiment([*overrides, *own])
+    if row.iters_factor == 1:
+        return cfg, own
+    others = [o for o in overrides if o.lstrip("+~").partition("=")[0] != TOTAL_ITERS_KEY]
+    own.append(f"{TOTAL_ITERS_KEY}={row.iters_factor * cfg.train.total_iters}")
+    scaled, _ = compose_experiment([*others, *own])
+    train = scaled.train
+    if train.local_iters != cfg.train.local_iters or train.rounds != (
+        train.total_iters // train.local_iters
+    ):
+        raise ConfigError(
+            f"{row.name}: {TOTAL_ITERS_KEY} x{row.iters_factor} ({cfg.train.total_iters} -> "
+            f"{train.total_iters}) must give {train.total_iters // train.local_iters} rounds of "
+            f"train.local_iters={cfg.train.local_iters}, but train.rounds={train.rounds}: leave "
+            f"train.rounds to the experiment (rounds = total_iters // local_iters)"
+        )
+    return scaled, own
 
 
 def _run_state(cfg: ExperimentConfig, run_dir: Path) -> tuple[str, str]:
@@ -331,7 +453,7 @@ def describe(plan: Plan) -> str:
         detail = f"  ({run.detail})" if run.detail else ""
         lines.append(
             f"  {index:3d}/{len(plan.runs)}  {run.row.name:34s} seed {run.seed}  "
-            f"{run.state:11s} {where}{detail}"
+            f"{run.state:11s} {where}  [{' '.join(run.overrides)}]{detail}"
         )
     counts = {s: len(plan.with_state(s)) for s in ("done", "resume", "new", "conflict")}
     counts["unavailable"] = len(plan.with_state("unavailable"))
@@ -564,36 +686,80 @@ def build_tables(
     failures: Sequence[tuple[PlannedRun, str]] = (),
     fps: FpsSettings = FpsSettings(),
 ) -> tuple[list[report.Table], report.Table]:
-    """(markdown tables in the paper's layout, the one table written as CSV)."""
+    """(markdown tables in the paper's layout, the one table written as CSV).
+
+    A kind's builder gives (title part, table) pairs; with several, the last holds every column
+    and is the CSV, the others are the markdown (Table II's Dice / IoU and HD95 / ASSD blocks,
+    Fig. 5's panels)."""
     spec = plan.spec
     grouped = runs_by_row(plan)
     runs = [run for row in spec.rows for run in grouped.get(row, [])]
-    order = [row.label for row in spec.rows if row in {r.row for r in plan.runs}]
-    builders: dict[str, Callable[[Sequence[dict]], list[report.Table]]] = {
+    order = list(dict.fromkeys(row.label for row in spec.rows if row in {r.row for r in plan.runs}))
+    builders: dict[str, Callable[[Sequence[dict]], list[tuple[str, report.Table]]]] = {
         "sites": lambda rs: [
-            report.sites_table(rs, ("dice", "iou")),
-            report.sites_table(rs, ("hd95", "assd")),
-            report.sites_table(rs),
+            (": Dice, IoU", report.sites_table(rs, ("dice", "iou"))),
+            (": HD95, ASSD", report.sites_table(rs, ("hd95", "assd"))),
+            ("", report.sites_table(rs)),
         ],
-        "outfed": lambda rs: [report.outfed_table(rs, sites=[spec.site or ""])],
-        "dice": lambda rs: [report.dice_table(rs, spec.name, spec.caption)],
-        "efficiency": lambda rs: [_efficiency_table(rs, plan, fps)],
+        "outfed": lambda rs: [("", report.outfed_table(rs, sites=[spec.site or ""]))],
+        "dice": lambda rs: [("", report.dice_table(rs, spec.name, spec.caption))],
+        "efficiency": lambda rs: [("", _efficiency_table(rs, plan, fps))],
+        "curves": lambda rs: [
+            (f": {panel}" if panel else "", table)
+            for panel, table in report.curve_tables(report.group_by_method(rs))
+        ],
+        "paired": lambda rs: [("", _paired_table(plan, grouped))],
     }
-    tables = [t.arrange(order) for t in builders[spec.kind](runs)]
-    parts = [": Dice, IoU", ": HD95, ASSD", ""] if spec.kind == "sites" else [""]
-    for table, part in zip(tables, parts, strict=True):
+    built = [(part, table.arrange(order)) for part, table in builders[spec.kind](runs)]
+    for part, table in built:
         table.name = spec.name
         table.title = f"{spec.caption}{part} ({plan.experiment}; {_seed_note(plan)})"
         if spec.mark_headers:
             table.text_headers = list(spec.mark_headers)
             table.texts = {row.label: list(row.marks) for row in spec.rows}
-    notes = _notes(plan, failures)
-    if spec.kind == "sites":  # Dice / IoU and HD95 / ASSD as the paper's two blocks
-        markdown, csv_table = tables[:2], tables[2]
-    else:
-        markdown, csv_table = tables, tables[0]
-    markdown[-1].notes = [*markdown[-1].notes, *notes]
+    tables = [table for _, table in built]
+    markdown, csv_table = (tables[:-1], tables[-1]) if len(tables) > 1 else (tables, tables[0])
+    markdown[-1].notes = [*markdown[-1].notes, *_kind_notes(plan), *_notes(plan, failures)]
     return markdown, csv_table
+
+
+def _paired_table(plan: Plan, grouped: dict[Row, list[dict]]) -> report.Table:
+    """Fig. 7: per label, the runs of its rows without and with synthetic data in training
+    (:func:`synthetic_in_training` of each row's config)."""
+    uses_synthetic = {run.row: synthetic_in_training(run.cfg) for run in plan.runs if run.cfg}
+    pairs: dict[str, tuple[list[dict], list[dict]]] = {}
+    for row in dict.fromkeys(run.row for run in plan.runs):  # the selected rows, in order
+        without, with_synthetic = pairs.setdefault(row.label, ([], []))
+        if row in uses_synthetic:
+            (with_synthetic if uses_synthetic[row] else without).extend(grouped.get(row, []))
+    return report.paired_dice_table(
+        pairs, plan.spec.name, plan.spec.caption, outfed=[plan.spec.site or ""]
+    )
+
+
+def _kind_notes(plan: Plan) -> list[str]:
+    """What a reader of Fig. 5 or Fig. 7 must know about the rows' settings."""
+    doubled = {r.row.label for r in plan.runs if r.row.iters_factor != 1}
+    notes = []
+    if plan.spec.kind == "curves":
+        notes = [
+            "* Columns: evaluated communication rounds (r<t>); personalized models on each site's "
+            "test split; Average: per run the mean over sites A-D, then over seeds.",
+            "* Server fine-tuning and Synthetic at the sites are FedST without SERQ (Table IV "
+            "row 4), so the three lines differ only in how the synthetic set enters.",
+        ]
+    elif plan.spec.kind == "paired":
+        notes = [
+            "* without: Table II's runs (no synthetic data after the pre-training every method "
+            "starts from); with: the synthetic set mixed into every site's training data "
+            "(the Upper Bound's pool: once). FedST uses it through SERQ and appears once, as is.",
+        ]
+    if doubled:
+        notes.append(
+            f"* {', '.join(sorted(doubled))}: train.total_iters doubled (rounds doubled, the same "
+            "local iterations per round), as the paper's Sec. IV-C6."
+        )
+    return notes
 
 
 def _seed_note(plan: Plan) -> str:
@@ -659,19 +825,50 @@ def _sum(a: float | None, b: float | None) -> float | None:
 def write_outputs(
     plan: Plan, markdown: Sequence[report.Table], csv_table: report.Table, out_root: Path
 ) -> list[Path]:
-    """``<out>/<experiment>/<table>.md`` and ``.csv`` (and ``fig6.png`` for Fig. 6)."""
+    """``<out>/<experiment>/<table>.md`` and ``.csv`` (and ``<table>.png`` for Figs. 5, 6, 7)."""
     out = out_root / plan.experiment
     out.mkdir(parents=True, exist_ok=True)
     md_path = out / f"{plan.spec.name}.md"
     atomic_write_text("\n".join(t.to_markdown() for t in markdown), md_path)
     written = [md_path, csv_table.to_csv(out / f"{plan.spec.name}.csv")]
+    png = out / f"{plan.spec.name}.png"
     if plan.spec.name == "fig6":
         written.append(
-            plots.plot_setting_curves(
-                csv_table, out / "fig6.png", "communication every E local iterations"
-            )
+            plots.plot_setting_curves(csv_table, png, "communication every E local iterations")
         )
+    elif plan.spec.kind == "curves":
+        written += _plot_curves(plan, png)
+    elif plan.spec.kind == "paired":
+        written.append(_plot_pairs(csv_table, png))
     return written
+
+
+def _plot_curves(plan: Plan, png: Path) -> list[Path]:
+    """Fig. 5's layout: panels Average, A, B, C, D; a line per row in its colour (the row's
+    mark), mean with a ±1 std band over seeds. Nothing when no row has a finished run."""
+    by_row = runs_by_row(plan)
+    grouped = report.group_by_method([run for row in plan.spec.rows for run in by_row.get(row, [])])
+    if not grouped:
+        log.warning("%s: no finished run, no plot", plan.spec.name)
+        return []
+    colors = {row.label: row.marks[0] for row in plan.spec.rows if row.marks}
+    return [plots.plot_learning_curves(report.curve_series(grouped), png, colors=colors)]
+
+
+def _plot_pairs(table: report.Table, png: Path) -> Path:
+    """Fig. 7's layout: a panel per site (federated, Avg., out of federation), the methods along
+    x, a lighter bar without and a darker bar with synthetic data."""
+    without, with_synthetic = report.PAIR_VARIANTS
+    panels = {}
+    for column in table.columns:  # keys <metric>_<site | avg>_<variant>
+        if column.key.endswith(f"_{without}"):
+            stem = column.key.removesuffix(f"_{without}")
+            place = stem.split("_", 1)[1]
+            title = "Avg." if place == "avg" else f"Site {place}"
+            panels[title] = (column.key, f"{stem}_{with_synthetic}")
+    return plots.plot_paired_bars(
+        table, png, panels, legend=("without synthetic data", "with synthetic data")
+    )
 
 
 # -- CLI ------------------------------------------------------------------------------------------

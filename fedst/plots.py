@@ -20,10 +20,12 @@ from matplotlib.patches import Patch
 from fedst import units
 from fedst.data.base import IGNORE_INDEX
 from fedst.report import (
+    AVERAGE_PANEL,
     METRIC_LABELS,
     STD_DDOF,
     Stat,
     Table,
+    curve_values,
     group_by_method,
     run_average,
     site_names,
@@ -38,9 +40,11 @@ __all__ = [
     "learning_curves",
     "learning_curves_figure",
     "overlay_masks",
+    "paired_bars_figure",
     "plot_communication",
     "plot_comparison",
     "plot_learning_curves",
+    "plot_paired_bars",
     "qualitative_figure",
     "qualitative_grid",
 ]
@@ -72,17 +76,7 @@ def _save(fig: Figure, out_png: str | Path) -> Path:
     return path
 
 
-def _curve_rows(rows: MetricRows, model: str | None) -> list[Mapping]:
-    """Test rows of one model kind; by default "personal", else "global" (never "outfed")."""
-    rows = [r for r in rows if r.get("split", "test") == "test"]
-    if model is None:
-        kinds = {r.get("model") for r in rows}
-        model = "personal" if "personal" in kinds else "global"
-    return [r for r in rows if r.get("model", model) == model]
-
-
 Curve = tuple[list[int], np.ndarray, np.ndarray]
-AVERAGE_PANEL = "Average"
 
 
 def _mean_band(values_by_round: Mapping[int, list[float]]) -> Curve:
@@ -103,30 +97,17 @@ def learning_curves(
     metric: str = "dice",
     model: str | None = None,
 ) -> dict[str, dict[str, Curve]]:
-    """{label: {"Average" | site: (rounds, mean, std)}}: the data of :func:`plot_learning_curves`.
-
-    Per label, rows of several seeds (told apart by a "seed" key) are averaged per round. The
-    average panel first averages a seed's sites in a round (only rounds where all of the label's
-    sites reported), then summarises over seeds.
-    """
+    """{label: {"Average" | site: (rounds, mean, std)}}: the data of :func:`plot_learning_curves`,
+    the per-round values of :func:`fedst.report.curve_values` summarised over seeds."""
     series = dict(metrics_rows) if isinstance(metrics_rows, Mapping) else {"run": metrics_rows}
-    curves: dict[str, dict[str, Curve]] = {}
-    for label, raw_rows in series.items():
-        rows = [r for r in _curve_rows(raw_rows, model) if r.get(metric) is not None]
-        sites = sorted({str(r["site"]) for r in rows})
-        per_site: dict[str, dict[int, list[float]]] = {s: {} for s in sites}
-        per_seed: dict[tuple[object, int], dict[str, float]] = {}
-        for row in rows:
-            site, rnd, value = str(row["site"]), int(row["round"]), float(row[metric])
-            per_site[site].setdefault(rnd, []).append(value)
-            per_seed.setdefault((row.get("seed"), rnd), {})[site] = value
-        average: dict[int, list[float]] = {}
-        for (_, rnd), site_values in per_seed.items():
-            if len(site_values) == len(sites):
-                average.setdefault(rnd, []).append(float(np.mean(list(site_values.values()))))
-        panels = {AVERAGE_PANEL: average, **per_site}
-        curves[label] = {name: _mean_band(values) for name, values in panels.items() if values}
-    return curves
+    return {
+        label: {
+            name: _mean_band(values)
+            for name, values in curve_values(rows, metric, model).items()
+            if values
+        }
+        for label, rows in series.items()
+    }
 
 
 def plot_learning_curves(
@@ -134,21 +115,24 @@ def plot_learning_curves(
     out_png: str | Path,
     metric: str = "dice",
     model: str | None = None,
+    colors: Mapping[str, str] | None = None,
 ) -> Path:
     """Write :func:`learning_curves_figure` to ``out_png``."""
-    return _save(learning_curves_figure(metrics_rows, metric, model), out_png)
+    return _save(learning_curves_figure(metrics_rows, metric, model, colors), out_png)
 
 
 def learning_curves_figure(
     metrics_rows: MetricRows | Mapping[str, MetricRows],
     metric: str = "dice",
     model: str | None = None,
+    colors: Mapping[str, str] | None = None,
 ) -> Figure:
     """Test ``metric`` vs communication round (paper Fig. 5): "Average", then a panel per site.
 
     ``metrics_rows``: rows of metrics.jsonl, or {label: rows} to overlay methods; several seeds
     under one label are drawn as their mean with a ±1 std band (see :func:`learning_curves`).
     ``model``: "personal" / "global"; default: personal rows where present, else global.
+    ``colors``: a matplotlib colour per label (Fig. 5: blue, green, red); others: the cycle's.
     """
     curves = learning_curves(metrics_rows, metric, model)
     sites = sorted({p for panels in curves.values() for p in panels} - {AVERAGE_PANEL})
@@ -160,7 +144,7 @@ def learning_curves_figure(
     fig, grid = _figure(1, len(panel_names), (3.4 * len(panel_names), 3.2), sharey=True)
     axes = grid[0]
     for label, panels in curves.items():
-        color = None
+        color = (colors or {}).get(label)
         for ax, name in zip(axes, panel_names, strict=True):
             if name not in panels:
                 continue
@@ -246,8 +230,11 @@ SERQ_MAGNITUDES = (
 
 
 def plot_serq(train_rows: Sequence[Mapping], out_png: str | Path) -> Path | None:
-    """Write :func:`serq_figure` to ``out_png``; None (nothing written) without SERQ rows."""
-    rows = [r for r in train_rows if r.get("site") == "server" and "descriptor_rms" in r]
+    """Write :func:`serq_figure` to ``out_png``; None (nothing written) without SERQ rows (server
+    fine-tuning, serq.mode=finetune, logs no descriptor)."""
+    rows = [
+        r for r in train_rows if r.get("site") == "server" and r.get("descriptor_rms") is not None
+    ]
     return _save(serq_figure(rows), out_png) if rows else None
 
 
@@ -299,6 +286,58 @@ def setting_curves_figure(table: Table, xlabel: str) -> Figure:
     ax.set_ylabel(table.columns[0].header.split(" ")[0] if table.columns else "")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
+    return fig
+
+
+def plot_paired_bars(
+    table: Table,
+    out_png: str | Path,
+    panels: Mapping[str, tuple[str, str]],
+    legend: tuple[str, str],
+) -> Path:
+    """Write :func:`paired_bars_figure` to ``out_png``."""
+    return _save(paired_bars_figure(table, panels, legend), out_png)
+
+
+def paired_bars_figure(
+    table: Table, panels: Mapping[str, tuple[str, str]], legend: tuple[str, str]
+) -> Figure:
+    """Fig. 7 layout: a panel per entry of ``panels`` (title -> (key of the lighter bar's
+    column, key of the darker bar's column)), three panels a row; in each, the table's rows
+    (methods) along x, each a lighter and a darker bar of the method's colour, mean ± std over
+    seeds (a cell without runs: no bar). ``legend``: what the lighter and the darker bar show."""
+    index = {column.key: i for i, column in enumerate(table.columns)}
+    missing = sorted({key for keys in panels.values() for key in keys} - set(index))
+    if missing:
+        raise ValueError(f"paired bars: columns {missing} not in table {table.name!r}")
+    labels = list(table.rows)
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, grid = _figure(
+        nrows, ncols, (max(4.0, 0.55 * len(labels) + 1.5) * ncols, 3.4 * nrows), sharey=True
+    )
+    x = np.arange(len(labels))
+    width = 0.4
+    for ax, (title, keys) in zip(grid.flat, panels.items(), strict=False):
+        for offset, key, alpha in zip((-width / 2, width / 2), keys, (0.35, 1.0), strict=True):
+            cells = [table.rows[label][index[key]] for label in labels]
+            means = [np.nan if c is None else c.mean for c in cells]
+            errs = [0.0 if c is None or c.std is None else c.std for c in cells]
+            colors = [f"C{i % 10}" for i in range(len(labels))]
+            ax.bar(x + offset, means, width, yerr=errs, capsize=2, color=colors, alpha=alpha)
+        ax.set_title(title)
+        ax.set_xticks(x, labels, rotation=45, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in grid.flat[len(panels) :]:
+        ax.set_axis_off()
+    for row in grid:
+        row[0].set_ylabel(table.columns[0].header.split(" ")[0] if table.columns else "")
+    handles = [
+        Patch(color="grey", alpha=alpha, label=text)
+        for text, alpha in zip(legend, (0.35, 1.0), strict=True)
+    ]
+    fig.legend(handles=handles, loc="upper center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
 
 

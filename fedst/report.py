@@ -38,6 +38,7 @@ from fedst import units
 from fedst.federation.run_io import read_jsonl
 
 __all__ = [
+    "AVERAGE_PANEL",
     "METRIC_LABELS",
     "RUN_FILES",
     "RunError",
@@ -47,6 +48,10 @@ __all__ = [
     "comm_columns",
     "comm_table",
     "comparison_table",
+    "curve_series",
+    "curve_tables",
+    "curve_values",
+    "dice_columns",
     "dice_table",
     "find_runs",
     "group_by_method",
@@ -54,6 +59,7 @@ __all__ = [
     "load_runs",
     "main",
     "outfed_table",
+    "paired_dice_table",
     "per_class_table",
     "run_average",
     "site_names",
@@ -377,6 +383,42 @@ def build_table(
     return table
 
 
+AVERAGE_PANEL = "Average"
+"""The learning curves' first panel: per run and round, the mean over its sites (Fig. 5 "Avg.")."""
+
+
+def _curve_rows(rows: Sequence[Mapping], model: str | None) -> list[Mapping]:
+    """Test rows of one model kind; by default "personal", else "global" (never "outfed")."""
+    rows = [r for r in rows if r.get("split", "test") == "test"]
+    if model is None:
+        kinds = {r.get("model") for r in rows}
+        model = "personal" if "personal" in kinds else "global"
+    return [r for r in rows if r.get("model", model) == model]
+
+
+def curve_values(
+    metrics_rows: Sequence[Mapping], metric: str = "dice", model: str | None = None
+) -> dict[str, dict[int, list[float]]]:
+    """{"Average" | site: {round: [value of each seed]}} from metrics.jsonl rows of one method
+    (several seeds told apart by a "seed" key): the test ``metric`` of every evaluated round
+    (paper Fig. 5). The average panel first averages a seed's sites in a round (only rounds where
+    all of the method's sites reported), then lists that mean per seed. ``model``: "personal" /
+    "global"; default: personal rows where present, else global."""
+    rows = [r for r in _curve_rows(metrics_rows, model) if r.get(metric) is not None]
+    sites = sorted({str(r["site"]) for r in rows})
+    per_site: dict[str, dict[int, list[float]]] = {s: {} for s in sites}
+    per_seed: dict[tuple[object, int], dict[str, float]] = {}
+    for row in rows:
+        site, rnd, value = str(row["site"]), int(row["round"]), float(row[metric])
+        per_site[site].setdefault(rnd, []).append(value)
+        per_seed.setdefault((row.get("seed"), rnd), {})[site] = value
+    average: dict[int, list[float]] = {}
+    for (_, rnd), site_values in per_seed.items():
+        if len(site_values) == len(sites):
+            average.setdefault(rnd, []).append(float(np.mean(list(site_values.values()))))
+    return {AVERAGE_PANEL: average, **per_site}
+
+
 def _std_note() -> str:
     return f"mean ± std over seeds (sample std, ddof={STD_DDOF})"
 
@@ -522,16 +564,11 @@ def comm_table(runs: Sequence[dict]) -> Table:
     return table
 
 
-def dice_table(
-    runs: Sequence[dict],
-    name: str,
-    title: str,
-    outfed: Sequence[str] = ("E",),
-    metric: str = "dice",
-) -> Table:
-    """Tables IV-VII layout: ``metric`` per federated site, their Avg., and the given
-    out-of-federation sites (averaged model)."""
-    sites = site_names(runs, "sites")
+def dice_columns(
+    sites: Sequence[str], outfed: Sequence[str] = ("E",), metric: str = "dice"
+) -> tuple[list[Column], list]:
+    """``metric`` per federated site, their Avg. and each out-of-federation site (averaged
+    model): the columns of Tables IV-VII and Fig. 7, with their cell values."""
     label = METRIC_LABELS[metric]
     columns: list[Column] = []
     values: list = []
@@ -543,7 +580,92 @@ def dice_table(
     for site in outfed:
         columns.append(Column(f"{metric}_{site}", f"{label} {site} (out of fed.)", metric))
         values.append(lambda r, s=site: site_value(r, "out_of_federation", s, metric))
+    return columns, values
+
+
+def dice_table(
+    runs: Sequence[dict],
+    name: str,
+    title: str,
+    outfed: Sequence[str] = ("E",),
+    metric: str = "dice",
+) -> Table:
+    """Tables IV-VII layout: ``metric`` per federated site, their Avg., and the given
+    out-of-federation sites (averaged model)."""
+    columns, values = dice_columns(site_names(runs, "sites"), outfed, metric)
     return build_table(name, f"{title}, {_std_note()}", runs, columns, values)
+
+
+PAIR_VARIANTS = ("without", "with")
+"""The two bars of a Fig. 7 pair: without and with synthetic data in training."""
+
+
+def paired_dice_table(
+    pairs: Mapping[str, tuple[Sequence[dict], Sequence[dict]]],
+    name: str,
+    title: str,
+    outfed: Sequence[str] = ("E",),
+    metric: str = "dice",
+) -> Table:
+    """Fig. 7 layout: per method (``pairs``: label -> (runs without, runs with synthetic data)),
+    each column of :func:`dice_columns` once per variant, ``<key>_without`` then ``<key>_with``;
+    cells are mean ± std over each variant's seeds, "n/a" for a variant without runs. The text
+    column "Runs without / with" counts both."""
+    all_runs = [run for both in pairs.values() for runs in both for run in runs]
+    base_columns, base_values = dice_columns(site_names(all_runs, "sites"), outfed, metric)
+    columns = [
+        dataclasses.replace(
+            column, key=f"{column.key}_{variant}", header=f"{column.header} {variant}"
+        )
+        for column in base_columns
+        for variant in PAIR_VARIANTS
+    ]
+    table = Table(name=name, title=f"{title}, {_std_note()}", columns=columns)
+    table.text_headers = ["Runs without / with"]
+    for label, variant_runs in pairs.items():
+        table.rows[label] = [
+            Stat.of(value(run) for run in runs) for value in base_values for runs in variant_runs
+        ]
+        table.runs[label] = sum(len(runs) for runs in variant_runs)
+        table.texts[label] = [" / ".join(str(len(runs)) for runs in variant_runs)]
+    return table
+
+
+def curve_series(groups: Mapping[str, Sequence[dict]]) -> dict[str, list[dict]]:
+    """{label: metrics.jsonl rows of the label's runs, each with its run's "seed"}: what
+    :func:`curve_values` and the learning-curve plots read."""
+    return {
+        label: [{**row, "seed": run["seed"]} for run in runs for row in run["metrics"]]
+        for label, runs in groups.items()
+    }
+
+
+def curve_tables(
+    groups: Mapping[str, Sequence[dict]], metric: str = "dice", model: str | None = None
+) -> list[tuple[str, Table]]:
+    """Fig. 5 as tables, from each label's runs (``groups``, rows of :func:`load_run`): one per
+    panel, "Average" then each site, with the labels as rows and every evaluated round as a
+    column ("r<t>", mean ± std over seeds of :func:`curve_values`, "n/a" where a label has no
+    evaluation at that round); then one table with every panel's columns
+    (``<metric>_<avg|site>_r<t>``), the CSV. Returns (panel name, table) pairs."""
+    series = curve_series(groups)
+    values = {label: curve_values(rows, metric, model) for label, rows in series.items()}
+    sites = sorted({panel for panels in values.values() for panel in panels} - {AVERAGE_PANEL})
+    tables: list[tuple[str, Table]] = []
+    combined = Table(name="curves", title="", columns=[])
+    for panel in [AVERAGE_PANEL, *sites]:
+        key = "avg" if panel == AVERAGE_PANEL else panel
+        rounds = sorted({t for panels in values.values() for t in panels.get(panel, {})})
+        columns = [Column(f"{metric}_{key}_r{t}", f"r{t}", metric) for t in rounds]
+        table = Table(name="curves", title="", columns=columns)
+        for label, panels in values.items():
+            table.rows[label] = [Stat.of(panels.get(panel, {}).get(t, [])) for t in rounds]
+            table.runs[label] = len(groups[label])
+            combined.rows[label] = [*combined.rows.get(label, []), *table.rows[label]]
+            combined.runs[label] = len(groups[label])
+        combined.columns += columns
+        tables.append((panel, table))
+    return [*tables, ("", combined)]
 
 
 def _mean_seconds(run: dict, site_is_server: bool, key: str) -> float | None:

@@ -102,6 +102,13 @@ PAPER_ABLATIONS: dict[str, dict[str, object]] = {
     "fig6_every_100": {},
     "fig6_every_200": {"train.local_iters": 200, "train.rounds": 150},
     "fig6_every_500": {"train.local_iters": 500, "train.rounds": 60},
+    # Fig. 5 on the demo base (20 rounds: a curve point every 2 rounds; the demo evaluates every
+    # 4): the ways synthetic data enters FedST without SERQ, and FedST itself.
+    "fig5_server_finetune": {"serq.mode": "finetune", "train.eval_every": 2},
+    "fig5_local_synthetic": {**NO_SERQ, "data.mix_synthetic": True, "train.eval_every": 2},
+    "fig5_serq": {"train.eval_every": 2},
+    # Fig. 7: the synthetic set mixed in (the runner doubles train.total_iters: test_experiments)
+    "fig7_synthetic": {"data.mix_synthetic": True},
 }
 
 
@@ -113,6 +120,16 @@ def test_every_ablation_config_is_a_row_of_the_paper():
 def test_each_ablation_changes_exactly_what_its_paper_row_names(name):
     base = ["experiment=paper" if name.startswith("fig6") else "experiment=demo"]
     assert changes(base, [f"+ablation={name}"]) == PAPER_ABLATIONS[name]
+
+
+@pytest.mark.parametrize(
+    ("base", "every"),
+    [("experiment=demo", 2), ("experiment=paper", 30), ("experiment=tiny", 1)],
+)
+def test_fig5_curves_get_about_ten_points_whatever_the_experiments_rounds(base, every):
+    for name in ("fig5_server_finetune", "fig5_local_synthetic", "fig5_serq"):
+        cfg, _ = compose_experiment([base, f"+ablation={name}"])
+        assert cfg.train.eval_every == every == max(1, cfg.train.rounds // 10)
 
 
 def test_methods_differ_only_in_their_method_choices():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedst import experiments
+from fedst import experiments, plots, report
 from fedst.cli import compose_experiment
 from fedst.data.procedural import generate
 from fedst.experiments import Row, RunnerError, TableSpec, build_tables, execute, plan_table
@@ -221,3 +221,231 @@ def test_seeds_and_rows_are_the_runners_keys_and_the_keys_it_sets_itself_are_ref
 def test_tables_of_another_runs_root_go_beside_those_runs_not_over_the_default_tables():
     assert experiments.tables_root(Path("runs")) == Path("results")
     assert experiments.tables_root(Path("runs/fp16")) == Path("runs/fp16/results")
+
+
+# -- Fig. 5 and Fig. 7: the synthetic-data comparisons ---------------------------------------------
+
+FIG7_METHODS = ("local", "upperbound", "fedld", "feddp", "fedavg", "fedrep", "fedas")
+
+
+def test_fig7_plans_each_baseline_without_and_with_synthetic_data_and_fedst_once(tmp_path):
+    base = ["experiment=tiny", f"data.root={tmp_path}"]
+    plan = plan_table(experiments.TABLES["fig7"], [0], base, tmp_path / "runs")
+    expected = []
+    for method in FIG7_METHODS:
+        expected.append((f"{method}_s0", (f"method={method}", "seed=0")))
+        expected.append(
+            (
+                f"{method}_synthetic_s0",
+                (f"method={method}", "+ablation=fig7_synthetic", "seed=0", "train.total_iters=8"),
+            )
+        )
+    expected.append(("fedst_s0", ("method=fedst", "seed=0")))
+    assert [(r.run_dir.name, r.overrides) for r in plan.runs] == expected
+    # the "without" bars are Table II's runs: the same directories, the same configs
+    table2 = plan_table(experiments.TABLES["table2"], [0], base, tmp_path / "runs")
+    without = [r for r in plan.runs if not r.row.name.endswith("_synthetic")]
+    assert [(r.run_dir, r.cfg) for r in without] == [(r.run_dir, r.cfg) for r in table2.runs]
+    for run in plan.runs:
+        synthetic = run.row.name.endswith("_synthetic")
+        assert run.cfg.data.mix_synthetic == synthetic
+        assert experiments.synthetic_in_training(run.cfg) == (synthetic or run.row.name == "fedst")
+
+
+def test_fig5_plans_its_three_lines_and_the_dry_run_lists_their_overrides(tmp_path, capsys):
+    args = ["--runs", str(tmp_path / "runs"), "--dry-run", "seeds=0,1"]
+    assert experiments.main(["fig5", *args, "experiment=tiny", f"data.root={tmp_path}"]) == 0
+    listing = capsys.readouterr().out
+    for seed in (0, 1):
+        assert f"[+ablation=fig5_server_finetune seed={seed}]" in listing
+        assert f"[+ablation=fig5_local_synthetic seed={seed} train.total_iters=8]" in listing
+        assert f"[+ablation=fig5_serq seed={seed}]" in listing
+    assert "0 done, 0 resume, 6 new" in listing
+    plan = plan_table(experiments.TABLES["fig5"], [0], ["experiment=tiny"], tmp_path / "runs")
+    lines = {r.row.name: r.cfg for r in plan.runs}
+    assert [r.run_dir.name for r in plan.runs] == [
+        "fig5_server_finetune_s0",
+        "fig5_local_synthetic_s0",
+        "fig5_serq_s0",
+    ]
+    finetune, local, serq = (lines[n] for n in lines)
+    assert (finetune.method.serq, finetune.serq.mode, finetune.data.mix_synthetic) == (
+        True,
+        "finetune",
+        False,
+    )
+    assert (local.method.serq, local.data.mix_synthetic) == (False, True)
+    assert (serq.method.serq, serq.serq.mode, serq.data.mix_synthetic) == (True, "serq", False)
+    for cfg in lines.values():  # FedST's RSC in every line: only the synthetic data differs
+        assert cfg.method.temporal and cfg.method.prompt and cfg.method.channel_selection
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["experiment=tiny"],
+        ["experiment=demo"],
+        ["experiment=paper"],
+        ["experiment=tiny", "train.total_iters=6", "train.local_iters=3"],
+    ],
+)
+def test_doubling_gives_twice_the_iterations_and_rounds_at_the_same_local_iterations(overrides):
+    single = Row("FedAvg", "fedavg")
+    doubled = Row("FedAvg", "fedavg_synthetic", "ablation", config="fig7_synthetic",
+                  method="fedavg", iters_factor=2)  # fmt: skip
+    base, _ = experiments.compose_row(single, 0, overrides)
+    cfg, own = experiments.compose_row(doubled, 0, overrides)
+    assert cfg.train.total_iters == 2 * base.train.total_iters
+    assert cfg.train.rounds == 2 * base.train.rounds
+    assert cfg.train.local_iters == base.train.local_iters
+    assert own[-1] == f"train.total_iters={2 * base.train.total_iters}"
+
+
+def test_doubling_refuses_rounds_that_do_not_follow_the_iterations(tmp_path):
+    plan = plan_table(
+        experiments.TABLES["fig7"],
+        [0],
+        ["experiment=tiny", f"data.root={tmp_path}", "train.rounds=2"],
+        tmp_path / "runs",
+        rows=["fedavg_synthetic"],
+    )
+    (run,) = plan.runs
+    assert run.state == "unavailable"
+    assert "train.total_iters x2 (4 -> 8) must give 4 rounds" in run.detail
+    assert "train.rounds=2" in run.detail
+
+
+def write_finished(run: experiments.PlannedRun, dice: dict[str, float]) -> None:
+    """A finished run at ``run.run_dir`` of ``run.cfg``: Dice ``dice`` per site (A-D, E)."""
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "config.json").write_text(run.cfg.to_json())
+    (run.run_dir / "config.yaml").write_text(f"seed: {run.seed}\n")
+    for name in ("metrics.jsonl", "comm.jsonl"):
+        (run.run_dir / name).write_text("")
+    final = {
+        "method": run.cfg.method.name,
+        "seed": run.seed,
+        "sites": {s: {"dice": dice[s]} for s in "ABCD"},
+        "out_of_federation": {"E": {"dice": dice["E"]}},
+    }
+    (run.run_dir / "final.json").write_text(json.dumps(final))
+
+
+def test_fig7_pairs_each_methods_runs_without_and_with_synthetic_data(tmp_path):
+    runs, base = tmp_path / "runs", ["experiment=tiny", f"data.root={tmp_path}"]
+    rows = ["fedavg", "fedavg_synthetic", "fedst", "local_synthetic"]
+    plan = plan_table(experiments.TABLES["fig7"], [0, 1], base, runs, rows=rows)
+    scores = {  # (row, seed) -> Dice of A, B, C, D, E
+        ("fedavg", 0): [70, 50, 60, 40, 20],
+        ("fedavg", 1): [72, 52, 62, 42, 22],
+        ("fedavg_synthetic", 0): [60, 40, 50, 30, 30],
+        ("fedavg_synthetic", 1): [64, 40, 50, 30, 34],
+        ("fedst", 0): [80, 60, 70, 50, 70],
+        ("local_synthetic", 0): [10, 10, 10, 10, 10],
+    }
+    for run in plan.runs:
+        if (run.row.name, run.seed) in scores:
+            write_finished(run, dict(zip("ABCDE", scores[(run.row.name, run.seed)], strict=True)))
+    plan = plan_table(experiments.TABLES["fig7"], [0, 1], base, runs, rows=rows)
+    markdown, table = build_tables(plan)
+    assert list(table.rows) == ["Local Train", "FedAvg", "FedST"]  # the paper's order
+    cells = {
+        label: dict(zip([c.key for c in table.columns], table.rows[label], strict=True))
+        for label in table.rows
+    }
+    fedavg = cells["FedAvg"]
+    assert fedavg["dice_A_without"].format() == "71.00 ± 1.41"
+    assert fedavg["dice_A_with"].format() == "62.00 ± 2.83"
+    # Avg. per run first: without (55, 57) -> 56 ± 1.41; with (45, 46) -> 45.5 ± 0.71
+    assert fedavg["dice_avg_without"].format() == "56.00 ± 1.41"
+    assert fedavg["dice_avg_with"].format() == "45.50 ± 0.71"
+    assert fedavg["dice_E_with"].format() == "32.00 ± 2.83"
+    # FedST uses the synthetic set through SERQ: its one run set is a "with" bar
+    assert cells["FedST"]["dice_A_without"] is None
+    assert cells["FedST"]["dice_A_with"].format() == "80.00"
+    assert cells["Local Train"]["dice_B_with"].format() == "10.00"  # seed 1 not finished
+    assert table.texts["FedAvg"] == ["2 / 2"] and table.texts["Local Train"] == ["0 / 1"]
+    text = markdown[0].to_markdown()
+    assert "train.total_iters doubled" in text and "Dice (%) A without" in text
+
+    out = tmp_path / "results"
+    written = experiments.write_outputs(plan, markdown, table, out)
+    assert out / "tiny" / "fig7.png" in written and (out / "tiny" / "fig7.png").stat().st_size
+    header = (out / "tiny" / "fig7.csv").read_text().splitlines()[0]
+    assert header.startswith("method,runs,Runs without / with,dice_A_without_mean")
+
+
+def test_fig5_curve_tables_are_mean_and_std_over_seeds_at_every_evaluated_round():
+    def run(seed: int, values: dict[tuple[str, int], float]) -> dict:
+        rows = [
+            {"site": s, "round": t, "dice": v, "model": "personal"} for (s, t), v in values.items()
+        ]
+        rows.append({"site": "A", "round": 2, "dice": 0.0, "model": "outfed"})  # not a curve
+        return {"seed": seed, "metrics": rows}
+
+    groups = {
+        "SERQ": [
+            run(0, {("A", 2): 50, ("B", 2): 70, ("A", 4): 60, ("B", 4): 80}),
+            run(1, {("A", 2): 54, ("B", 2): 70, ("A", 4): 62, ("B", 4): 80}),
+        ],
+        "Local": [run(0, {("A", 4): 40, ("B", 4): 20})],
+    }
+    tables = report.curve_tables(groups)
+    assert [panel for panel, _ in tables] == ["Average", "A", "B", ""]
+    average = tables[0][1]
+    assert [c.header for c in average.columns] == ["r2", "r4"]
+    # Average per run and round first: seed 0 (60, 70), seed 1 (62, 71)
+    assert [c.format() for c in average.rows["SERQ"]] == ["61.00 ± 1.41", "70.50 ± 0.71"]
+    assert average.rows["Local"][0] is None and average.rows["Local"][1].format() == "30.00"
+    combined = tables[-1][1]
+    assert [c.key for c in combined.columns] == [
+        "dice_avg_r2", "dice_avg_r4", "dice_A_r2", "dice_A_r4", "dice_B_r2", "dice_B_r4",
+    ]  # fmt: skip
+    assert combined.runs == {"SERQ": 2, "Local": 1}
+
+
+def test_fig5_trains_its_three_lines_and_writes_the_curves_and_their_plot(
+    tiny_data, tmp_path, monkeypatch
+):
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    colors: list[dict] = []
+    original_plot = plots.plot_learning_curves
+
+    def recording_plot(series, png, **kwargs):
+        if png.name == "fig5.png":  # not a run's own plots/learning_curves.png
+            colors.append(kwargs["colors"])
+        return original_plot(series, png, **kwargs)
+
+    monkeypatch.setattr(plots, "plot_learning_curves", recording_plot)
+    args = ["--runs", str(runs), "--out", str(out), "seeds=0", "experiment=tiny"]
+    args += [f"data.root={tiny_data}", "progress=false", "serq.pretrain_iters=1"]
+    args += ["train.total_iters=2", "train.local_iters=1"]  # 2 rounds (green: 4), each evaluated
+    assert experiments.main(["fig5", *args]) == 0
+
+    by_row = csv_rows(out / "tiny" / "fig5.csv")
+    assert list(by_row) == ["Server fine-tuning", "Synthetic at the sites", "SERQ (FedST)"]
+    assert [by_row[label]["Line"] for label in by_row] == ["blue", "green", "red"]
+    green = runs / "tiny" / "fig5_local_synthetic_s0"
+    metrics = [json.loads(line) for line in (green / "metrics.jsonl").read_text().splitlines()]
+    for row in metrics:  # every evaluated round of every site, as logged
+        if row.get("split", "test") == "test" and row.get("model") == "personal":
+            cell = by_row["Synthetic at the sites"][f"dice_{row['site']}_r{row['round']}_mean"]
+            assert float(cell) == pytest.approx(row["dice"])
+    evaluated = {r["round"] for r in metrics if r.get("model") == "personal"}
+    assert evaluated == {1, 2, 3, 4}  # doubled: 4 rounds of 1 local iteration
+    assert by_row["SERQ (FedST)"]["dice_avg_r4_mean"] == ""  # SERQ ran 2 rounds
+    serq = runs / "tiny" / "fig5_serq_s0" / "metrics.jsonl"
+    last = [json.loads(line) for line in serq.read_text().splitlines()]
+    last = [r["dice"] for r in last if r.get("model") == "personal" and r["round"] == 2]
+    assert len(last) == 4
+    assert float(by_row["SERQ (FedST)"]["dice_avg_r2_mean"]) == pytest.approx(sum(last) / 4)
+    markdown = (out / "tiny" / "fig5.md").read_text()
+    for panel in ("Average", "A", "B", "C", "D"):
+        assert (
+            f"### Fig. 5: learning curves of the ways to use the synthetic set (test Dice): {panel} (tiny"
+            in markdown
+        )
+    assert (out / "tiny" / "fig5.png").stat().st_size > 0
+    assert colors == [
+        {"Server fine-tuning": "blue", "Synthetic at the sites": "green", "SERQ (FedST)": "red"}
+    ]

@@ -51,6 +51,12 @@ class DataConfig:
     """Sites used only for out-of-federation evaluation (paper: E; Table VIII: GraSP)."""
     server: str | None = "synthetic"
     """The server's synthetic dataset for SERQ, or None."""
+    mix_synthetic: bool = False
+    """Mix the server's synthetic set into every training party's training split (paper
+    Sec. IV-C5 green line, IV-C6 / Fig. 7: "all synthetic samples are fully mixed into the real
+    training data for each site"); each site reads the set from its own disk, as the server does,
+    and is still tested on its own test split only (fedst/federation/site_data.py). Needs
+    ``server``. False: no synthetic data at the sites (the paper's default)."""
     root: str | None = None
     """Optional common dataset root that site entries may refer to as ${data.root}."""
     procedural: str | None = None
@@ -90,6 +96,12 @@ class DataConfig:
                     f"data.{key}={list(names)}: site(s) {repeated} listed more than once; "
                     "list each site once"
                 )
+        if self.mix_synthetic and self.server is None:
+            raise ConfigError(
+                "data.mix_synthetic=true mixes the server's synthetic set into every site's "
+                "training data, but data.server is null: set data.server to the synthetic set "
+                "(e.g. synthetic), or data.mix_synthetic=false"
+            )
         named = [*self.federation, *self.out_of_federation, *([self.server] if self.server else [])]
         missing = [s for s in named if s not in self.sites]
         if missing:

@@ -51,6 +51,16 @@ batch by batch through the stream's loader workers, so one batch (plus the worke
 in memory at a time instead of the round's 2 x ``batches_per_round`` batches. Synthetic images
 are read as 1-frame clips (server.py): SERQ's forward passes use only the current frame.
 
+Server fine-tuning (``serq.mode=finetune``; the blue line of Fig. 5, Sec. IV-C5: "the
+synthetic data is directly utilized to fine-tune the averaged global model on the server side").
+The same round without what makes SERQ: no EQ step (v_pre, D_sy and the feature bank are never
+read or changed after pre-training, and no canonical view is loaded), and the SC loop with its
+feature term switched off, i.e. the global model takes one Adam step on L_seg(v_g(x_sy), y_sy)
+per augmented batch [B, T=1, 3, H, W] of the round's plan: the same ``batches_per_round``
+batches of ``batch_size`` samples, the same augmentation and the same persistent Adam (lr) as
+SC. ``lambda_sc`` and ``lambda_eq`` play no part. The round's statistics carry the SC loss
+(= L_seg) and the RMS of F_g; the EQ and descriptor fields are None.
+
 Refresh rate. A bank entry is refreshed only when its sample is drawn: ``batches_per_round x
 batch_size`` of the N synthetic samples per round, i.e. every N / (B x b) rounds on average (demo:
 200 / (20 x 2) = every 5 rounds, 4 visits per entry in the 20-round demo; paper: 3600 / (100 x 2)
@@ -80,21 +90,21 @@ log = logging.getLogger(__name__)
 class SerqRoundStats:
     """What one round of SERQ did, logged in train.jsonl (server rows) and TensorBoard."""
 
-    eq_loss: float
-    """Mean L_pre over the round's batches (Eq. 11)."""
-    eq_feature_gap: float
-    """Mean ||F_sy - D_sy - F_hat_g||^2 / N_e."""
+    eq_loss: float | None
+    """Mean L_pre over the round's batches (Eq. 11); None in finetune mode (no EQ step)."""
+    eq_feature_gap: float | None
+    """Mean ||F_sy - D_sy - F_hat_g||^2 / N_e; None in finetune mode."""
     sc_loss: float
-    """Mean L_g over the round's batches (Eq. 12)."""
-    sc_feature_gap: float
-    """Mean ||F_g - (F_sy - D_sy)||^2 / N_e."""
-    descriptor_norm: float = 0.0
-    """||D_sy||_2 after the round."""
-    descriptor_rms: float = 0.0
+    """Mean L_g over the round's batches (Eq. 12); in finetune mode the mean L_seg."""
+    sc_feature_gap: float | None
+    """Mean ||F_g - (F_sy - D_sy)||^2 / N_e; None in finetune mode (no feature term)."""
+    descriptor_norm: float | None = 0.0
+    """||D_sy||_2 after the round (None in finetune mode: D_sy plays no part)."""
+    descriptor_rms: float | None = 0.0
     """RMS of D_sy's elements after the round (compare with the feature RMS below)."""
-    synthetic_feature_rms: float = 0.0
+    synthetic_feature_rms: float | None = 0.0
     """RMS of F_sy, v_pre's features, over the round's EQ batches."""
-    bank_feature_rms: float = 0.0
+    bank_feature_rms: float | None = 0.0
     """RMS of F_hat_g, the bank entries the EQ batches read."""
     global_feature_rms: float = 0.0
     """RMS of F_g, the global model's features, over the round's SC batches."""
@@ -272,10 +282,13 @@ class Serq:
 
     # -- Eq. 12 --------------------------------------------------------------------------------
     def synchronize_convergence(
-        self, global_model: nn.Module, batches
-    ) -> tuple[float, float, float]:
+        self, global_model: nn.Module, batches, feature_term: bool = True
+    ) -> tuple[float, float | None, float]:
         """SC step: train the global model towards I_sy = F_sy - D_sy with v_pre fixed (Eq. 12).
-        Returns the means over the batches of L_g, the feature gap and the RMS of F_g."""
+        Returns the means over the batches of L_g, the feature gap and the RMS of F_g.
+
+        ``feature_term=False`` (finetune mode): the loss is L_seg alone; v_pre and D_sy are not
+        read, and the feature gap is None."""
         if self.global_optimizer is None:
             self.global_optimizer = self._global_adam(global_model)
         self.synthetic_model.eval()
@@ -283,21 +296,24 @@ class Serq:
         losses, gaps, global_squares = LossLog(), LossLog(), LossLog()
         for images, masks, _ in batches:
             images, masks = images.to(self.device), masks.to(self.device)
-            with torch.no_grad():
-                _, feat_syn = self._forward(self.synthetic_model, images)
-                instrument_repr = feat_syn - self.domain_descriptor  # I_sy [B, c, h, w]
-            logits, feat_global = self._forward(global_model, images)
-            gap = (feat_global - instrument_repr).pow(2).mean()
-            loss = self.loss_fn(logits, masks) + self.cfg.lambda_sc * gap
+            logits, feat_global = self._forward(global_model, images)  # F_g [B, c, h, w]
+            loss = self.loss_fn(logits, masks)
+            if feature_term:
+                with torch.no_grad():
+                    _, feat_syn = self._forward(self.synthetic_model, images)
+                    instrument_repr = feat_syn - self.domain_descriptor  # I_sy [B, c, h, w]
+                gap = (feat_global - instrument_repr).pow(2).mean()
+                loss = loss + self.cfg.lambda_sc * gap
+                gaps.append(gap)
             optimizer_step(
                 loss, self.global_optimizer, self.global_scaler, global_model.parameters()
             )
             losses.append(loss)  # on the device; read once after the loop
-            gaps.append(gap)
             global_squares.append(feat_global.detach().pow(2).mean())
         n = len(batches)
-        total, gap_total, global_square = _sum(losses), _sum(gaps), _sum(global_squares)
-        return total / n, gap_total / n, (global_square / n) ** 0.5
+        total, global_square = _sum(losses), _sum(global_squares)
+        gap = _sum(gaps) / n if feature_term else None
+        return total / n, gap, (global_square / n) ** 0.5
 
     def _global_adam(self, global_model: nn.Module) -> torch.optim.Adam:
         """The SC step's Adam on the global model (created at SERQ's first round)."""
@@ -306,7 +322,10 @@ class Serq:
         )
 
     def step(self, global_model: nn.Module) -> SerqRoundStats:
-        """One round of SERQ on the freshly aggregated global model (Algorithm 1, lines 10-11)."""
+        """One round of SERQ on the freshly aggregated global model (Algorithm 1, lines 10-11),
+        or of server fine-tuning in finetune mode (:meth:`finetune_step`)."""
+        if self.cfg.mode == "finetune":
+            return self.finetune_step(global_model)
         started = time.perf_counter()
         plan = self._draw_plan()
         eq_loss, eq_gap, syn_rms, bank_rms = self.explicit_quantification(
@@ -329,6 +348,28 @@ class Serq:
             global_feature_rms=global_rms,
             eq_seconds=eq_done - started,
             sc_seconds=time.perf_counter() - eq_done,
+        )
+
+    def finetune_step(self, global_model: nn.Module) -> SerqRoundStats:
+        """Fig. 5's server fine-tuning: the round's augmented batches (the plan SERQ would draw)
+        through the SC loop without its feature term; EQ, v_pre, D_sy and the bank untouched."""
+        started = time.perf_counter()
+        plan = self._draw_plan()
+        loss, _, global_rms = self.synchronize_convergence(
+            global_model, self.augmented_batches(plan), feature_term=False
+        )
+        return SerqRoundStats(
+            eq_loss=None,
+            eq_feature_gap=None,
+            sc_loss=loss,
+            sc_feature_gap=None,
+            descriptor_norm=None,
+            descriptor_rms=None,
+            synthetic_feature_rms=None,
+            bank_feature_rms=None,
+            global_feature_rms=global_rms,
+            eq_seconds=0.0,
+            sc_seconds=time.perf_counter() - started,
         )
 
     # -- checkpointing -------------------------------------------------------------------------

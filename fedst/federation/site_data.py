@@ -42,6 +42,13 @@ class PooledClips(torch.utils.data.Dataset):
     seeded stream shuffles the pool as it shuffles one site."""
 
     def __init__(self, parts: list[ClipDataset]) -> None:
+        lengths = {part.site_name: part.clip_length for part in parts}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"pooled training sets must have one clip length to be batched together; got "
+                f"{lengths} frames per clip (clip.single_frame_mode=repeat gives image-only "
+                f"sets the clip length of video sets)"
+            )
         self.parts = parts
         self.ends = list(accumulate(len(part) for part in parts))  # exclusive end of each part
 
@@ -86,7 +93,20 @@ class PartyData:
 
 def open_party_data(cfg: ExperimentConfig, method: Method, party: str) -> PartyData:
     """The training split of ``party`` (one site's, or the pool of the method's train sources in
-    their order) and the test splits it is scored on."""
-    parts = [open_site_data(cfg, s, ("train",)).train for s in method.train_sources(party)]
+    their order) and the test splits it is scored on.
+
+    With ``data.mix_synthetic`` (paper Sec. IV-C6: "all synthetic samples are fully mixed into
+    the real training data for each site") the server's synthetic set follows the party's own
+    training split in the pool, every sample once (the upper bound's pool too: once, not once
+    per site); the test splits stay the party's own. Each synthetic image is a single-frame
+    video (no temporal order), read with the site's clip config and augmentation, i.e. as a clip
+    of T = ``clip.num_frames`` copies of the image [T, 3, H, W] (``clip.single_frame_mode=repeat``,
+    the default): that is how the clip builder already fills a clip at a video's first frame, so
+    the site's network, temporal module included, and its batches [B, T, 3, H, W] take the images
+    unchanged. The server reads the same files as 1-frame clips only because its passes never run
+    the temporal module (fedst/federation/server.py). The party's sample count (n_k of FedAvg's
+    sample weights) is then its real plus synthetic samples."""
+    sources = (*method.train_sources(party), *filter(None, [method.synthetic_train_source()]))
+    parts = [open_site_data(cfg, s, ("train",)).train for s in sources]
     tests = {s: open_site_data(cfg, s, ("test",)).test for s in method.scored_sites(party)}
     return PartyData(train=parts[0] if len(parts) == 1 else PooledClips(parts), tests=tests)

@@ -185,9 +185,19 @@ class Method:
         """The federated sites whose test splits score ``party``'s model (here its own)."""
         return (party,)
 
+    def synthetic_train_source(self) -> str | None:
+        """The server's synthetic set when ``data.mix_synthetic`` mixes it into every training
+        party's training split (Fig. 5's green line, Fig. 7), once per party; else None."""
+        return self.cfg.data.server if self.cfg.data.mix_synthetic else None
+
     def data_sites(self, party: str) -> tuple[str, ...]:
-        """Every site whose data ``party`` reads: its training sources, then its scored sites."""
-        return tuple(dict.fromkeys((*self.train_sources(party), *self.scored_sites(party))))
+        """Every site whose data ``party`` reads: its training sources, the mixed-in synthetic
+        set (if any), then its scored sites. A deployed site's node config locates each of them
+        on its own disk (fedst.experiment.site_node_config); nothing of it travels."""
+        synthetic = tuple(filter(None, [self.synthetic_train_source()]))
+        return tuple(
+            dict.fromkeys((*self.train_sources(party), *synthetic, *self.scored_sites(party)))
+        )
 
     def party_of(self, site: str) -> str:
         """The party whose model is scored on federated site ``site``'s test split."""
