@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import platform
 import tempfile
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from bench.model import interleaved_ms
+from fedst.accel import device_name
 from fedst.export import OnnxStreamer, export_onnx
 from fedst.model.network import NetworkConfig, build_network
 
@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
             )
     print(
         f"PVTv2-b0 {size[0]}x{size[1]}, batch 1, {args.threads} threads, best of {args.repeats}, "
-        f"torch {torch.__version__}, onnxruntime {_ort_version()}, CPU {_cpu_name()}"
+        f"torch {torch.__version__}, onnxruntime {_ort_version()}, "
+        f"CPU {device_name(torch.device('cpu'))}"
     )
     for name, (wall, cpu) in times.items():
         print(f"  {name:36s} {wall:8.1f} ms wall / {cpu:8.1f} ms CPU  {1e3 / wall:6.2f} FPS")
@@ -119,16 +120,6 @@ def _ort_version() -> str:
     import onnxruntime
 
     return onnxruntime.__version__
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -46,6 +45,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
+
+import torch
+
+from fedst.accel import device_name
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = REPO / "data" / "procedural" / "paper_scale_v2"
@@ -251,16 +254,6 @@ class GpuSampler:
             self._thread.join()
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def _train_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
 
@@ -364,7 +357,9 @@ def main(argv: list[str] | None = None) -> None:
         "progress=false",
         *args.overrides,
     ]
-    print(f"{cpu_model()}, {os.cpu_count()} cores; run: {run_dir}")
+    gpus = [device_name(torch.device("cuda", i)) for i in range(torch.cuda.device_count())]
+    print(f"{device_name(torch.device('cpu'))}, {os.cpu_count()} cores; GPUs: {gpus or 'none'}")
+    print(f"run: {run_dir}")
     started = time.perf_counter()
     with GpuSampler() as gpu:
         done = subprocess.run(command, cwd=REPO, env=env, check=False)

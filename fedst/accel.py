@@ -27,10 +27,12 @@ import contextlib
 import logging
 import math
 import os
+import platform
 import resource
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -40,6 +42,7 @@ __all__ = [
     "LossLog",
     "Precision",
     "configure_device",
+    "device_name",
     "first_non_finite",
     "fused_optimizer_options",
     "maybe_compile",
@@ -230,3 +233,16 @@ def memory_usage() -> dict[str, int]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         usage["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
     return usage
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name (/proc/cpuinfo) for a CPU device: what a
+    benchmark prints beside its times."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"

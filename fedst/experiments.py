@@ -49,7 +49,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +59,7 @@ from typing import Any
 import torch
 
 from fedst import plots, report
+from fedst.accel import device_name
 from fedst.cli import CONFIG_DIR, compose_experiment, learning_differences, setup_logging
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig, resolve_device
@@ -541,17 +541,6 @@ class FpsSettings:
 
 FPS_FILE = "fps.json"
 """In a run directory: the last FPS measurement and its settings (reused while they match)."""
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def measure_fps(run_dir: Path, settings: FpsSettings = FpsSettings()) -> dict[str, Any]:
