@@ -416,24 +416,30 @@ def test_serq_eq_step_leaves_the_global_model_fixed_and_sc_leaves_v_pre_fixed(se
 # -- resume and the NaN guard -----------------------------------------------------------------
 
 
+def run_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> None:
+    """Run ``cfg`` until the third site to train in ``server_round`` dies ("power cut"): two
+    sites of that round have trained and saved their states, the server has not."""
+    original = site_module.Site.train_round
+    trained: list[str] = []
+
+    def cut_off(self, received, round_now, local_iters, **kwargs):
+        if round_now == server_round:
+            trained.append(self.name)
+            if len(trained) == 3:
+                raise RuntimeError("power cut")
+        return original(self, received, round_now, local_iters, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(site_module.Site, "train_round", cut_off)
+        with pytest.raises(server_app.FederationError, match="power cut"):
+            run_training(cfg, run_dir, progress=False)
+
+
 def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_root, tmp_path):
     cfg = experiment(tiny_root, "serq.pretrain_iters=1", "train.eval_every=2")
     uninterrupted = run_training(cfg, tmp_path / "whole", progress=False)
 
-    calls = {"n": 0}
-    original = site_module.Site.train_round
-
-    def crash_in_round_two(self, received, server_round, local_iters, **kwargs):
-        if server_round == 2:
-            calls["n"] += 1
-            if calls["n"] == 3:  # two sites of round 2 have trained and saved; the third dies
-                raise RuntimeError("power cut")
-        return original(self, received, server_round, local_iters, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(site_module.Site, "train_round", crash_in_round_two)
-        with pytest.raises(server_app.FederationError, match="power cut"):
-            run_training(cfg, tmp_path / "resumed", progress=False)
+    run_cut_off(cfg, tmp_path / "resumed", server_round=2)
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert resumed["sites"] == uninterrupted["sites"]
     assert resumed["out_of_federation"] == uninterrupted["out_of_federation"]
@@ -458,20 +464,7 @@ def test_a_run_checkpointed_every_3_rounds_resumes_after_its_last_checkpoint_as_
     saved = {r["round"]: r["checkpoint_bytes"] > 0 for r in server}
     assert saved == {1: False, 2: False, 3: True, 4: False, 5: True}
 
-    original = site_module.Site.train_round
-    trained_in_round_5 = []
-
-    def crash_in_round_five(self, received, server_round, local_iters, **kwargs):
-        if server_round == 5:
-            trained_in_round_5.append(self.name)
-            if len(trained_in_round_5) == 3:  # A, B have saved round 5, C dies
-                raise RuntimeError("power cut")
-        return original(self, received, server_round, local_iters, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(site_module.Site, "train_round", crash_in_round_five)
-        with pytest.raises(server_app.FederationError, match="power cut"):
-            run_training(cfg, tmp_path / "resumed", progress=False)
+    run_cut_off(cfg, tmp_path / "resumed", server_round=5)  # A, B have saved round 5
     crashed = tmp_path / "resumed"
     assert torch.load(crashed / "checkpoints" / "server.pt", weights_only=False)["round"] == 3
     # A keeps round 3 (the server's checkpoint) beside its two latest; rounds 1-2 are gone
