@@ -277,10 +277,11 @@ class FederationServer:
         if self._saved_round != server_round:
             self._previous_saved_round = self._saved_round
         self._saved_round = server_round
+        server_pt_bytes = path.stat().st_size
         return {
             "checkpoint_seconds": time.perf_counter() - started,
-            "checkpoint_bytes": path.stat().st_size + bank.bytes,
-            "server_checkpoint_bytes": path.stat().st_size,
+            "checkpoint_bytes": server_pt_bytes + bank.bytes,
+            "server_checkpoint_bytes": server_pt_bytes,
             "bank_bytes_written": bank.bytes,
             "bank_entries_written": bank.files,
         }
