@@ -54,6 +54,9 @@ REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = REPO / "data" / "procedural" / "paper_scale_v2"
 MIB = 1024**2
 GB = 1e9
+PHASE_PEAK_SUFFIX = (
+    "_peak_rss_bytes"  # train.jsonl: <phase>_peak_rss_bytes (fedst.accel.PhasePeaks)
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class RoundCost:
     rss_bytes: int
     peak_rss_bytes: int
     cuda_peak_bytes: int | None = None
+    phase_peak_bytes: dict[str, int] = field(default_factory=dict)
+    """The process's peak during each phase (train, server_step, evaluation, checkpoint)."""
 
     @property
     def other(self) -> float:
@@ -144,6 +149,11 @@ def round_costs(train_rows: list[dict], serq_batches: int) -> list[RoundCost]:
                 rss_bytes=server["rss_bytes"],
                 peak_rss_bytes=server["peak_rss_bytes"],
                 cuda_peak_bytes=server.get("cuda_peak_bytes"),
+                phase_peak_bytes={
+                    key.removesuffix(PHASE_PEAK_SUFFIX): value
+                    for key, value in server.items()
+                    if key.endswith(PHASE_PEAK_SUFFIX)
+                },
             )
         )
     return costs
@@ -262,9 +272,9 @@ def _print_rounds(costs: list[RoundCost]) -> None:
     print(
         "| round | site compute s (iters) | loader wait s | aggregation s | SERQ EQ + SC s "
         "(batches) | checkpoint s, MB (bank entries) | evaluation s/frame (frames) | other s "
-        "| round s | RSS GB (peak) |"
+        "| round s | RSS GB (peak) | peak GB per phase |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in costs:
         frames = (
             f"{c.evaluation / c.evaluation_frames:.3f} ({c.evaluation_frames})"
@@ -277,7 +287,8 @@ def _print_rounds(costs: list[RoundCost]) -> None:
             f"| {c.aggregation:.2f} | {c.serq_eq + c.serq_sc:.1f} ({c.serq_batches}) "
             f"| {c.checkpoint:.2f}, {(c.server_checkpoint_bytes + c.bank_bytes) / 1e6:.0f} "
             f"({c.bank_entries}) | {frames} | {c.other:.1f} | {c.round_wall:.1f} "
-            f"| {c.rss_bytes / GB:.2f} ({c.peak_rss_bytes / GB:.2f}){cuda} |"
+            f"| {c.rss_bytes / GB:.2f} ({c.peak_rss_bytes / GB:.2f}){cuda} "
+            f"| {', '.join(f'{k} {v / GB:.2f}' for k, v in c.phase_peak_bytes.items()) or '-'} |"
         )
 
 

@@ -30,7 +30,7 @@ import os
 import platform
 import resource
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,6 +215,66 @@ def first_non_finite(values: Sequence[float]) -> int | None:
     return next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
 
 
+_PEAK_BEFORE_RESETS = 0
+"""The process's high-water mark as it stood at the latest :class:`PhasePeaks` reset (resetting
+the kernel's mark also resets ``ru_maxrss``, so the whole-run peak is kept here)."""
+
+
+def _kernel_peak_rss() -> int | None:
+    """VmHWM of /proc/self/status in bytes (the resident high-water mark), None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _reset_kernel_peak_rss() -> bool:
+    """Lower the kernel's high-water mark to the resident size now (``echo 5 >
+    /proc/self/clear_refs``, Linux >= 4.0), keeping the old mark in :data:`_PEAK_BEFORE_RESETS`.
+    False when the kernel does not allow it."""
+    global _PEAK_BEFORE_RESETS
+    before = _kernel_peak_rss()
+    if before is None:
+        return False
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    _PEAK_BEFORE_RESETS = max(_PEAK_BEFORE_RESETS, before)
+    return True
+
+
+class PhasePeaks:
+    """The peak resident memory of each phase of a round, for the run log:
+    ``with peaks.phase("train"): ...`` then ``peaks.row()`` -> ``{"train_peak_rss_bytes": ...}``.
+
+    Each phase lowers the kernel's high-water mark to the resident size at its start and reads it
+    at its end, so a phase's figure is the most this process held during that phase (in the
+    in-process engine the sites live in this process too: the whole job's). Off Linux, or where
+    the kernel refuses the reset, :meth:`row` is empty: no figure rather than a wrong one."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        measured = _reset_kernel_peak_rss()
+        try:
+            yield
+        finally:
+            peak = _kernel_peak_rss() if measured else None
+            if peak is not None:
+                self.peaks[name] = max(self.peaks.get(name, 0), peak)
+
+    def row(self) -> dict[str, int]:
+        return {f"{name}_peak_rss_bytes": peak for name, peak in self.peaks.items()}
+
+
 def memory_usage() -> dict[str, int]:
     """This process's memory for the run log: ``rss_bytes`` (resident now, Linux only),
     ``peak_rss_bytes`` (the most it has held so far) and, with CUDA, ``cuda_peak_bytes`` (the
@@ -228,6 +288,7 @@ def memory_usage() -> dict[str, int]:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     peak = peak if sys.platform == "darwin" else peak * 1024
+    peak = max(peak, _PEAK_BEFORE_RESETS)  # PhasePeaks' resets lower ru_maxrss too
     # the kernel updates its high-water mark lazily: it can lag the resident size just read
     usage["peak_rss_bytes"] = max(peak, usage.get("rss_bytes", 0))
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -390,6 +390,12 @@ def plan_table(
                 continue
             run_dir = runs_root / cfg.name / f"{row.name}_s{seed}"
             state, detail = _run_state(cfg, run_dir)
+            if state == "new" and not detail:
+                run_dir, state, detail = _same_run_elsewhere(cfg, run_dir, seed) or (
+                    run_dir,
+                    state,
+                    detail,
+                )
             plan.runs.append(PlannedRun(row, seed, run_dir, cfg, state, detail, tuple(own)))
     return plan
 
@@ -443,6 +449,36 @@ def _run_state(cfg: ExperimentConfig, run_dir: Path) -> tuple[str, str]:
     if (run_dir / SERVER_CHECKPOINT).is_file():
         return "resume", ""
     return "new", "started before, no completed round"
+
+
+LABEL_KEYS = ("method.name",)
+"""Keys that name a run and change nothing it computes: Table IV's row 7 (``method.name:
+t4r7_full``) is FedST's run of the same seed (``method.name: fedst``)."""
+
+
+def _same_run_elsewhere(
+    cfg: ExperimentConfig, run_dir: Path, seed: int
+) -> tuple[Path, str, str] | None:
+    """A run of ``cfg`` under another row's name beside ``run_dir`` (same seed, only
+    :data:`LABEL_KEYS` differ), finished ones first: the runner reuses it instead of training the
+    same run twice. None when there is none."""
+    found = []
+    for other in sorted(run_dir.parent.glob(f"*_s{seed}")):
+        if other == run_dir or not (other / "config.json").is_file():
+            continue
+        try:
+            saved = load_config(other)
+        except (ConfigError, ValueError):
+            continue
+        if [k for k in learning_differences(saved, cfg) if k not in LABEL_KEYS]:
+            continue
+        state, _ = _run_state(saved, other)
+        if state in ("done", "resume"):
+            found.append((state != "done", other, state))
+    if not found:
+        return None
+    _, other, state = min(found)
+    return other, state, f"the same run as {other.name} (differs only in {', '.join(LABEL_KEYS)})"
 
 
 def describe(plan: Plan) -> str:

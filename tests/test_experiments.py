@@ -449,3 +449,26 @@ def test_fig5_trains_its_three_lines_and_writes_the_curves_and_their_plot(
     assert colors == [
         {"Server fine-tuning": "blue", "Synthetic at the sites": "green", "SERQ (FedST)": "red"}
     ]
+
+
+def test_a_row_that_only_renames_a_finished_run_reuses_it_instead_of_training_it_again(tmp_path):
+    runs = tmp_path / "runs"
+    fedst = fake_finished_run(runs, tmp_path, "fedst", 0, [80.0, 60.0, 70.0, 50.0])
+    spec = TableSpec(
+        "t4",
+        "Table IV rows 6-7",
+        (
+            Row("6", "table4_row6_ts_serq", "ablation"),
+            Row("7 (FedST)", "table4_row7_full", "ablation"),
+        ),
+        "sites",
+    )
+    plan = plan_table(spec, [0, 1], ["experiment=tiny", f"data.root={tmp_path}"], runs)
+    runs_of = {(r.row.name, r.seed): r for r in plan.runs}
+    full = runs_of[("table4_row7_full", 0)]
+    assert full.cfg is not None and full.cfg.method.name != "fedst"  # another name ...
+    assert (full.state, full.run_dir) == ("done", fedst)  # ... the same run
+    assert "same run as fedst_s0" in full.detail
+    assert runs_of[("table4_row7_full", 1)].state == "new"  # no run of seed 1 to reuse
+    row6 = runs_of[("table4_row6_ts_serq", 0)]  # other settings: its own run
+    assert row6.state == "new" and row6.run_dir == runs / "tiny" / "table4_row6_ts_serq_s0"

@@ -88,6 +88,32 @@ def test_train_log_gives_each_round_its_loader_wait_evaluation_time_and_memory(t
         assert 0 < row["evaluation_seconds"] < row["round_seconds"]
         assert row["seconds"] + row["evaluation_seconds"] < row["round_seconds"]
         assert 0 < row["rss_bytes"] <= row["peak_rss_bytes"]
+        phases = [row[f"{p}_peak_rss_bytes"] for p in PHASES]
+        assert 0 < max(phases) <= row["peak_rss_bytes"]
+
+
+PHASES = ("train", "server_step", "evaluation", "checkpoint")
+CAN_RESET_PEAK = os.access("/proc/self/clear_refs", os.W_OK)
+MB = 1024**2
+
+
+@pytest.mark.skipif(not CAN_RESET_PEAK, reason="needs Linux's /proc/self/clear_refs")
+def test_a_phase_peak_is_what_that_phase_held_and_the_run_peak_survives_the_resets():
+    import torch
+
+    from fedst.accel import PhasePeaks, memory_usage
+
+    peaks = PhasePeaks()
+    with peaks.phase("large"):
+        block = torch.ones(100 * MB // 4)  # 100 MB, every page written
+        del block
+    with peaks.phase("small"):
+        block = torch.ones(10 * MB // 4)
+        del block
+    row = peaks.row()
+    # the large phase's 100 MB is not counted in the small phase that came after it
+    assert row["large_peak_rss_bytes"] - row["small_peak_rss_bytes"] > 80 * MB
+    assert memory_usage()["peak_rss_bytes"] >= row["large_peak_rss_bytes"]
 
 
 def _run(seed: int, train_rows: list[dict]) -> dict:

@@ -30,7 +30,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedst.accel import memory_usage
+from fedst.accel import PhasePeaks, memory_usage
 from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
 from fedst.federation import privacy, transport
 from fedst.federation.evaluation import METRICS_RECORD, scored_site
@@ -350,6 +350,7 @@ def run_federation(
         total=cfg.train.rounds,
     ):
         started = time.perf_counter()
+        peaks = PhasePeaks()  # the process's peak memory per phase of this round
         if server_round > rounds.start:
             nodes = _wait_for_nodes(
                 grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
@@ -364,18 +365,19 @@ def run_federation(
         }
         down = transport.pack(_train_payload(server, server_round), precision)
         first = _newcomer_payloads(server, server_round, nodes, sites_of)
-        trained = _broadcast(
-            grid,
-            nodes,
-            MessageType.TRAIN,
-            down,
-            config,
-            server_round,
-            timeout=policy.round_timeout,
-            poll=policy.reply_poll,
-            first_payloads=first,
-            audit=audit,
-        )
+        with peaks.phase("train"):  # in-process, the sites train in this process
+            trained = _broadcast(
+                grid,
+                nodes,
+                MessageType.TRAIN,
+                down,
+                config,
+                server_round,
+                timeout=policy.round_timeout,
+                poll=policy.reply_poll,
+                first_payloads=first,
+                audit=audit,
+            )
         _check_sites(trained, sites_of, federation, min_sites, "train", server_round)
         down_sizes = {
             "download_bytes": down.wire_bytes,
@@ -405,9 +407,10 @@ def run_federation(
         # -- aggregation + server step (lines 8-12) -------------------------------------------------
         if method.communicates:
             step_started = time.perf_counter()
-            aggregated = method.aggregate(server_round, unpacked, received)
-            aggregation_seconds = time.perf_counter() - step_started
-            stats = server.server_step(aggregated, server_round)
+            with peaks.phase("server_step"):
+                aggregated = method.aggregate(server_round, unpacked, received)
+                aggregation_seconds = time.perf_counter() - step_started
+                stats = server.server_step(aggregated, server_round)
             server_row = {
                 "round": server_round,
                 "site": "server",
@@ -422,17 +425,18 @@ def run_federation(
             shared = transport.pack(
                 server.shared_payload() if method.communicates else {}, precision
             )
-            evaluated = _broadcast(
-                grid,
-                [n for n in nodes if n in sites_of],
-                MessageType.EVALUATE,
-                shared,
-                config,
-                server_round,
-                timeout=policy.eval_timeout,
-                poll=policy.reply_poll,
-                audit=audit,
-            )
+            with peaks.phase("evaluation"):
+                evaluated = _broadcast(
+                    grid,
+                    [n for n in nodes if n in sites_of],
+                    MessageType.EVALUATE,
+                    shared,
+                    config,
+                    server_round,
+                    timeout=policy.eval_timeout,
+                    poll=policy.reply_poll,
+                    audit=audit,
+                )
             _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
             frames = 0
             for reply in evaluated.replies:
@@ -465,10 +469,12 @@ def run_federation(
                 for row in _metrics_rows(reply, server_round, split="val"):
                     runlog.write("metrics", row)
             timing["validation_seconds"] = time.perf_counter() - val_started
-        checkpoint = server.end_round(server_round, extra={"last_metrics": last_metrics})
+        with peaks.phase("checkpoint"):
+            checkpoint = server.end_round(server_round, extra={"last_metrics": last_metrics})
         if method.communicates:  # written with the round's checkpoint time and bytes
             timing["round_seconds"] = time.perf_counter() - started
-            runlog.write("train", {**server_row, **checkpoint, **timing, **memory_usage()})
+            memory = {**memory_usage(), **peaks.row()}
+            runlog.write("train", {**server_row, **checkpoint, **timing, **memory})
         log.info(  # the one line per round of a non-terminal log (fedst/progress.py)
             "round %d/%d done in %.1f s",
             server_round,

@@ -11,7 +11,9 @@ train.jsonl                 per-round training rows (site, loss, seconds, loader
                             bank_entries_written (the round's server checkpoint),
                             evaluation_seconds / evaluation_frames and validation_seconds (rounds
                             that evaluate), round_seconds (the whole round), rss_bytes and
-                            peak_rss_bytes (the server process; in-process: the whole job)
+                            peak_rss_bytes (the server process; in-process: the whole job) and
+                            <phase>_peak_rss_bytes, its peak during each phase of the round
+                            (train, server_step, evaluation, checkpoint; Linux)
 comm.jsonl                  parameter bytes uploaded / downloaded per site per round
 participation.jsonl         per round: the sites whose training replies were aggregated, and the missing
 wire.jsonl                  (deploy.audit) record names, keys and shapes of every message
