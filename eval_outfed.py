@@ -27,6 +27,7 @@ from fedst import report
 from fedst.cli import register_resolvers, setup_logging
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.federation.run_io import load_config
 from fedst.metrics import format_score
 from fedst.outfed import (
     evaluate_new_site,
@@ -34,7 +35,7 @@ from fedst.outfed import (
     open_new_site,
     write_new_site_result,
 )
-from fedst.training import finalize_run, load_config
+from fedst.training import finalize_run
 
 register_resolvers()
 log = logging.getLogger("eval_outfed")

@@ -44,7 +44,8 @@ from fedst import report
 from fedst.cli import register_resolvers, resume_experiment, setup_logging, split_config
 from fedst.config import ConfigError, build
 from fedst.experiment import DeployConfig, RayConfig
-from fedst.training import load_config, run_training
+from fedst.federation.run_io import load_config
+from fedst.training import run_training
 
 register_resolvers()
 log = logging.getLogger("train_fed")

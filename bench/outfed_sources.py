@@ -16,10 +16,10 @@ from pathlib import Path
 
 from fedst.experiment import resolve_device
 from fedst.federation.evaluation import evaluate_model
+from fedst.federation.run_io import load_config
 from fedst.federation.site_data import open_site_data
 from fedst.methods import method_of
 from fedst.outfed import averaged_model, personalized_model
-from fedst.training import load_config
 
 
 def _row(label: str, summary: dict) -> str:

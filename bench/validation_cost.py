@@ -26,7 +26,7 @@ import numpy as np
 def demo_cost(root: Path) -> None:
     from fedst.cli import compose_experiment
     from fedst.data.procedural import generate
-    from fedst.data.validation import validate_experiment_data
+    from fedst.data.site_checks import validate_experiment_data
 
     generate(root, seed=0, preset="demo", progress=False)
     cfg, _ = compose_experiment(["experiment=demo", "data=demo", f"data.root={root}"])

@@ -13,6 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 from fedst.config import ConfigError, to_dict
 from fedst.data.sites import DataConfig
 from fedst.experiment import DeployConfig, ExperimentConfig, RayConfig, experiment_from_dict
+from fedst.methods import method_of
 
 RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate", "site", "deploy", "ray")
 """Top-level keys that steer the entry point, not the experiment."""
@@ -104,7 +105,9 @@ def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, dict[str, Any]]:
     assert isinstance(values, dict)
     values.pop("hydra", None)
     runtime = {k: values.pop(k) for k in RUNTIME_KEYS if k in values}
-    return experiment_from_dict(values), runtime
+    experiment = experiment_from_dict(values)
+    method_of(experiment)  # the method's own options and combinations, checked here once
+    return experiment, runtime
 
 
 RESUME_SAFE_KEYS = (

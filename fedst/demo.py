@@ -18,10 +18,11 @@ import logging
 import time
 from pathlib import Path
 
-from fedst import plots, report
+from fedst import plots, report, results
 from fedst.cli import compose_experiment, setup_logging
 from fedst.data.preview import write_previews
-from fedst.training import finalize_run, load_config, prepare_benchmark, run_training
+from fedst.federation.run_io import load_config
+from fedst.training import finalize_run, prepare_benchmark, run_training
 
 log = logging.getLogger("fedst.demo")
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             run_training(cfg, run_dir, progress=runtime.get("progress", True))
         run_dirs.append(run_dir)
 
-    runs = report.load_runs(run_dirs)
+    runs = results.load_runs(run_dirs)
     table = report.comparison_table(runs)
     out = args.runs / "comparison"
     out.mkdir(parents=True, exist_ok=True)

@@ -40,13 +40,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedst.app.nodes import site_node_config
 from fedst.config import ConfigError
 from fedst.experiment import (
     DeployConfig,
     ExperimentConfig,
     RoundPolicy,
-    default_eval_timeout,
-    site_node_config,
 )
 
 log = logging.getLogger(__name__)
@@ -383,46 +382,6 @@ def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str,
     return json.loads(final.read_text())
 
 
-def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
-    """Body of the deployed ServerApp: train the run of ``run-dir`` (or of the Hydra ``overrides``
-    in a new folder under ``runs``) over ``grid`` and finalize it on the server."""
-    from fedst.app.server_app import run_federation
-    from fedst.app.site_executor import exit_with_parent
-    from fedst.cli import compose_experiment, setup_logging
-    from fedst.training import finalize_run, load_config, prepare_run
-
-    # the SuperLink starts flower-superexec (our parent) in a session of its own, so a killed
-    # server does not take this process with it, and Flower's own exit on SIGINT waits minutes
-    # for its connection retries: end as soon as the SuperExec is gone
-    exit_with_parent()
-
-    if str(run_config.get("run-dir", "")):
-        run_dir = Path(str(run_config["run-dir"]))
-        cfg = load_config(run_dir)
-    else:
-        cfg, _ = compose_experiment(shlex.split(str(run_config.get("overrides", ""))))
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(str(run_config.get("runs", "runs"))) / cfg.name
-        run_dir = run_dir / f"{cfg.method.name}_s{cfg.seed}_{stamp}"
-        prepare_run(cfg, run_dir, progress=False, federated_data=False)
-    setup_logging(run_dir)
-    round_timeout = float(run_config.get("round-timeout", 0.0)) or None
-    policy = RoundPolicy(
-        min_sites=int(run_config.get("min-sites", 0)) or None,
-        round_timeout=round_timeout,
-        eval_timeout=default_eval_timeout(
-            round_timeout, float(run_config.get("eval-timeout", 0.0)) or None
-        ),
-        join_timeout=float(run_config.get("join-timeout", 0.0)),
-        collect_personal=True,
-        audit=bool(run_config.get("audit", False)),
-        reply_poll=float(run_config.get("reply-poll", RoundPolicy.reply_poll)),
-    )
-    log.info("deployed run %s", run_dir)
-    run_federation(grid, cfg, run_dir, progress=False, policy=policy)
-    finalize_run(cfg, run_dir, site_data=False)
-
-
 # -- a site --------------------------------------------------------------------------------------
 
 
@@ -681,18 +640,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m fedst.deploy", description=__doc__.split("\n\n")[0]
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    local_help = "server + one process per site on 127.0.0.1, TLS and node authentication"
     run_local = commands.add_parser(
-        "local", help="server + one process per site on 127.0.0.1, TLS and node authentication"
+        "local", help=local_help, description=f"A whole deployment on this machine: {local_help}."
     )
     run_local.add_argument("--sites", nargs="+", default=["A", "B", "C", "D"])
     run_local.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
     run_local.add_argument("overrides", nargs="*", help="train_fed.py overrides (experiment=tiny)")
-    certs = commands.add_parser("certs", help="a throw-away CA and server certificate")
-    certs.add_argument("--out", type=Path, required=True)
-    certs.add_argument("--hosts", nargs="+", default=["127.0.0.1", "localhost"])
-    key = commands.add_parser("key", help="a site's EC key pair (OpenSSH format)")
-    key.add_argument("--out", type=Path, required=True)
-    key.add_argument("--site", required=True)
+    certs_help = "a throw-away CA and server certificate"
+    certs = commands.add_parser(
+        "certs", help=certs_help, description=f"TLS for a trial: {certs_help}."
+    )
+    certs.add_argument("--out", type=Path, required=True, help="folder for ca.crt, server.pem/key")
+    certs.add_argument(
+        "--hosts", nargs="+", default=["127.0.0.1", "localhost"], help="the server's names"
+    )
+    key_help = "a site's EC key pair (OpenSSH format)"
+    key = commands.add_parser("key", help=key_help, description=f"Node authentication: {key_help}.")
+    key.add_argument("--out", type=Path, required=True, help="folder for the key pair")
+    key.add_argument("--site", required=True, help="the site the key belongs to")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.command == "certs":

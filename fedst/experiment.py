@@ -426,9 +426,6 @@ class ExperimentConfig:
                     "selection.held_out_site needs train.val_every=<k>: the held-out site only "
                     "scores validation rounds"
                 )
-        from fedst.methods import method_of  # the method's own options are checked here, once
-
-        method_of(self)
 
     # -- derived values (computed once, logged with the run) ------------------------------------
     def network_config(self) -> NetworkConfig:
@@ -676,37 +673,6 @@ class SiteNodeConfig:
             train=dataclasses.replace(view.train, device=self.device, num_workers=self.num_workers),
             indicator=dataclasses.replace(view.indicator, cache_dir=self.clip_cache),
         )
-
-
-def site_node_config(
-    cfg: ExperimentConfig, site: str, progress: bool = False, **settings: Any
-) -> SiteNodeConfig:
-    """The node config of ``site`` (a training party of the method) from a full local experiment
-    (the site's own config): its own data and that of every other site it reads."""
-    from fedst.methods import method_of
-
-    spec = cfg.data.sites.get(site)
-    others = {
-        name: {
-            "root": cfg.data.sites[name].root,
-            "backend": cfg.data.sites[name].backend,
-            "options": cfg.data.sites[name].options,
-        }
-        for name in method_of(cfg).data_sites(site)
-        if name != site
-    }
-    return SiteNodeConfig(
-        site_name=site,
-        data_path=spec.root if spec else None,
-        backend=spec.backend if spec else None,
-        site_options=json.dumps(spec.options if spec else {}, sort_keys=True),
-        other_sites=json.dumps(others, sort_keys=True) if others else None,
-        device=cfg.train.device,
-        num_workers=cfg.train.num_workers,
-        clip_cache=cfg.indicator.cache_dir,
-        progress=progress,
-        **settings,
-    )
 
 
 EVAL_TIMEOUT_FACTOR = 3.0

@@ -58,15 +58,15 @@ from typing import Any
 
 import torch
 
-from fedst import plots, report
+from fedst import plots, report, results
 from fedst.accel import device_name
 from fedst.cli import CONFIG_DIR, compose_experiment, learning_differences, setup_logging
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig, resolve_device
-from fedst.federation.run_io import atomic_write_text
+from fedst.federation.run_io import atomic_write_text, load_config
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site_data import open_site_data
-from fedst.training import load_config, run_training
+from fedst.training import run_training
 
 log = logging.getLogger("fedst.experiments")
 
@@ -683,11 +683,11 @@ def training_minutes(run: dict, server: bool) -> float | None:
 
 
 def runs_by_row(plan: Plan) -> dict[Row, list[dict]]:
-    """The finished runs of every row (report.load_run), labelled with the row's label."""
+    """The finished runs of every row (results.load_run), labelled with the row's label."""
     found: dict[Row, list[dict]] = {}
     for run in plan.with_state("done"):
         assert run.run_dir is not None
-        loaded = report.load_run(run.run_dir)
+        loaded = results.load_run(run.run_dir)
         found.setdefault(run.row, []).append({**loaded, "method": run.row.label})
     return found
 
@@ -710,7 +710,7 @@ def build_tables(
     plan: Plan,
     failures: Sequence[tuple[PlannedRun, str]] = (),
     fps: FpsSettings = FpsSettings(),
-) -> tuple[list[report.Table], report.Table]:
+) -> tuple[list[results.Table], results.Table]:
     """(markdown tables in the paper's layout, the one table written as CSV).
 
     A kind's builder gives (title part, table) pairs; with several, the last holds every column
@@ -720,7 +720,7 @@ def build_tables(
     grouped = runs_by_row(plan)
     runs = [run for row in spec.rows for run in grouped.get(row, [])]
     order = list(dict.fromkeys(row.label for row in spec.rows if row in {r.row for r in plan.runs}))
-    builders: dict[str, Callable[[Sequence[dict]], list[tuple[str, report.Table]]]] = {
+    builders: dict[str, Callable[[Sequence[dict]], list[tuple[str, results.Table]]]] = {
         "sites": lambda rs: [
             (": Dice, IoU", report.sites_table(rs, ("dice", "iou"))),
             (": HD95, ASSD", report.sites_table(rs, ("hd95", "assd"))),
@@ -731,7 +731,7 @@ def build_tables(
         "efficiency": lambda rs: [("", _efficiency_table(rs, plan, fps))],
         "curves": lambda rs: [
             (f": {panel}" if panel else "", table)
-            for panel, table in report.curve_tables(report.group_by_method(rs))
+            for panel, table in report.curve_tables(results.group_by_method(rs))
         ],
         "paired": lambda rs: [("", _paired_table(plan, grouped))],
     }
@@ -748,7 +748,7 @@ def build_tables(
     return markdown, csv_table
 
 
-def _paired_table(plan: Plan, grouped: dict[Row, list[dict]]) -> report.Table:
+def _paired_table(plan: Plan, grouped: dict[Row, list[dict]]) -> results.Table:
     """Fig. 7: per label, the runs of its rows without and with synthetic data in training
     (:func:`synthetic_in_training` of each row's config)."""
     uses_synthetic = {run.row: synthetic_in_training(run.cfg) for run in plan.runs if run.cfg}
@@ -789,10 +789,10 @@ def _kind_notes(plan: Plan) -> list[str]:
 
 def _seed_note(plan: Plan) -> str:
     seeds = ", ".join(map(str, plan.seeds))
-    return f"seeds {seeds}; mean ± sample std (ddof={report.STD_DDOF}), one run: its value"
+    return f"seeds {seeds}; mean ± sample std (ddof={results.STD_DDOF}), one run: its value"
 
 
-def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -> report.Table:
+def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -> results.Table:
     """Table IX: upload / download per site and round (MB, MiB), training time, FPS."""
     measured: dict[str, dict[str, Any]] = {}
     unmeasured: list[str] = []
@@ -804,10 +804,10 @@ def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -
             unmeasured.append(f"* FPS of {run['path']} not measured: {type(err).__name__}: {err}")
     columns, values = report.comm_columns()
     columns += [
-        report.Column("local_minutes", "Local training (min)"),
-        report.Column("server_minutes", "Server (min)"),
-        report.Column("total_minutes", "Training time (min)"),
-        report.Column("fps", "FPS"),
+        results.Column("local_minutes", "Local training (min)"),
+        results.Column("server_minutes", "Server (min)"),
+        results.Column("total_minutes", "Training time (min)"),
+        results.Column("fps", "FPS"),
     ]
     values += [
         lambda r: training_minutes(r, server=False),
@@ -815,7 +815,7 @@ def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -
         lambda r: _sum(training_minutes(r, server=False), training_minutes(r, server=True)),
         lambda r: measured.get(str(r["path"]), {}).get("fps"),
     ]
-    table = report.build_table(plan.spec.name, plan.spec.caption, runs, columns, values)
+    table = results.build_table(plan.spec.name, plan.spec.caption, runs, columns, values)
     table.notes = [
         f"* Communication: parameter values (fp32) per site and round; {report.SIZE_NOTE}.",
         "* Training time: sum over rounds of every site's local round and of the server step "
@@ -848,7 +848,7 @@ def _sum(a: float | None, b: float | None) -> float | None:
 
 
 def write_outputs(
-    plan: Plan, markdown: Sequence[report.Table], csv_table: report.Table, out_root: Path
+    plan: Plan, markdown: Sequence[results.Table], csv_table: results.Table, out_root: Path
 ) -> list[Path]:
     """``<out>/<experiment>/<table>.md`` and ``.csv`` (and ``<table>.png`` for Figs. 5, 6, 7)."""
     out = out_root / plan.experiment
@@ -872,7 +872,9 @@ def _plot_curves(plan: Plan, png: Path) -> list[Path]:
     """Fig. 5's layout: panels Average, A, B, C, D; a line per row in its colour (the row's
     mark), mean with a ±1 std band over seeds. Nothing when no row has a finished run."""
     by_row = runs_by_row(plan)
-    grouped = report.group_by_method([run for row in plan.spec.rows for run in by_row.get(row, [])])
+    grouped = results.group_by_method(
+        [run for row in plan.spec.rows for run in by_row.get(row, [])]
+    )
     if not grouped:
         log.warning("%s: no finished run, no plot", plan.spec.name)
         return []
@@ -880,7 +882,7 @@ def _plot_curves(plan: Plan, png: Path) -> list[Path]:
     return [plots.plot_learning_curves(report.curve_series(grouped), png, colors=colors)]
 
 
-def _plot_pairs(table: report.Table, png: Path) -> Path:
+def _plot_pairs(table: results.Table, png: Path) -> Path:
     """Fig. 7's layout: a panel per site (federated, Avg., out of federation), the methods along
     x, a lighter bar without and a darker bar with synthetic data."""
     without, with_synthetic = report.PAIR_VARIANTS

@@ -861,7 +861,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     from omegaconf import OmegaConf
 
     from fedst.config import build
-    from fedst.training import load_config
+    from fedst.federation.run_io import load_config
 
     try:
         if any("=" not in item for item in args.set):

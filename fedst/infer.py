@@ -47,11 +47,11 @@ import torch.nn.functional as F
 from fedst.config import ConfigError, build
 from fedst.data.clips import normalize_frames, resize_frame
 from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.federation.run_io import load_config
 from fedst.methods import method_of
 from fedst.model.network import FedSTNet
 from fedst.plots import PART_COLORS, overlay_masks
 from fedst.progress import progress_bar
-from fedst.training import load_config
 
 __all__ = [
     "InferConfig",

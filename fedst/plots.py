@@ -19,7 +19,7 @@ from matplotlib.patches import Patch
 
 from fedst import units
 from fedst.data.base import IGNORE_INDEX
-from fedst.report import (
+from fedst.results import (
     AVERAGE_PANEL,
     METRIC_LABELS,
     STD_DDOF,
@@ -98,7 +98,7 @@ def learning_curves(
     model: str | None = None,
 ) -> dict[str, dict[str, Curve]]:
     """{label: {"Average" | site: (rounds, mean, std)}}: the data of :func:`plot_learning_curves`,
-    the per-round values of :func:`fedst.report.curve_values` summarised over seeds."""
+    the per-round values of :func:`fedst.results.curve_values` summarised over seeds."""
     series = dict(metrics_rows) if isinstance(metrics_rows, Mapping) else {"run": metrics_rows}
     return {
         label: {

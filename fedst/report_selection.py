@@ -60,8 +60,8 @@ def load_selection(run_dir: Path, progress: bool = False) -> dict[str, Any]:
     path = run_dir / SELECTION_FILE
     if not path.exists():
         from fedst.experiment import resolve_device
+        from fedst.federation.run_io import load_config
         from fedst.selection import run_selection
-        from fedst.training import load_config
 
         cfg = load_config(run_dir)
         run_selection(cfg, run_dir, resolve_device(cfg.train.device), progress=progress)
@@ -148,8 +148,8 @@ def msf_markdown(runs: Mapping[Path, Mapping[str, Any]]) -> str:
 def load_guard(run_dir: Path, progress: bool = False) -> dict[str, Any] | None:
     """Test scores before and after DAD of a run's corrections (None: DAD never ran on it)."""
     from fedst.experiment import resolve_device
+    from fedst.federation.run_io import load_config
     from fedst.guard import guard_test_scores
-    from fedst.training import load_config
 
     cfg = load_config(run_dir)
     return guard_test_scores(cfg, run_dir, resolve_device(cfg.train.device), progress)
@@ -322,10 +322,10 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
     from fedst.experiment import resolve_device
     from fedst.federation import snapshots
     from fedst.federation.evaluation import evaluate_model
+    from fedst.federation.run_io import load_config
     from fedst.federation.site_data import open_site_data
     from fedst.methods import method_of
     from fedst.outfed import averaged_model, personalized_model
-    from fedst.training import load_config
 
     cfg = load_config(run_dir)
     device = resolve_device(cfg.train.device)
@@ -458,14 +458,15 @@ def main(argv: Sequence[str]) -> list[Path]:
         prog="python -m fedst.report", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    msf = sub.add_parser(
-        "msf",
-        help="rounds chosen by each selection rule, MSF, test scores (and DAD's, when it ran)",
-    )
-    msf.add_argument("run_dirs", nargs="+", type=Path)
+    msf_help = "rounds chosen by each selection rule, MSF, test scores (and DAD's, when it ran)"
+    msf = sub.add_parser("msf", help=msf_help, description=f"Model selection: {msf_help}.")
+    msf.add_argument("run_dirs", nargs="+", type=Path, help="run directories (seeds of one method)")
     msf.add_argument("--out", type=Path, help="output folder (default: <first RUN>/report)")
-    matrix = sub.add_parser("matrix", help="every model on every site's test split")
-    matrix.add_argument("run_dir", type=Path)
+    matrix_help = "every model on every site's test split"
+    matrix = sub.add_parser(
+        "matrix", help=matrix_help, description=f"Cross-site evaluation: {matrix_help}."
+    )
+    matrix.add_argument("run_dir", type=Path, help="a finished run directory")
     matrix.add_argument(
         "--rule",
         choices=RULE_ORDER,

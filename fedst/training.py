@@ -18,20 +18,19 @@ import torch
 from flwr.app import Context, RecordDict
 from omegaconf import OmegaConf
 
-from fedst import plots, report, units
+from fedst import plots, report, results, units
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import make_client_app, release_sites
 from fedst.app.inprocess import InProcessGrid
+from fedst.app.nodes import site_node_config
 from fedst.app.server_app import make_server_app
 from fedst.data.clips import usable_cpu_count
 from fedst.data.procedural import SITES, generate
-from fedst.data.validation import validate_experiment_data
+from fedst.data.site_checks import validate_experiment_data
 from fedst.experiment import (
     ExperimentConfig,
     RayConfig,
-    experiment_from_json,
     resolve_device,
-    site_node_config,
     site_state_dir,
 )
 from fedst.federation.evaluation import evaluate_model
@@ -51,13 +50,6 @@ def save_config(cfg: ExperimentConfig, run_dir: Path) -> None:
     values = json.loads(cfg.to_json())
     atomic_write_text(json.dumps(values, indent=2), run_dir / "config.json")
     atomic_write_text(OmegaConf.to_yaml(OmegaConf.create(values)), run_dir / "config.yaml")
-
-
-def load_config(run_dir: Path) -> ExperimentConfig:
-    path = run_dir / "config.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: is {run_dir} a FedST run directory?")
-    return experiment_from_json(path.read_text())
 
 
 def prepare_data(
@@ -235,10 +227,10 @@ def finalize_run(
     outfed = {}
     examples: list[tuple] = []
     if cfg.data.out_of_federation:
-        results = evaluate_out_of_federation(
+        evaluated = evaluate_out_of_federation(
             cfg, run_dir, device, keep_examples=qualitative, progress=progress
         )
-        for site, result in results.items():
+        for site, result in evaluated.items():
             outfed[site] = _scalars(result.summary)
             examples += _example_rows(cfg, result)
     if qualitative and site_data:
@@ -286,7 +278,7 @@ def finalize_run(
     if (run_dir / "benchmark.json").is_file():  # which procedural benchmark the numbers are on
         final["benchmark"] = json.loads((run_dir / "benchmark.json").read_text())
     atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / "final.json")
-    runs = report.load_runs([run_dir])
+    runs = results.load_runs([run_dir])
     report.write_tables(runs, run_dir / "tables")
     plots.plot_learning_curves(metrics, run_dir / "plots" / "learning_curves.png")
     plots.plot_communication(comm, run_dir / "plots" / "communication.png")

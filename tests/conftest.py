@@ -187,7 +187,8 @@ def reply_of_one_site(
     from fedst.app.client_app import app as client_app
     from fedst.app.client_app import release_sites
     from fedst.app.inprocess import InProcessGrid
-    from fedst.experiment import site_node_config, site_view
+    from fedst.app.nodes import site_node_config
+    from fedst.experiment import site_view
     from fedst.federation import transport
 
     state_dir = run_root / "run" / "sites" / "A"

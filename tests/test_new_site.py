@@ -21,10 +21,11 @@ from fedst.config import ConfigError
 from fedst.data.base import DataError
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
+from fedst.federation.run_io import load_config
 from fedst.model import indicators
 from fedst.model.indicators import IndicatorUnavailableError
 from fedst.outfed import evaluate_out_of_federation, new_site_indicator, open_new_site
-from fedst.training import load_config, run_training
+from fedst.training import run_training
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_PROMPTS = {  # configs/data/tiny.yaml: site -> surgery type, written out by hand

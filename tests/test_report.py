@@ -9,17 +9,14 @@ from pathlib import Path
 import pytest
 
 from fedst.report import (
-    RunError,
-    Stat,
     comm_table,
     comparison_table,
-    find_runs,
-    load_runs,
     main,
     outfed_table,
     sites_table,
     write_tables,
 )
+from fedst.results import RunError, Stat, find_runs, load_runs
 
 
 def make_run(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedst import report
+from fedst import report, results
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 2  # configs/experiment/tiny.yaml
@@ -66,7 +66,7 @@ def test_train_log_times_the_aggregation_and_serq_steps_of_every_round(tiny_cli_
         parts = row["aggregation_seconds"] + row["eq_seconds"] + row["sc_seconds"]
         assert parts <= row["seconds"]  # the step's total covers its parts
         assert row["checkpoint_seconds"] > 0 and row["checkpoint_bytes"] > 0  # the round's save
-    table = report.timing_table(report.load_runs([run_dir]))
+    table = report.timing_table(results.load_runs([run_dir]))
     assert [c.key for c in table.columns][-1] == "serq_over_site"
     assert table.rows["fedst"][-1] is not None
 

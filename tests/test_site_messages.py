@@ -25,6 +25,7 @@ from fedst.app import server_app
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
+from fedst.app.nodes import site_node_config
 from fedst.config import ConfigError
 from fedst.data.procedural import generate
 from fedst.deploy import run_config_overrides
@@ -32,7 +33,6 @@ from fedst.experiment import (
     DeployConfig,
     RoundPolicy,
     experiment_from_json,
-    site_node_config,
     site_view,
     state_fingerprint,
 )

@@ -14,8 +14,9 @@ import torch
 from flwr.app import Message
 
 from fedst.app.inprocess import InProcessGrid
+from fedst.app.nodes import site_node_config
 from fedst.config import ConfigError
-from fedst.experiment import experiment_from_json, site_node_config
+from fedst.experiment import experiment_from_json
 from fedst.federation.site_data import open_party_data, open_site_data
 from fedst.methods import method_of
 from fedst.methods.upperbound import POOLED

@@ -67,19 +67,6 @@ def make_server_app(
     return app
 
 
-app = ServerApp()
-"""The deployed ServerApp (``flwr run .``): config from the run config, see :func:`deployed_main`."""
-
-
-@app.main()
-def deployed_main(grid: Grid, context: Context) -> None:
-    """Run the federation of ``run-dir`` (prepared by ``train_fed.py site=server``: config.json),
-    or of the Hydra ``overrides`` when run-dir is empty, then finalize it on the server."""
-    from fedst.deploy import run_config_to_run  # the deployment entry; imports training
-
-    run_config_to_run(grid, dict(context.run_config))
-
-
 class _Round:
     """The replies of one broadcast: good replies by site, and what failed or stayed silent."""
 

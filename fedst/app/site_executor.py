@@ -188,7 +188,9 @@ def serve(runtime_api_address: str, poll_seconds: float = POLL_SECONDS) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedst.app.site_executor", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m fedst.app.site_executor", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's host:port")
     parser.add_argument(
         "--poll-seconds",
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
 def exit_with_parent() -> None:
     """End this process when the process that started it is gone (even if it was killed
     with SIGKILL and could not stop its children): the site process for this executor, the
-    SuperExec for the deployed ServerApp (fedst.deploy.run_config_to_run)."""
+    SuperExec for the deployed ServerApp (fedst.app.deployed.run_config_to_run)."""
     parent = os.getppid()
 
     def watch() -> None:

@@ -53,7 +53,7 @@ from fedst.data.base import (
 from fedst.data.clips import ClipConfig
 from fedst.data.registry import open_site
 from fedst.data.sites import DataConfig, SiteSpec
-from fedst.data.validation import required_splits, site_roles, split_problems
+from fedst.data.site_checks import required_splits, site_roles, split_problems
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(item in ("-h", "--help") for item in argv):
-        print(f"usage: python -m fedst.data.check [data=NAME|FILE.yaml] [site=NAME] [max_frames=N]")
+        print("usage: python -m fedst.data.check [data=NAME|FILE.yaml] [site=NAME] [max_frames=N]\n")
         print(__doc__)
         return 0
     try:

@@ -2,7 +2,7 @@
 is decoded in full, every label is read; the result is cached so that it is paid once.
 
 What is an error (shared by ``python -m fedst.data.check`` and ``train_fed.py``, which validates
-every configured site before any training starts, see :func:`validate_experiment_data`):
+every configured site before any training starts, see :func:`fedst.data.site_checks.validate_experiment_data`):
 
 * a frame that does not decode, or decodes from a truncated file: a JPEG without its end-of-image
   marker (OpenCV would return a half-grey image and only warn on stderr) or a PNG without its
@@ -32,15 +32,35 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from fedst.data.base import IGNORE_INDEX, NUM_CLASSES, DataError, FrameRef, LabelRef, SiteSource
+from fedst.data.base import (
+    IGNORE_INDEX,
+    NUM_CLASSES,
+    DataError,
+    FrameRef,
+    LabelRef,
+    SiteSource,
+    VideoRecord,
+)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fedst.data.clips import ClipConfig, ClipDataset
-    from fedst.data.sites import DataConfig
+
+
+class ClipSamples(Protocol):
+    """What :func:`dataset_problems` reads of a split's samples (a
+    :class:`fedst.data.clips.ClipDataset`): its site, label encoding and each sample's frames."""
+
+    source: SiteSource
+    binary: bool
+
+    def __len__(self) -> int: ...
+
+    def sample_ref(self, index: int) -> tuple[VideoRecord, int]: ...
+
+    def clip_positions(self, video: VideoRecord, position: int) -> list[int]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +205,7 @@ def _label_key(source: SiteSource, ref: LabelRef, num_classes: int) -> str:
     return f"label|{type(source).__name__}|{num_classes}|{policy}|{ref.path}|{ref.key}"
 
 
-def dataset_problems(dataset: ClipDataset, cache: ValidationCache | None = None) -> list[str]:
+def dataset_problems(dataset: ClipSamples, cache: ValidationCache | None = None) -> list[str]:
     """Every problem of ``dataset``'s files: labelled frames and clip context frames decoded in
     full, labels read and checked against the frames' sizes. One message per bad file."""
     source = dataset.source
@@ -257,71 +277,3 @@ def format_problems(header: str, problems: list[str]) -> str:
     shown = problems[:MAX_REPORTED_PROBLEMS]
     more = len(problems) - len(shown)
     return header + "\n  " + "\n  ".join(shown) + (f"\n  ... and {more} more" if more else "")
-
-
-def site_roles(config: DataConfig, name: str) -> tuple[str, ...]:
-    """The roles of site ``name`` in the data config: federation, out_of_federation, server."""
-    roles = []
-    if name in config.federation:
-        roles.append("federation")
-    if name in config.out_of_federation:
-        roles.append("out_of_federation")
-    if name == config.server:
-        roles.append("server")
-    return tuple(roles)
-
-
-def required_splits(roles: Iterable[str]) -> list[str]:
-    """The splits a site with these roles must have labelled frames in (sorted)."""
-    return sorted({split for role in roles for split in REQUIRED_SPLITS[role]})
-
-
-def split_problems(source: SiteSource, split: str, clip: ClipConfig) -> tuple[list[str], int]:
-    """(problems, number of samples) of one split, validated in full through the cache."""
-    from fedst.data.clips import ClipDataset
-
-    try:
-        dataset = ClipDataset(source, split, clip, None, validate=False)
-    except (DataError, OSError) as err:
-        return [str(err)], 0
-    return dataset.problems(), len(dataset)
-
-
-def validate_experiment_data(
-    data: DataConfig, clip: ClipConfig, sites: Sequence[str] | None = None
-) -> None:
-    """Validate every configured site (federated, out-of-federation, server) for its role before
-    anything trains; raise ONE DataError listing every site's problems."""
-    from fedst.data.registry import open_site
-
-    names = sites or [
-        *data.federation,
-        *data.out_of_federation,
-        *([data.server] if data.server else []),
-    ]
-    report: list[str] = []
-    for name in dict.fromkeys(names):
-        spec = data.sites[name]
-        roles = site_roles(data, name)
-        try:
-            source = open_site(spec.backend, Path(spec.root), name, **spec.options)
-        except (DataError, TypeError, OSError) as err:
-            report.append(f"site {name} ({', '.join(roles)}): cannot open the site: {err}")
-            continue
-        for split in required_splits(roles):
-            problems, samples = split_problems(source, split, clip)
-            if problems:
-                report.append(
-                    format_problems(
-                        f"site {name} ({', '.join(roles)}), split {split}: "
-                        f"{len(problems)} problem(s)",
-                        problems,
-                    )
-                )
-            else:
-                log.info("site %s split %s: %d samples validated", name, split, samples)
-    if report:
-        raise DataError(
-            f"the data of {len(report)} site/split(s) cannot be used; nothing was trained. Fix "
-            "these files (python -m fedst.data.check lists them too):\n" + "\n".join(report)
-        )

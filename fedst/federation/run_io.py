@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from fedst.experiment import ExperimentConfig, experiment_from_json
+
 log = logging.getLogger(__name__)
 
 TMP_PATTERN = ".*.tmp"
@@ -206,3 +208,11 @@ class RunLog:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def load_config(run_dir: Path) -> ExperimentConfig:
+    """The experiment of the run in ``run_dir`` (its config.json, written when the run started)."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: is {run_dir} a FedST run directory?")
+    return experiment_from_json(path.read_text())

@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from fedst.federation.run_io import (
 from fedst.federation.site_data import open_party_data
 from fedst.federation.snapshots import save_personal_snapshot
 from fedst.methods import LocalPhase, method_of
+from fedst.methods.base import BatchLoss
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
 from fedst.seeding import seed_everything
@@ -101,10 +102,6 @@ def _differences(old: object, new: object, prefix: str = "") -> list[str]:
         keys = sorted(set(old) | set(new))
         return [d for k in keys for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
     return [] if old == new else [f"{prefix[:-1]}={old!r}->{new!r}"]
-
-
-BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""A loss of one batch from (clips [B, T, 3, H, W], logits [B, C, H, W], masks [B, H, W])."""
 
 
 class NonFiniteLossError(RuntimeError):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from flwr.app import ArrayRecord, Message
@@ -40,6 +40,7 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from fedst.config import ConfigError, build
+from fedst.data.clips import ClipDataset
 from fedst.experiment import ExperimentConfig
 from fedst.federation import privacy
 from fedst.federation.aggregation import (
@@ -60,8 +61,39 @@ from fedst.model.partition import (
 from fedst.model.state import load_subset
 from fedst.seeding import seed_everything
 
-if TYPE_CHECKING:
-    from fedst.federation.site import Site
+BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""A phase's own loss of (clips [B, T, 3, H, W], logits [B, C, H, W], masks [B, H, W])."""
+
+
+class TrainingData(Protocol):
+    """The training clips of the party a site trains for (:class:`fedst.federation.site_data`)."""
+
+    train: ClipDataset | None
+
+
+class TrainingSite(Protocol):
+    """What a method reads and calls of the site it trains at: :class:`fedst.federation.site.Site`
+    (a protocol, so that the methods sit below the site runtime that runs them)."""
+
+    name: str
+    index: int
+    """The site's position among the method's training parties (seeds its streams)."""
+    cfg: ExperimentConfig
+    device: torch.device
+    model: FedSTNet
+    loss_fn: SegmentationLoss
+    indicator: torch.Tensor | None
+    partition: Partition
+    completed_round: int
+    data: TrainingData
+
+    def _train_phase(
+        self,
+        phase: LocalPhase,
+        server_round: int,
+        optimizer: torch.optim.Optimizer | None = None,
+        loss_of: BatchLoss | None = None,
+    ) -> list[float]: ...
 
 
 @dataclass(frozen=True)
@@ -193,7 +225,7 @@ class Method:
     def data_sites(self, party: str) -> tuple[str, ...]:
         """Every site whose data ``party`` reads: its training sources, the mixed-in synthetic
         set (if any), then its scored sites. A deployed site's node config locates each of them
-        on its own disk (fedst.experiment.site_node_config); nothing of it travels."""
+        on its own disk (fedst.app.nodes.site_node_config); nothing of it travels."""
         synthetic = tuple(filter(None, [self.synthetic_train_source()]))
         return tuple(
             dict.fromkeys((*self.train_sources(party), *synthetic, *self.scored_sites(party)))
@@ -247,7 +279,9 @@ class Method:
         )
 
     # -- the site's round (Algorithm 1, lines 5-7) ----------------------------------------------
-    def adopt(self, site: Site, received: dict[str, torch.Tensor], server_round: int) -> None:
+    def adopt(
+        self, site: TrainingSite, received: dict[str, torch.Tensor], server_round: int
+    ) -> None:
         """Take the received parameters into the site's model (here: copy them in)."""
         load_subset(site.model, received)
 
@@ -261,7 +295,7 @@ class Method:
         return self.config.returned_model == "own"
 
     def load_returned_model(
-        self, site: Site, received: dict[str, torch.Tensor], server_round: int
+        self, site: TrainingSite, received: dict[str, torch.Tensor], server_round: int
     ) -> None:
         """Make ``site.model`` (v_k after its local round ``server_round``) the model the site
         returns at that round: own: keep it; global: adopt ``received`` (gamma_g after the round)
@@ -273,22 +307,24 @@ class Method:
         """The round's local iterations: here one phase in which everything trains."""
         return [LocalPhase(local_iters)]
 
-    def local_loss(self, site: Site, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    def local_loss(
+        self, site: TrainingSite, logits: torch.Tensor, masks: torch.Tensor
+    ) -> torch.Tensor:
         """The local objective on one batch: logits [B, C, H, W] (float), masks [B, H, W]."""
         return site.loss_fn(logits, masks)
 
-    def reply_metrics(self, site: Site) -> dict[str, float]:
+    def reply_metrics(self, site: TrainingSite) -> dict[str, float]:
         """Scalars the train reply carries besides n_k, the loss and the time (e.g. FedAS's
         Fisher trace, the server's aggregation weight)."""
         return {}
 
-    def site_state(self, site: Site) -> dict[str, torch.Tensor]:
+    def site_state(self, site: TrainingSite) -> dict[str, torch.Tensor]:
         """Tensors the site keeps on its disk after a round besides rho_k (here: none), e.g. FedAS's
         local base, which the next round's alignment starts from; saved with rho_k and given
         back to :meth:`load_site_state` when the site restores that round."""
         return {}
 
-    def load_site_state(self, site: Site, state: dict[str, torch.Tensor]) -> None:
+    def load_site_state(self, site: TrainingSite, state: dict[str, torch.Tensor]) -> None:
         """Take back what :meth:`site_state` saved (here: nothing)."""
 
     # -- the server's round (line 8) ------------------------------------------------------------
@@ -337,7 +373,7 @@ class Method:
 
     def run_final_stage(
         self,
-        site: Site,
+        site: TrainingSite,
         shared: dict[str, torch.Tensor],
         others: dict[str, dict[str, torch.Tensor]],
         server_round: int,

@@ -32,7 +32,6 @@ import logging
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -44,14 +43,11 @@ from fedst.config import require_at_least, require_positive
 from fedst.data.clips import BatchStream
 from fedst.experiment import ExperimentConfig
 from fedst.federation.aggregation import FISHER_WEIGHT_KEY
-from fedst.methods.base import Method
+from fedst.methods.base import Method, TrainingSite
 from fedst.methods.head import head_input, is_head, with_private_head
 from fedst.model.partition import Partition
 from fedst.model.state import load_subset, state_subset
 from fedst.seeding import seed_everything
-
-if TYPE_CHECKING:
-    from fedst.federation.site import Site
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +200,9 @@ class FedAS(Method):
         return with_private_head(super().partition(model), model)
 
     # -- data of the site's extra passes ---------------------------------------------------------
-    def _batches(self, site: Site, server_round: int, purpose: int, count: int) -> Iterator[Batch]:
+    def _batches(
+        self, site: TrainingSite, server_round: int, purpose: int, count: int
+    ) -> Iterator[Batch]:
         """``count`` training batches from a stream of their own (seeded by seed, site, round and
         ``purpose``), so the site's training stream and its saved position are untouched."""
         seed = np.random.SeedSequence([self.cfg.seed, site.index, server_round, purpose])
@@ -223,11 +221,13 @@ class FedAS(Method):
         finally:
             stream.close()
 
-    def _indicator(self, site: Site) -> torch.Tensor | None:
+    def _indicator(self, site: TrainingSite) -> torch.Tensor | None:
         return site.indicator.to(site.device) if site.indicator is not None else None
 
     # -- the site's round ------------------------------------------------------------------------
-    def adopt(self, site: Site, received: dict[str, torch.Tensor], server_round: int) -> None:
+    def adopt(
+        self, site: TrainingSite, received: dict[str, torch.Tensor], server_round: int
+    ) -> None:
         """Align the received base to the local model's class prototypes, then keep it."""
         if self.local_base is None or self.options.align_iters == 0:
             log.info("site %s round %d: no local base yet, no alignment", site.name, server_round)
@@ -262,15 +262,15 @@ class FedAS(Method):
             losses[-1],
         )
 
-    def site_state(self, site: Site) -> dict[str, torch.Tensor]:
+    def site_state(self, site: TrainingSite) -> dict[str, torch.Tensor]:
         """The local base after training: the next round's prototypes come from it."""
         self.local_base = state_subset(site.model, site.partition.shared)
         return self.local_base
 
-    def load_site_state(self, site: Site, state: dict[str, torch.Tensor]) -> None:
+    def load_site_state(self, site: TrainingSite, state: dict[str, torch.Tensor]) -> None:
         self.local_base = dict(state) if state else None
 
-    def reply_metrics(self, site: Site) -> dict[str, float]:
+    def reply_metrics(self, site: TrainingSite) -> dict[str, float]:
         """{"fisher-trace": F_k}, scaled from the measured batches to one epoch."""
         per_epoch = math.ceil(len(site.data.train) / self.cfg.train.batch_size)
         measured = min(self.options.fisher_batches, per_epoch)

@@ -23,20 +23,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedst.config import ConfigError
-from fedst.methods.base import FinalStage, LocalPhase, Method
+from fedst.methods.base import FinalStage, LocalPhase, Method, TrainingSite
 from fedst.model.losses import soft_dice_loss
 from fedst.model.network import NetworkConfig
 from fedst.model.state import load_subset
-
-if TYPE_CHECKING:
-    from fedst.federation.site import Site
 
 PROBABILITY_CLAMP = 1e-5
 """BCE clamps probabilities to [eps, 1 - eps], as the reference's weighted_bce_loss."""
@@ -111,7 +107,7 @@ class FedDP(Method):
 
     def run_final_stage(
         self,
-        site: Site,
+        site: TrainingSite,
         shared: dict[str, torch.Tensor],
         others: dict[str, dict[str, torch.Tensor]],
         server_round: int,

@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import Message
@@ -46,10 +45,7 @@ from flwr.app import Message
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
 from fedst.federation.aggregation import WEIGHT_KEYS
-from fedst.methods.base import Method
-
-if TYPE_CHECKING:
-    from fedst.federation.site import Site
+from fedst.methods.base import Method, TrainingSite
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +117,9 @@ class FedLD(Method):
                 f"method.aggregation=fedavg"
             )
 
-    def local_loss(self, site: Site, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    def local_loss(
+        self, site: TrainingSite, logits: torch.Tensor, masks: torch.Tensor
+    ) -> torch.Tensor:
         """L_seg + lambda * log(1 + ||softmax(z)||^2 / N) (module docstring)."""
         return site.loss_fn(logits, masks) + self.options.lambda_margin * margin_penalty(logits)
 

@@ -1,0 +1,69 @@
+"""The deployed ServerApp (``flwr run .``, pyproject.toml's ``serverapp``): it reads the run
+config that ``train_fed.py site=server`` passes (fedst/deploy.py), prepares or resumes the run
+directory, runs :func:`fedst.app.server_app.run_federation` over Flower's grid and finalizes the
+run on the server."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import shlex
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedst.app.server_app import run_federation
+from fedst.app.site_executor import exit_with_parent
+from fedst.cli import compose_experiment, setup_logging
+from fedst.experiment import RoundPolicy, default_eval_timeout
+from fedst.federation.run_io import load_config
+from fedst.training import finalize_run, prepare_run
+
+log = logging.getLogger(__name__)
+
+app = ServerApp()
+"""The deployed ServerApp (``flwr run .``): config from the run config, see :func:`deployed_main`."""
+
+
+@app.main()
+def deployed_main(grid: Grid, context: Context) -> None:
+    """Run the federation of ``run-dir`` (prepared by ``train_fed.py site=server``: config.json),
+    or of the Hydra ``overrides`` when run-dir is empty, then finalize it on the server."""
+    run_config_to_run(grid, dict(context.run_config))
+
+
+def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
+    """Body of the deployed ServerApp: train the run of ``run-dir`` (or of the Hydra ``overrides``
+    in a new folder under ``runs``) over ``grid`` and finalize it on the server."""
+    # the SuperLink starts flower-superexec (our parent) in a session of its own, so a killed
+    # server does not take this process with it, and Flower's own exit on SIGINT waits minutes
+    # for its connection retries: end as soon as the SuperExec is gone
+    exit_with_parent()
+
+    if str(run_config.get("run-dir", "")):
+        run_dir = Path(str(run_config["run-dir"]))
+        cfg = load_config(run_dir)
+    else:
+        cfg, _ = compose_experiment(shlex.split(str(run_config.get("overrides", ""))))
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(str(run_config.get("runs", "runs"))) / cfg.name
+        run_dir = run_dir / f"{cfg.method.name}_s{cfg.seed}_{stamp}"
+        prepare_run(cfg, run_dir, progress=False, federated_data=False)
+    setup_logging(run_dir)
+    round_timeout = float(run_config.get("round-timeout", 0.0)) or None
+    policy = RoundPolicy(
+        min_sites=int(run_config.get("min-sites", 0)) or None,
+        round_timeout=round_timeout,
+        eval_timeout=default_eval_timeout(
+            round_timeout, float(run_config.get("eval-timeout", 0.0)) or None
+        ),
+        join_timeout=float(run_config.get("join-timeout", 0.0)),
+        collect_personal=True,
+        audit=bool(run_config.get("audit", False)),
+        reply_poll=float(run_config.get("reply-poll", RoundPolicy.reply_poll)),
+    )
+    log.info("deployed run %s", run_dir)
+    run_federation(grid, cfg, run_dir, progress=False, policy=policy)
+    finalize_run(cfg, run_dir, site_data=False)

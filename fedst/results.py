@@ -1,0 +1,375 @@
+"""Finished runs as data: run directories found and loaded (config, metrics, communication,
+final scores), grouped by method, summarised as mean ± std over seeds, and the table model the
+reports and plots share (:class:`Table`, :class:`Stat`). The tables in the paper's layouts are
+built from these by :mod:`fedst.report`, the figures by :mod:`fedst.plots`.
+
+Runs of one method (several seeds) are summarised as ``mean ± std``; the std is the sample
+standard deviation (``ddof=1``, the usual choice for a few repeated seeds as in the paper's three);
+a method with a single run shows only its value. Per-run averages over sites ("Avg.") are computed
+first and then summarised over seeds, so the Avg. spread reflects seed-to-seed variation of the
+average (as in Table II, where the Avg. std is smaller than the per-site ones).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from fedst.federation.run_io import read_jsonl
+
+log = logging.getLogger(__name__)
+
+RUN_FILES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "comm.jsonl", "final.json")
+STD_DDOF = 1
+METRIC_LABELS: dict[str, str] = {
+    "dice": "Dice (%)",
+    "iou": "IoU (%)",
+    "hd95": "HD95 (px)",
+    "assd": "ASSD (px)",
+}
+HIGHER_IS_BETTER: dict[str, bool] = {"dice": True, "iou": True, "hd95": False, "assd": False}
+DIGITS = 2
+
+
+class RunError(ValueError):
+    """A run directory that cannot be read; the message names the directory and the file."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading runs
+
+
+def _is_run_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in RUN_FILES)
+
+
+def find_runs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run directories among ``paths`` and below them (Hydra multirun dirs), sorted, unique.
+
+    A directory is a run when it holds any of :data:`RUN_FILES`; Hydra's own ``.hydra`` folders
+    are not runs.
+    """
+    found: set[Path] = set()
+    for raw in paths:
+        root = Path(raw)
+        if not root.is_dir():
+            raise RunError(f"{root}: not a directory; pass a run directory or a multirun directory")
+        if _is_run_dir(root):
+            found.add(root)
+            continue
+        below = {
+            f.parent
+            for name in RUN_FILES
+            for f in root.rglob(name)
+            if ".hydra" not in f.relative_to(root).parts
+        }
+        if not below:
+            raise RunError(f"{root}: no run directory below it (none holds any of {RUN_FILES})")
+        found.update(below)
+    return sorted(found)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """run_io.read_jsonl (a last line cut short by a killed writer is skipped with a warning)."""
+    try:
+        return read_jsonl(path)
+    except ValueError as err:
+        raise RunError(str(err)) from err
+
+
+def load_run(path: str | Path) -> dict:
+    """One run: {"path", "method", "seed", "experiment", "config", "final", "metrics", "comm",
+    "train"} ("train": rows of train.jsonl, empty when the run has none).
+
+    Raises :class:`RunError` naming the first missing or unreadable file.
+    """
+    run_dir = Path(path)
+    for name in RUN_FILES:
+        if not (run_dir / name).is_file():
+            raise RunError(
+                f"{run_dir}: incomplete run, missing {name} (a run writes {', '.join(RUN_FILES)}; "
+                "final.json appears when training finishes)"
+            )
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except yaml.YAMLError as err:
+        raise RunError(f"{run_dir / 'config.yaml'}: not valid YAML ({err})") from err
+    try:
+        final = json.loads((run_dir / "final.json").read_text())
+    except json.JSONDecodeError as err:
+        raise RunError(f"{run_dir / 'final.json'}: not valid JSON ({err.msg})") from err
+    for key in ("method", "seed", "sites"):
+        if key not in final:
+            raise RunError(f"{run_dir / 'final.json'}: missing key {key!r}")
+    return {
+        "path": run_dir,
+        "method": str(final["method"]),
+        "seed": final["seed"],
+        "experiment": final.get(
+            "experiment", config.get("experiment") if isinstance(config, Mapping) else None
+        ),
+        "config": config,
+        "final": final,
+        "metrics": _read_jsonl(run_dir / "metrics.jsonl"),
+        "comm": _read_jsonl(run_dir / "comm.jsonl"),
+        "train": _read_jsonl(run_dir / "train.jsonl")
+        if (run_dir / "train.jsonl").is_file()
+        else [],
+    }
+
+
+def load_runs(paths: Iterable[str | Path], skip_incomplete: bool = False) -> list[dict]:
+    """Load every run in ``paths`` (run or multirun directories, see :func:`find_runs`).
+
+    An incomplete run raises :class:`RunError`, or is skipped with a warning when
+    ``skip_incomplete``.
+    """
+    paths = list(paths)
+    runs = []
+    for run_dir in find_runs(paths):
+        try:
+            runs.append(load_run(run_dir))
+        except RunError as err:
+            if not skip_incomplete:
+                raise
+            log.warning("skipping %s", err)
+    if not runs:
+        raise RunError(f"no complete run found in {[str(p) for p in paths]}")
+    return runs
+
+
+def _experiment_label(experiment: object) -> str:
+    if isinstance(experiment, Mapping):
+        return str(experiment.get("name", experiment))
+    return str(experiment)
+
+
+def group_by_method(runs: Sequence[dict]) -> dict[str, list[dict]]:
+    """Runs grouped by method, in order of first appearance.
+
+    When the runs come from more than one experiment, the label is "method [experiment]".
+    """
+    experiments = {_experiment_label(r.get("experiment")) for r in runs}
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        label = run["method"]
+        if len(experiments) > 1:
+            label = f"{label} [{_experiment_label(run.get('experiment'))}]"
+        groups.setdefault(label, []).append(run)
+    for label, group in groups.items():
+        seeds = [r["seed"] for r in group]
+        if len(set(map(str, seeds))) < len(seeds):
+            log.warning("%s: several runs share a seed (%s); they are all averaged", label, seeds)
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample std (``None`` for a single value) over ``n`` runs."""
+
+    mean: float
+    std: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Stat | None:
+        """Summary of the finite values; ``None`` when there is none."""
+        finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+        if not finite:
+            return None
+        std = float(np.std(finite, ddof=STD_DDOF)) if len(finite) > 1 else None
+        return cls(float(np.mean(finite)), std, len(finite))
+
+    def format(self, digits: int = DIGITS) -> str:
+        """ "mean ± std" with ``digits`` decimals; just the mean for a single run."""
+        if self.std is None:
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+@dataclass(frozen=True)
+class Column:
+    """A numeric column: CSV key, markdown header, metric (for "best" marking), decimals."""
+
+    key: str
+    header: str
+    metric: str | None = None
+    digits: int = DIGITS
+
+
+@dataclass
+class Table:
+    """Rows = methods; cells = :class:`Stat` over the method's runs that have the value, or
+    ``None`` when none has it (shown as "n/a")."""
+
+    name: str
+    title: str
+    columns: list[Column]
+    rows: dict[str, list[Stat | None]] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)
+    text_headers: list[str] = field(default_factory=list)
+    """Descriptive columns between "Runs" and the numbers (e.g. Table IV's component marks)."""
+    texts: dict[str, list[str]] = field(default_factory=dict)
+    """Per row, one string per text header (missing rows: empty strings)."""
+    notes: list[str] = field(default_factory=list)
+    """Lines printed under the markdown table (units, device, rows not available and why)."""
+
+    def arrange(self, order: Sequence[str]) -> Table:
+        """The same table with rows in ``order``; a label without runs becomes a row of "n/a"
+        with 0 runs (never dropped), and rows not in ``order`` are kept after them."""
+        labels = [*order, *(label for label in self.rows if label not in order)]
+        return dataclasses.replace(
+            self,
+            rows={k: self.rows.get(k, [None] * len(self.columns)) for k in labels},
+            runs={k: self.runs.get(k, 0) for k in labels},
+        )
+
+    def _texts(self, method: str) -> list[str]:
+        return self.texts.get(method, [""] * len(self.text_headers))
+
+    def _best(self, index: int) -> float | None:
+        metric = self.columns[index].metric
+        means = [cells[index].mean for cells in self.rows.values() if cells[index] is not None]
+        if metric is None or len(means) < 2:
+            return None
+        return max(means) if HIGHER_IS_BETTER[metric] else min(means)
+
+    def to_markdown(self) -> str:
+        """A GitHub markdown table; the best mean of each metric column is bold."""
+        best = [self._best(i) for i in range(len(self.columns))]
+        headers = [*self.text_headers, *(c.header for c in self.columns)]
+        lines = [
+            f"### {self.title}",
+            "",
+            "| Method | Runs | " + " | ".join(headers) + " |",
+            "|---|---:|" + ":-:|" * len(self.text_headers) + "---:|" * len(self.columns),
+        ]
+        for method, cells in self.rows.items():
+            texts = []
+            for cell, best_mean, column in zip(cells, best, self.columns, strict=True):
+                if cell is None:
+                    texts.append("n/a")
+                elif best_mean is not None and cell.mean == best_mean:
+                    texts.append(f"**{cell.format(column.digits)}**")
+                else:
+                    texts.append(cell.format(column.digits))
+            texts = [*self._texts(method), *texts]
+            lines.append(f"| {method} | {self.runs[method]} | " + " | ".join(texts) + " |")
+        if self.notes:
+            lines += ["", *self.notes]
+        return "\n".join(lines) + "\n"
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Columns: method, runs, then ``<key>_mean`` and ``<key>_std`` per column."""
+        path = Path(path)
+        header = ["method", "runs", *self.text_headers]
+        for column in self.columns:
+            header += [f"{column.key}_mean", f"{column.key}_std"]
+        with path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            for method, cells in self.rows.items():
+                row: list[object] = [method, self.runs[method], *self._texts(method)]
+                for cell in cells:
+                    row += (
+                        ["", ""]
+                        if cell is None
+                        else [cell.mean, "" if cell.std is None else cell.std]
+                    )
+                writer.writerow(row)
+        return path
+
+
+def metric_value(scores: Mapping | None, metric: str) -> float | None:
+    if not isinstance(scores, Mapping):
+        return None
+    value = scores.get(metric)
+    return None if value is None else float(value)
+
+
+def site_value(run: dict, section: str, site: str, metric: str) -> float | None:
+    """One run's final ``metric`` of ``site`` in ``section``; ``None`` when absent."""
+    return metric_value(run["final"].get(section, {}).get(site), metric)
+
+
+def run_average(run: dict, sites: Sequence[str], metric: str) -> float | None:
+    """Mean over ``sites`` of one run; ``None`` if any site is missing in that run."""
+    values = [site_value(run, "sites", s, metric) for s in sites]
+    if not values or any(v is None for v in values):
+        return None
+    return float(np.mean(values))
+
+
+def site_names(runs: Sequence[dict], section: str) -> list[str]:
+    """Site names in ``section`` ("sites" or "out_of_federation") of all runs, first seen first."""
+    names: dict[str, None] = {}
+    for run in runs:
+        names.update(dict.fromkeys(sorted(run["final"].get(section) or {})))
+    return list(names)
+
+
+def build_table(
+    name: str,
+    title: str,
+    runs: Sequence[dict],
+    columns: list[Column],
+    cell_values: Sequence,
+) -> Table:
+    """A table whose cell j of a method's row is Stat.of(cell_values[j](run) for its runs)."""
+    table = Table(name=name, title=title, columns=columns)
+    for method, group in group_by_method(runs).items():
+        table.rows[method] = [Stat.of(value(run) for run in group) for value in cell_values]
+        table.runs[method] = len(group)
+    return table
+
+
+AVERAGE_PANEL = "Average"
+"""The learning curves' first panel: per run and round, the mean over its sites (Fig. 5 "Avg.")."""
+
+
+def _curve_rows(rows: Sequence[Mapping], model: str | None) -> list[Mapping]:
+    """Test rows of one model kind; by default "personal", else "global" (never "outfed")."""
+    rows = [r for r in rows if r.get("split", "test") == "test"]
+    if model is None:
+        kinds = {r.get("model") for r in rows}
+        model = "personal" if "personal" in kinds else "global"
+    return [r for r in rows if r.get("model", model) == model]
+
+
+def curve_values(
+    metrics_rows: Sequence[Mapping], metric: str = "dice", model: str | None = None
+) -> dict[str, dict[int, list[float]]]:
+    """{"Average" | site: {round: [value of each seed]}} from metrics.jsonl rows of one method
+    (several seeds told apart by a "seed" key): the test ``metric`` of every evaluated round
+    (paper Fig. 5). The average panel first averages a seed's sites in a round (only rounds where
+    all of the method's sites reported), then lists that mean per seed. ``model``: "personal" /
+    "global"; default: personal rows where present, else global."""
+    rows = [r for r in _curve_rows(metrics_rows, model) if r.get(metric) is not None]
+    sites = sorted({str(r["site"]) for r in rows})
+    per_site: dict[str, dict[int, list[float]]] = {s: {} for s in sites}
+    per_seed: dict[tuple[object, int], dict[str, float]] = {}
+    for row in rows:
+        site, rnd, value = str(row["site"]), int(row["round"]), float(row[metric])
+        per_site[site].setdefault(rnd, []).append(value)
+        per_seed.setdefault((row.get("seed"), rnd), {})[site] = value
+    average: dict[int, list[float]] = {}
+    for (_, rnd), site_values in per_seed.items():
+        if len(site_values) == len(sites):
+            average.setdefault(rnd, []).append(float(np.mean(list(site_values.values()))))
+    return {AVERAGE_PANEL: average, **per_site}

@@ -1,0 +1,109 @@
+"""Specification of the package's layering: no import cycle among the modules of fedst/ and
+models/, counting every import anywhere in a file (module level, inside functions, under
+``TYPE_CHECKING``), so that the code reads bottom-up: data -> model -> methods / federation ->
+apps and engines -> entry points and reports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("fedst", "models")
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of PACKAGES (a package is its __init__)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules that the file of module ``name`` imports anywhere in its text."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    targets: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from .x import y
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            # "from fedst import plots" names the module fedst.plots, "from fedst.report import
+            # Table" the module fedst.report
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                targets.append(submodule if submodule in modules else base)
+    found = set()
+    for target in targets:
+        while target and target not in modules:  # fedst.report.comparison_table -> fedst.report
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path):
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}  # a -> b -> c -> a; d outside
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from fedst import plots\n")
+    modules = {"fedst.m": source, "fedst.plots": source, "fedst": source}
+    assert imported_modules("fedst.m", source, modules) == {"fedst.plots"}
+
+
+def test_no_module_of_fedst_or_models_imports_itself_through_others():
+    modules = module_files()
+    graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
+    assert len(graph) > 50 and graph["fedst.training"]  # the whole tree was read
+    cycles = import_cycles(graph)
+    described = [
+        " <-> ".join(cycle)
+        + ": "
+        + "; ".join(f"{m} imports {sorted(graph[m] & set(cycle))}" for m in cycle)
+        for cycle in cycles
+    ]
+    assert not cycles, "import cycles:\n" + "\n".join(described)
