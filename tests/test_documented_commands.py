@@ -1,7 +1,7 @@
 """Specification: every command the documentation shows is accepted by its entry point.
 
-Commands are collected from README.md, data/README.md, the comments of configs/**/*.yaml and the
-module docstrings of the Python sources: ``python train_fed.py ...``, ``python eval_outfed.py ...``
+Commands are collected from README.md, data/README.md, every docs/*.md page, the comments of
+configs/**/*.yaml and the module docstrings of the Python sources: ``python train_fed.py ...``, ``python eval_outfed.py ...``
 and ``python -m fedst.<module> ...``. Each is checked without running it: Hydra commands are
 composed (unknown keys, groups or ablations fail), argparse commands are parsed by the module's own
 parser (and their Hydra overrides composed), ``fedst.data.check`` arguments by its own parser and
@@ -41,7 +41,12 @@ TOKENS = {"DIR": "some/dir", "RUN_DIR": "runs/demo/x", "N": "0", "NAME:SURGERY":
 
 def _documents() -> dict[str, str]:
     """Source name -> documentation text (Markdown files, YAML comments, module docstrings)."""
-    texts = {name: (REPO / name).read_text() for name in ("README.md", "data/README.md")}
+    pages = [
+        "README.md",
+        "data/README.md",
+        *(str(p.relative_to(REPO)) for p in sorted(REPO.glob("docs/*.md"))),
+    ]
+    texts = {name: (REPO / name).read_text() for name in pages}
     for path in sorted((REPO / "configs").rglob("*.yaml")):  # comments only
         lines = path.read_text().splitlines()
         texts[str(path.relative_to(REPO))] = "\n".join(
@@ -72,6 +77,7 @@ def _normalise(args: str) -> list[str]:
 def documented_commands() -> list[tuple[str, str, list[str]]]:
     found = {}
     for source, text in _documents().items():
+        text = re.sub(r"\\\n\s*", " ", text)  # a shell line continuation joins its lines
         for match in COMMAND.finditer(text):
             prog = match["prog"].removeprefix("-m ")
             args = _normalise(match["args"])
@@ -88,7 +94,9 @@ class _Parsed(Exception):
 
 
 def _hydra_overrides(args: list[str]) -> list[str]:
-    """Drop -m; a multirun sweep a,b,c is checked with its first value."""
+    """Drop -m; a multirun sweep a,b,c is checked with its first value. Hydra's own --help is
+    not an override (tests/test_cli_help.py checks what it prints)."""
+    args = [a for a in args if a != "--help"]
     if "-m" not in args and "--multirun" not in args:
         return args
     kept = [a for a in args if a not in ("-m", "--multirun")]
