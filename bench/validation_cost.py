@@ -1,4 +1,4 @@
-"""What the pre-training data validation costs (fedst/data/validation.py), for the README.
+"""What the pre-training data validation costs (fedst/data/validation.py), for docs/data.md.
 
     python bench/validation_cost.py --demo-root data/procedural/demo_v2
 

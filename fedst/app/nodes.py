@@ -1,7 +1,7 @@
 """The node config of a site started from a full local experiment (the in-process and Ray
-engines, and ``python -m fedst.deploy`` on one machine): what a hospital's SuperNode would be
-given with ``--node-config`` (its own data folder, state folder and hardware; no path travels in
-a message)."""
+engines, and a deployment on one machine, ``fedst.deploy local``): what a hospital's SuperNode
+would be given with ``--node-config`` (its own data folder, state folder and hardware; no path
+travels in a message)."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ PRESETS: dict[str, PartitionRules] = {
     "encoder_decoder_query": PartitionRules((_ENC_Q, _DEC_Q)),
     # Table IX reading: the whole RSC module stays at the site (encoder queries and the temporal
     # module here; channel selection by its own switch), the only reading in which the upload
-    # shrinks by more than the queries (README, "Where we differ").
+    # shrinks by more than the queries (docs/methods.md, "Where we differ from the paper").
     "rsc": PartitionRules((_ENC_Q, r"^temporal\.")),
 }
 
