@@ -13,7 +13,15 @@ import pytest
 from fedst import experiments, plots, report
 from fedst.cli import compose_experiment
 from fedst.data.procedural import generate
-from fedst.experiments import Row, RunnerError, TableSpec, build_tables, execute, plan_table
+from fedst.experiments import (
+    Row,
+    RunnerError,
+    TableSpec,
+    build_tables,
+    execute,
+    plan_table,
+    planning,
+)
 from fedst.federation import site as site_module
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -58,13 +66,13 @@ def test_the_runner_trains_missing_runs_skips_finished_ones_and_resumes_interrup
         "serq.pretrain_iters=1",
     ]
     trained: list[str] = []
-    original_training = experiments.run_training
+    original_training = planning.run_training
 
     def counting_training(cfg, run_dir, **kwargs):
         trained.append(run_dir.name)
         return original_training(cfg, run_dir, **kwargs)
 
-    monkeypatch.setattr(experiments, "run_training", counting_training)
+    monkeypatch.setattr(planning, "run_training", counting_training)
     original_round = site_module.Site.train_round
 
     def power_cut_in_fedavg_round_two(self, received, server_round, local_iters, **kwargs):
