@@ -10,6 +10,28 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedst", "models")
+LAYERS: tuple[tuple[str, ...], ...] = (  # bottom-up; a module may import its own layer and below
+    ("fedst", "fedst.config", "fedst.units", "fedst.seeding", "fedst.accel", "fedst.progress"),
+    ("models",),
+    ("fedst.data",),
+    ("fedst.model", "fedst.metrics"),
+    ("fedst.experiment",),  # the typed config
+    (  # algorithm pieces
+        "fedst.federation.aggregation",
+        "fedst.federation.privacy",
+        "fedst.federation.transport",
+        "fedst.federation.feature_bank",
+        "fedst.federation.serq",
+        "fedst.federation.pretraining",
+        "fedst.federation.evaluation",
+        "fedst.federation.run_io",
+    ),
+    ("fedst.methods",),  # choices over the pieces
+    ("fedst.federation", "fedst.outfed", "fedst.selection", "fedst.weights", "fedst.cli"),
+    ("fedst.results", "fedst.plots", "fedst.guard", "fedst.report_selection", "fedst.report"),
+    ("fedst.app", "fedst.training", "fedst.deploy"),  # apps and engines
+    ("fedst.experiments", "fedst.demo", "fedst.infer", "fedst.export"),  # entry points
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -107,3 +129,26 @@ def test_no_module_of_fedst_or_models_imports_itself_through_others():
         for cycle in cycles
     ]
     assert not cycles, "import cycles:\n" + "\n".join(described)
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the longest prefix that names ``module`` (or its package)."""
+    matches = [
+        (len(prefix), index)
+        for index, prefixes in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} is in no layer: add it to LAYERS"
+    return max(matches)[1]
+
+
+def test_the_code_reads_bottom_up_data_model_methods_runtime_apps_entry_points():
+    modules = module_files()
+    upward = [
+        f"{name} (layer {layer_of(name)}) imports {other} (layer {layer_of(other)})"
+        for name, path in modules.items()
+        for other in sorted(imported_modules(name, path, modules))
+        if layer_of(other) > layer_of(name)
+    ]
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)
