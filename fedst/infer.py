@@ -102,7 +102,7 @@ class InferConfig:
     progress: bool = True
     """Show a progress bar with the running FPS."""
     guard: str | None = None
-    """"dad": the model corrected by GEN-Guard's DAD (fedst/guard.py, ``python -m fedst.guard``)
+    """"dad": the model corrected by GEN-Guard's DAD (fedst/guard/, ``python -m fedst.guard``)
     instead of the last round's: the site's corrected v_k, or for site=outfed the out-of-federation
     model corrected at the held-out site. Its sites/<site>/guard/dad.pt must exist."""
 
@@ -175,7 +175,7 @@ def load_site_model(
 
     ``site``: a federated site -> v_k = gamma_g U rho_k; "outfed" -> the out-of-federation model
     (fedst/outfed.py), prompted with ``prompt_site``'s indicator. ``guard="dad"``: the model
-    corrected by DAD at that site (the held-out site for "outfed"; fedst/guard.py).
+    corrected by DAD at that site (the held-out site for "outfed"; fedst/guard/).
     """
     if not run_dir.is_dir():
         raise InferenceError(f"run directory {run_dir} does not exist")

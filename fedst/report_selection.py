@@ -8,7 +8,7 @@ training sites' personalized models) and out of federation (the averaged model o
 ``selection/selection.json``: measured after the rounds were chosen on validation (computed here
 when a run lacks the file). Also, per run, ``msf_<run>.png``: validation (solid) and test (dashed,
 logged during training every ``train.eval_every`` rounds) Dice per site, with the chosen rounds
-marked. When GEN-Guard's correction has run (``python -m fedst.guard RUN``, fedst/guard.py), a
+marked. When GEN-Guard's correction has run (``python -m fedst.guard RUN``, fedst/guard/), a
 second table gives the corrected models' test Dice before (the ``mixed`` student) and after DAD:
 in-federation mean, held-out site, each out-of-federation site, their mean and the worst site
 (GEN-Guard reports worst-case institutional performance); scored only once DAD has finished
@@ -210,7 +210,7 @@ def dad_markdown(guards: Mapping[Path, Mapping[str, Any]]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(
         [
-            "GEN-Guard correction (DAD, fedst/guard.py): test Dice (%) of the corrected models "
+            "GEN-Guard correction (DAD, fedst/guard/): test Dice (%) of the corrected models "
             "before and after DAD, measured after DAD finished; held-out and out-of-federation "
             "sites: the out-of-federation model corrected at the held-out site (zero-shot).",
             "",

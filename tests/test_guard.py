@@ -1,4 +1,4 @@
-"""Specifications of GEN-Guard's correction step (DAD, fedst/guard.py; papers/002 Eq. 8-12).
+"""Specifications of GEN-Guard's correction step (DAD, fedst/guard/; papers/002 Eq. 8-12).
 
 Eq. 9 and Eq. 10-12 against hand computations on a few pixels; then, on the tiny federation with a
 held-out site of tests/test_selection.py: DAD fits on validation splits only (no test frame or
