@@ -193,9 +193,10 @@ def _same_run_elsewhere(
             continue
         if [k for k in learning_differences(saved, cfg) if k not in LABEL_KEYS]:
             continue
-        state, _ = _run_state(saved, other)
-        if state in ("done", "resume"):
-            found.append((state != "done", other, state))
+        if (other / "final.json").is_file():  # its config was read just above: no second read
+            found.append((False, other, "done"))
+        elif (other / SERVER_CHECKPOINT).is_file():
+            found.append((True, other, "resume"))
     if not found:
         return None
     _, other, state = min(found)
