@@ -1,4 +1,4 @@
-"""Time the procedural benchmark generator (fedst/data/procedural.py) per preset.
+"""Time the procedural benchmark generator (fedst/data/procedural/) per preset.
 
 ``python bench/data_generation.py [--full] [--workers 2] [--seed 0] [--versions 1,2]`` generates
 every site of the tiny and demo presets (and full with ``--full``) into a temporary folder and

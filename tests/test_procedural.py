@@ -1,4 +1,4 @@
-"""Specification of the procedural benchmark (fedst/data/procedural.py) on the tiny preset.
+"""Specification of the procedural benchmark (fedst/data/procedural/) on the tiny preset.
 
 The tiny benchmark is written once per module (seed 0, in-process); a second copy with the same
 seed and one site with another seed check determinism.

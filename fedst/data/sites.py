@@ -63,7 +63,7 @@ class DataConfig:
     """Preset of the embedded procedural benchmark held in ``root`` (tiny | demo | full); training
     generates it there when missing. None for real data, which is never generated."""
     generator_version: int = GENERATOR_VERSION
-    """Rendering version of the procedural benchmark (fedst/data/procedural.py
+    """Rendering version of the procedural benchmark (fedst/data/procedural/
     GENERATOR_VERSIONS, with their changelog); an older one stays reproducible under its own data
     config (configs/data/demo_v1.yaml). A run saved before this key existed was on version 1."""
     val_split: str = "dataset"
@@ -115,7 +115,7 @@ class DataConfig:
         if self.generator_version not in GENERATOR_VERSIONS:
             raise ConfigError(
                 f"data.generator_version={self.generator_version!r}; choose one of "
-                f"{sorted(GENERATOR_VERSIONS)} (changelog: fedst/data/procedural.py)"
+                f"{sorted(GENERATOR_VERSIONS)} (changelog: fedst/data/procedural/__init__.py)"
             )
         if self.procedural is not None and not self.root:
             raise ConfigError(

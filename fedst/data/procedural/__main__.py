@@ -1,0 +1,5 @@
+"""The entry point of `python -m fedst.data.procedural`: see fedst/data/procedural/cli.py."""
+
+from fedst.data.procedural.cli import main
+
+main()

@@ -1,0 +1,121 @@
+"""One video, in memory: :func:`render_video` composes the tissue scene, the instruments' shadow and
+parts, then the site's camera (vignetting and light spot, tint, gain, gamma, blur, sensor noise,
+circular field of view), frame by frame, from random streams seeded by (seed, site, video id) and
+the generator version. Nothing is written to disk here (fedst/data/procedural/writer.py does)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import cv2
+import numpy as np
+
+from fedst.data.base import SPLITS, DataError
+from fedst.data.procedural.instruments import (
+    _draw_details,
+    _draw_part,
+    _InstrumentTrack,
+    _shadow,
+)
+from fedst.data.procedural.noise import _rng, _smoothstep
+from fedst.data.procedural.scene import _TissueScene
+from fedst.data.procedural.sites import (
+    FPS,
+    GENERATOR_VERSION,
+    PRESETS,
+    SITES,
+    SiteStyle,
+    _check_names,
+    _check_version,
+    video_ids,
+)
+
+
+def _camera(
+    image: np.ndarray, style: SiteStyle, rng: np.random.Generator, vignette: np.ndarray
+) -> np.ndarray:
+    """Apply the site camera to a composed frame [H, W, 3] float 0..1 -> uint8 RGB."""
+    camera = style.camera
+    image = image * vignette[..., None] * np.asarray(camera.tint, np.float32) * camera.gain
+    image = np.clip(image, 0, 1) ** camera.gamma
+    if camera.blur > 0:
+        image = cv2.GaussianBlur(image, (0, 0), camera.blur * image.shape[0] / 128)
+    image = image * 255.0
+    if camera.noise > 0:
+        image = image + rng.normal(0, camera.noise, image.shape).astype(np.float32)
+    return np.clip(image + 0.5, 0, 255).astype(np.uint8)
+
+
+def _vignette(style: SiteStyle, height: int, width: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Light fall-off [H, W] and the circular field-of-view mask [H, W] bool (or None)."""
+    camera = style.camera
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    cx = (width - 1) / 2 + camera.light_offset[0] * width
+    cy = (height - 1) / 2 + camera.light_offset[1] * height
+    half_diag = math.hypot(width, height) / 2
+    r = np.sqrt((xx - cx) ** 2 + (yy - cy) ** 2) / half_diag
+    falloff = np.clip(1.0 - camera.vignette * r**2, 0.05, 1.0)
+    if camera.fov_radius <= 0:
+        return falloff, None
+    rc = np.sqrt((xx - (width - 1) / 2) ** 2 + (yy - (height - 1) / 2) ** 2) / (2 * half_diag)
+    inside = rc <= camera.fov_radius
+    falloff = falloff * _smoothstep(camera.fov_radius - rc, 0.0, 0.02)
+    return falloff, inside
+
+
+def render_video(
+    site: str,
+    preset: str,
+    seed: int,
+    video_id: str,
+    frames: int | None = None,
+    version: int = GENERATOR_VERSION,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Render one video: yields (frame_index, RGB uint8 [H, W, 3], mask uint8 [H, W]) per frame.
+
+    ``frames`` overrides the preset's frame count. Deterministic in (seed, site, video_id, version)
+    plus the preset's frame size. Masks hold the part labels 0..3 (0/1 for a binary site), in draw
+    order. ``version``: one of :data:`GENERATOR_VERSIONS`.
+    """
+    _check_names(preset, [site])
+    _check_version(version)
+    style, spec = SITES[site], PRESETS[preset]
+    height, width = spec.height, spec.width
+    if frames is None:
+        ids = video_ids(site, spec)
+        splits = [split for split in SPLITS if video_id in ids[split]]
+        if not splits:
+            known = [v for split in SPLITS for v in ids[split]]
+            raise DataError(
+                f"video {video_id!r} is not part of site {site!r} in preset {preset!r}; pass "
+                f"frames=N to render it anyway, or pick one of {known}"
+            )
+        frames = spec.sites[site].split(splits[0]).frames
+    rng = _rng(seed, site, video_id)
+    clutter_rng = _rng(seed, site, video_id, "clutter") if version >= 2 else None
+    scene = _TissueScene(rng, style, height, width, clutter_rng)
+    moving = not style.independent_frames
+    n_tools = int(rng.choice([1, 2, 3], p=[0.3, 0.5, 0.2]))
+    tools = [_InstrumentTrack(rng, height, width, moving) for _ in range(n_tools)]
+    time_offset = rng.uniform(0, 60)  # start somewhere inside the motion pattern
+    noise_rng = np.random.default_rng(rng.integers(2**63))
+    vignette, field_of_view = _vignette(style, height, width)
+    for index in range(frames):
+        t = time_offset + index / FPS
+        image = scene.render(t)
+        parts_per_tool = [tool.parts(t, style.metal_tint) for tool in tools]
+        shadow = _shadow(parts_per_tool, height, width)
+        image = image * (1.0 - 0.45 * shadow)[..., None]
+        mask = np.zeros((height, width), np.uint8)
+        for parts in parts_per_tool:
+            for part in parts:
+                _draw_part(image, mask, part, style.cartoon)
+            if not style.cartoon:
+                _draw_details(image, parts)
+        frame = _camera(image, style, noise_rng, vignette)
+        if field_of_view is not None:
+            mask[~field_of_view] = 0
+        if style.binary:
+            mask = (mask > 0).astype(np.uint8)
+        yield index, frame, mask
