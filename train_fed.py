@@ -7,7 +7,7 @@
     python train_fed.py -m seed=0,1,2                     # several seeds; then python -m fedst.report <sweep dir>
     python train_fed.py resume=runs/demo/fedst_s0_...      # continue an interrupted run
     python train_fed.py engine=ray ray.num_gpus_per_site=0.25  # four sites per GPU (default
-                                                          # "auto": GPUs / sites, fedst/experiment.py
+                                                          # "auto": GPUs / sites, fedst/experiment/runtime.py
                                                           # RayConfig)
     python train_fed.py resume=runs/... train.device=cpu  # on resume only train.eval_every,
                                                           # train.device, train.num_workers,
@@ -24,7 +24,7 @@ Site options (the server never sends them): data.sites.<site>.root, train.device
 train.num_workers, deploy.state_dir, deploy.share_personal, deploy.site_port, deploy.server,
 deploy.certs, deploy.keys, deploy.connect_timeout, deploy.executor_poll. Server options:
 deploy.host, deploy.port, deploy.min_sites, deploy.round_timeout, deploy.eval_timeout,
-deploy.join_timeout, deploy.reply_poll. Both: deploy.transfers_in_flight, deploy.chunk_mib. All: fedst/experiment.py
+deploy.join_timeout, deploy.reply_poll. Both: deploy.transfers_in_flight, deploy.chunk_mib. All: fedst/experiment/runtime.py
 DeployConfig.
 
 Configs: configs/ (see configs/config.yaml). The run directory layout: fedst/federation/run_io.py.

@@ -30,7 +30,7 @@ def register_resolvers() -> None:
     * ``${fedst.div:a,b}`` = a // b (rounds = total_iters // local_iters in experiment configs).
     * ``${fedst.curve_every:rounds,points}`` = max(1, rounds // points): the evaluation interval
       that gives a learning curve about ``points`` points (the Fig. 5 ablations' train.eval_every).
-    * ``fedst_defaults``: every field of the typed configs (fedst/experiment.py and the dataclasses
+    * ``fedst_defaults``: every field of the typed configs (fedst/experiment/ and the dataclasses
       it holds) with its dataclass default, stored in Hydra's ConfigStore and listed first in
       configs/config.yaml. Defaults are thus defined once, in code, and every key can be
       overridden from the command line (``method.serq=false``) while a typo is still an error.

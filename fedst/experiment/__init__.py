@@ -1,0 +1,90 @@
+"""Typed experiment configuration: the Hydra config enters here once and leaves as frozen objects.
+
+A *method* (FedST, an ablation row, FedAvg, Local, a baseline) is a small set of choices over
+shared pieces: its algorithm (``algorithm``: what sites and server compute, fedst/methods/), what
+is personalized (``personalization``), which network components exist (``temporal``, ``prompt``,
+``channel_selection``), how shared parameters are aggregated (``aggregation``), whether the server
+runs SERQ (``serq``) and whether sites communicate at all (``communicate``).
+
+The package: ``sections`` (method, train, serq, comm, privacy, selection and indicator, each a
+frozen dataclass with its checks), ``config`` (:class:`ExperimentConfig`, which holds them with
+the data, network and clip configs, and how a mapping or a saved config.json becomes one),
+``site_view`` (what a site receives of it and adds from its own node: :class:`SiteNodeConfig`) and
+``runtime`` (where and how a federation runs: ``ray.*``, ``deploy.*``, the server's round policy).
+"""
+
+from fedst.experiment.config import (
+    ExperimentConfig,
+    experiment_from_dict,
+    experiment_from_json,
+    resolve_device,
+    site_state_dir,
+)
+from fedst.experiment.runtime import (
+    EVAL_TIMEOUT_FACTOR,
+    DeployConfig,
+    RayConfig,
+    RoundPolicy,
+    default_eval_timeout,
+)
+from fedst.experiment.sections import (
+    AGGREGATION_WEIGHTS,
+    AGGREGATIONS,
+    DP_MODES,
+    INDICATOR_KINDS,
+    PRECISIONS,
+    RETURNED_MODELS,
+    SELECTION_RULES,
+    SERQ_MODES,
+    CommConfig,
+    IndicatorConfig,
+    MethodConfig,
+    PrivacyConfig,
+    SelectionConfig,
+    SerqConfig,
+    TrainConfig,
+    check_num_workers,
+)
+from fedst.experiment.site_view import (
+    EVALUATION_FIELDS,
+    NODE_LOCAL_FIELDS,
+    SITE_VIEW_UNSET,
+    SiteNodeConfig,
+    site_view,
+    state_fingerprint,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "AGGREGATION_WEIGHTS",
+    "DP_MODES",
+    "EVALUATION_FIELDS",
+    "EVAL_TIMEOUT_FACTOR",
+    "INDICATOR_KINDS",
+    "NODE_LOCAL_FIELDS",
+    "PRECISIONS",
+    "RETURNED_MODELS",
+    "SELECTION_RULES",
+    "SERQ_MODES",
+    "SITE_VIEW_UNSET",
+    "CommConfig",
+    "DeployConfig",
+    "ExperimentConfig",
+    "IndicatorConfig",
+    "MethodConfig",
+    "PrivacyConfig",
+    "RayConfig",
+    "RoundPolicy",
+    "SelectionConfig",
+    "SerqConfig",
+    "SiteNodeConfig",
+    "TrainConfig",
+    "check_num_workers",
+    "default_eval_timeout",
+    "experiment_from_dict",
+    "experiment_from_json",
+    "resolve_device",
+    "site_state_dir",
+    "site_view",
+    "state_fingerprint",
+]

@@ -1,0 +1,180 @@
+"""Where and how a federation runs, beside the experiment itself: the shares of Flower's Ray
+simulation engine (``ray.*``, :class:`RayConfig`), a deployment's addresses, certificates, timeouts
+and transfer settings (``deploy.*``, :class:`DeployConfig`), and how the server treats sites that
+do not answer (:class:`RoundPolicy`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedst.config import ConfigError, require_at_least
+
+EVAL_TIMEOUT_FACTOR = 3.0
+"""``deploy.eval_timeout`` when unset: this many times ``deploy.round_timeout`` (DeployConfig)."""
+
+
+def default_eval_timeout(round_timeout: float | None, eval_timeout: float | None) -> float | None:
+    """``eval_timeout``, or EVAL_TIMEOUT_FACTOR x ``round_timeout`` when it is None (None when
+    both are: no timeout)."""
+    if eval_timeout is not None:
+        return eval_timeout
+    return None if round_timeout is None else EVAL_TIMEOUT_FACTOR * round_timeout
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """How the server treats sites that do not answer (deployment; the in-process engine keeps
+    the defaults: every site must answer, no timeout)."""
+
+    min_sites: int | None = None
+    """Fewest sites whose replies a round aggregates (None: every federated site). A round with
+    fewer stops the run with a message naming the missing sites and their errors."""
+    round_timeout: float | None = None
+    """Seconds the server waits for the replies of one training step (and the other non-evaluation
+    steps: final stage, personal exchange and export) (None: forever)."""
+    eval_timeout: float | None = None
+    """Seconds the server waits for the replies of one evaluate step, test or validation scores
+    (None: forever). Longer than ``round_timeout`` in a deployment (``deploy.eval_timeout``):
+    see there."""
+    join_timeout: float = 0.0
+    """Seconds the server waits for SuperNodes to connect: before round 1 for every site, before
+    later rounds for sites that dropped out (then it goes on with those connected)."""
+    collect_personal: bool = False
+    """Ask each site once, at the end, for rho_k (out-of-federation average; deployment only:
+    in-process the run directory already holds the sites' states)."""
+    audit: bool = False
+    """Write wire.jsonl: record names, keys and shapes of every message (tests, audits)."""
+    reply_poll: float = 0.2
+    """Seconds between two requests for the replies of a step (``deploy.reply_poll``)."""
+
+    def __post_init__(self) -> None:
+        if self.min_sites is not None and self.min_sites < 1:
+            raise ConfigError(f"deploy.min_sites={self.min_sites}: must be >= 1 (or null: all)")
+        if self.round_timeout is not None and self.round_timeout <= 0:
+            raise ConfigError(f"deploy.round_timeout={self.round_timeout}: must be > 0 or null")
+        if self.eval_timeout is not None and self.eval_timeout <= 0:
+            raise ConfigError(f"deploy.eval_timeout={self.eval_timeout}: must be > 0 or null")
+        if self.reply_poll <= 0:
+            raise ConfigError(f"deploy.reply_poll={self.reply_poll}: must be > 0 seconds")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """``ray.*`` of train_fed.py with ``engine=ray``: what Flower's simulation engine reserves for
+    each site's actor (fedst.training.ray_client_resources). Ray starts as many actors as these
+    shares fit in the machine, and hides the GPUs from an actor that reserved none."""
+
+    num_cpus_per_site: float | str = "auto"
+    """CPU cores per site actor; "auto" = max(1, CPU cores // number of sites), so at most one
+    actor per site (each actor builds its own copy of the sites it runs)."""
+    num_gpus_per_site: float | str = "auto"
+    """GPU share per site actor (0.25: four sites share one GPU); "auto" = min(1, GPUs / number
+    of sites) from torch.cuda.device_count() (0 without CUDA: sites train on the CPU)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_cpus_per_site", "num_gpus_per_site"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                if value != "auto":
+                    raise ConfigError(f'ray.{name}={value!r}: a number or "auto"')
+            else:
+                require_at_least(f"ray.{name}", value, 0, 'or "auto"')
+        if self.num_cpus_per_site == 0:
+            raise ConfigError("ray.num_cpus_per_site=0: each site actor needs a CPU share > 0")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """``deploy.*`` of train_fed.py: where the server listens, where certificates and keys are,
+    a site's state folder, and the server's dropout policy (docs/deployment.md)."""
+
+    server: str = "127.0.0.1:9092"
+    """Site: the SuperLink address host:port it connects to."""
+    host: str = "0.0.0.0"
+    """Server: interface the SuperLink listens on (one HTTPS port for sites and the CLI)."""
+    port: int = 9092
+    """Server: the SuperLink port (open it to the hospitals)."""
+    certs: str = "certs"
+    """Folder with ca.crt (everyone) and server.pem + server.key (server only)."""
+    keys: str = "keys"
+    """Server: <site>_key.pub of every federated site. Site: its private key <site>_key."""
+    insecure: bool = False
+    """Development only: no TLS and no SuperNode authentication."""
+    state_dir: str = "site_state"
+    """Site: folder of its private state (a sub-folder per run)."""
+    site_port: int = 9094
+    """Site: local port of the SuperNode's ClientApp runtime (one per SuperNode on a host)."""
+    share_personal: bool = True
+    """Site: send rho_k once at the end for the out-of-federation average (logged)."""
+    connect_timeout: float = 120.0
+    """Site: give up connecting to the server after this many seconds."""
+    min_sites: int | None = None
+    """Server: fewest sites a round aggregates (None: all)."""
+    round_timeout: float = 600.0
+    """Server: seconds to wait for the replies of one training step (and of the final stage and
+    the personal exchange / export)."""
+    eval_timeout: float | None = None
+    """Server: seconds to wait for the replies of one evaluate step (test scores, validation
+    scores); null: EVAL_TIMEOUT_FACTOR (3) x round_timeout. An evaluate step can take longer than
+    a training step: a site scores its whole test (or validation) split, every frame at native
+    resolution with HD95 / ASSD (distance transforms on the CPU), plus the other sites' splits
+    under method.returned_model / scored sites, while a training step is a fixed
+    train.local_iters batches. A site still evaluating when the step times out would be left
+    out of the round (or stop the run below deploy.min_sites) although it is healthy."""
+    join_timeout: float = 300.0
+    """Server: seconds to wait for the sites to connect (before round 1; before later rounds for
+    sites that dropped out)."""
+    audit: bool = False
+    """Server: write wire.jsonl (record names, keys and shapes of every message)."""
+    flwr_home: str | None = None
+    """FLWR_HOME of the Flower processes (default: <run dir>/flwr on the server,
+    <state_dir>/flwr at a site)."""
+    # -- message latency (docs/deployment.md, "What sets the time of a message") --------------
+    reply_poll: float = RoundPolicy.reply_poll
+    """Server: seconds between two requests of the ServerApp for the sites' replies. Flower's
+    Grid.send_and_receive pauses 3 s, so a step ended up to 3 s after its last reply; a request
+    to the SuperLink on the same host costs about a millisecond."""
+    executor_poll: float = 0.1
+    """Site: seconds between two requests of the site's executor (fedst.app.site_executor) for a
+    task when it has none: a message waits at most this long once its SuperNode has it; a
+    request to the SuperNode on the same host costs about a millisecond."""
+    transfers_in_flight: int = 2
+    """All: object requests in flight while a message's objects are pushed or pulled (Flower's
+    FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PUSHES / _PULLS, default 2; Flower caps it at the host's
+    cores). With gamma in a few buffers a message is a few 5 MiB chunks; raise it on a
+    high-latency link."""
+    chunk_mib: float = 5.0
+    """All: largest piece of an array on the wire, in MiB (Flower's
+    FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, default 5 MiB): each piece is one request; keep it below
+    the proxies' request-size limit between a hospital and the server."""
+
+    def __post_init__(self) -> None:
+        for name in ("reply_poll", "executor_poll", "chunk_mib"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"deploy.{name}={getattr(self, name)}: must be > 0")
+        if self.transfers_in_flight < 1:
+            raise ConfigError(
+                f"deploy.transfers_in_flight={self.transfers_in_flight}: must be >= 1"
+            )
+        if self.eval_timeout is not None and self.eval_timeout <= 0:
+            raise ConfigError(f"deploy.eval_timeout={self.eval_timeout}: must be > 0 or null")
+
+    def flower_env(self) -> dict[str, str]:
+        """The environment variables through which Flower's processes read the transfer
+        settings (flwr/supercore/constant.py, flwr/common/constant.py)."""
+        return {
+            "FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PUSHES": str(self.transfers_in_flight),
+            "FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS": str(self.transfers_in_flight),
+            "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE": str(int(self.chunk_mib * 2**20)),
+        }
+
+    def policy(self) -> RoundPolicy:
+        return RoundPolicy(
+            min_sites=self.min_sites,
+            round_timeout=self.round_timeout,
+            eval_timeout=default_eval_timeout(self.round_timeout, self.eval_timeout),
+            join_timeout=self.join_timeout,
+            collect_personal=True,
+            audit=self.audit,
+            reply_poll=self.reply_poll,
+        )

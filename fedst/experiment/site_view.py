@@ -1,0 +1,183 @@
+"""What a site receives of the experiment, and what it adds from its own node: :func:`site_view`
+drops every path and host-specific choice before the experiment travels in a train / evaluate
+message, :func:`state_fingerprint` names what produces a site's private state, and
+:class:`SiteNodeConfig` (Flower's node config, typed) completes a view with the site's own data
+location, backend options and hardware."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedst.config import ConfigError, build
+from fedst.experiment.config import ExperimentConfig
+from fedst.experiment.sections import IndicatorConfig, TrainConfig, check_num_workers
+
+SITE_VIEW_UNSET = ""
+"""Placeholder of every data root in a site's view: paths never travel (each site has its own)."""
+
+NODE_LOCAL_FIELDS = ("train.device", "train.num_workers", "indicator.cache_dir")
+"""Experiment fields each site sets for itself (node config); the view carries their defaults."""
+
+EVALUATION_FIELDS = (
+    "eval_every",
+    "eval_max_frames",
+    "val_every",
+    "eval_batch_size",
+    "distance_metrics_every",
+    "checkpoint_every",
+)
+"""Train fields that change what is measured or when the server saves, not a site's private
+state (left out of the state fingerprint, so a run may be resumed with another cadence)."""
+
+
+def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The experiment as every site receives it in a train/evaluate message.
+
+    It keeps what defines training (method, network, train hyper-parameters, every site's name,
+    backend and surgery type: the indicators of Table VII need the whole site list) and drops
+    every path and host-specific choice: data roots and backend options of all sites, the common
+    root, the procedural preset, device, DataLoader workers and the CLIP cache folder. A site adds
+    its own from its node config (:class:`SiteNodeConfig`).
+    """
+    sites = {
+        name: dataclasses.replace(spec, root=SITE_VIEW_UNSET, options={})
+        for name, spec in cfg.data.sites.items()
+    }
+    defaults_train, defaults_indicator = TrainConfig(), IndicatorConfig()
+    return dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, sites=sites, root=None, procedural=None),
+        train=dataclasses.replace(
+            cfg.train, device=defaults_train.device, num_workers=defaults_train.num_workers
+        ),
+        indicator=dataclasses.replace(cfg.indicator, cache_dir=defaults_indicator.cache_dir),
+    )
+
+
+def state_fingerprint(view: ExperimentConfig) -> str:
+    """Fingerprint of what produces a site's private state: the site view without the
+    evaluation settings (:data:`EVALUATION_FIELDS`, the selection rule, method.returned_model)."""
+    values = json.loads(view.to_json())
+    for key in EVALUATION_FIELDS:
+        values["train"].pop(key)
+    for key in ("rule", "metric"):  # which round is reported, not what a site learns
+        values["selection"].pop(key)
+    values["method"].pop("returned_model")  # which model is scored, not what a site learns
+    return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class SiteNodeConfig:
+    """A site's own settings: Flower's ``node_config`` (``flower-supernode --node-config``), typed.
+
+    Keys on the command line use dashes (``site-name="A" data-path="/data/a"``).
+    """
+
+    site_name: str | None = None
+    """The site this node is (a name of data.federation). None: ``partition_id`` decides."""
+    partition_id: int | None = None
+    """Flower simulation's node index (Ray engine): site = data.federation[partition_id]."""
+    data_path: str | None = None
+    """The site's dataset root (its entry's ``root``). Required in deployment."""
+    backend: str | None = None
+    """Dataset backend of this site (default: the one named in the experiment)."""
+    site_options: str = "{}"
+    """Backend options of this site, as a JSON object (e.g. '{"site_dir": "hyst_yt"}')."""
+    other_sites: str | None = None
+    """Data of further sites this node reads, as a JSON object site -> {"root", "backend",
+    "options"}: a party that trains or is scored on other sites' data (Method.data_sites, e.g.
+    the upper bound's pool of every federated site). None (a hospital's own node): none."""
+    state_dir: str | None = None
+    """Folder of this site's private state; each run gets a sub-folder named by the server."""
+    run_state_dir: str | None = None
+    """Exact private-state folder for this run (the in-process engine: <run>/sites/<site>)."""
+    device: str = TrainConfig.device
+    """auto | cpu | cuda | cuda:N (this site's hardware)."""
+    num_workers: int | str = TrainConfig.num_workers
+    """DataLoader worker processes at this site (a number or "auto", as train.num_workers)."""
+    clip_cache: str = IndicatorConfig.cache_dir
+    """Folder of cached CLIP text embeddings at this site."""
+    progress: bool = False
+    """Progress bars for local iterations and evaluation."""
+    share_personal: bool = True
+    """Send rho_k once at the end for the out-of-federation average (the only time private
+    parameters leave the site; logged on both sides). False: this site is left out."""
+
+    def __post_init__(self) -> None:
+        check_num_workers("node_config num-workers", self.num_workers)
+
+    @classmethod
+    def from_node_config(cls, node_config: dict[str, Any]) -> SiteNodeConfig:
+        names = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in node_config.items() if k in names}
+        return build(cls, {names[k]: v for k, v in known.items()}, "node_config")
+
+    def to_node_config(self) -> dict[str, Any]:
+        return {
+            f.name.replace("_", "-"): getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+    def to_cli(self) -> str:
+        """The ``--node-config`` argument of ``flower-supernode`` (TOML values, space separated)."""
+        return " ".join(
+            f"{key}={json.dumps(value)}" for key, value in self.to_node_config().items()
+        )
+
+    def private_state_dir(self, run_name: str, site: str) -> Path:
+        if self.run_state_dir is not None:
+            return Path(self.run_state_dir)
+        if self.state_dir is None:
+            raise ConfigError(
+                f"site {site}: node config has neither state-dir nor run-state-dir; start the "
+                f"site with a state folder (train_fed.py site={site} deploy.state_dir=<folder>)"
+            )
+        return Path(self.state_dir) / run_name
+
+    def local_experiment(self, view: ExperimentConfig, site: str) -> ExperimentConfig:
+        """The view completed with this node's own data location (and those of the other sites
+        it reads), backend options and hardware."""
+        try:
+            others = json.loads(self.other_sites) if self.other_sites else {}
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"node_config other-sites is not JSON: {err}") from err
+        located = {}
+        if site in view.data.sites:  # a data site (the upper bound's pool is none)
+            if self.data_path is None:
+                raise ConfigError(
+                    f"site {site}: node config has no data-path; start the site with its data "
+                    f"folder (train_fed.py site={site} data.sites.{site}.root=<folder>)"
+                )
+            try:
+                options = json.loads(self.site_options)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"node_config site-options is not JSON: {err}") from err
+            located[site] = {"root": self.data_path, "backend": self.backend, "options": options}
+        located.update(others)
+        unknown = sorted(set(located) - set(view.data.sites))
+        if unknown:
+            raise ConfigError(
+                f"node of {site}: node_config other-sites names {unknown}, which are not sites "
+                f"of the experiment ({sorted(view.data.sites)})"
+            )
+        sites = {
+            name: dataclasses.replace(
+                view.data.sites[name],
+                root=where["root"],
+                backend=where.get("backend") or view.data.sites[name].backend,
+                options=where.get("options", {}),
+            )
+            for name, where in located.items()
+        }
+        return dataclasses.replace(
+            view,
+            data=dataclasses.replace(view.data, sites={**view.data.sites, **sites}),
+            train=dataclasses.replace(view.train, device=self.device, num_workers=self.num_workers),
+            indicator=dataclasses.replace(view.indicator, cache_dir=self.clip_cache),
+        )
