@@ -103,7 +103,7 @@ def personalized_model(
 
 
 PERSONAL_EXPORT = "personal_export.json"
-"""Written by the deployed server (fedst/app/server_app.py): which sites sent rho_k at the end."""
+"""Written by the deployed server (fedst/app/after_rounds.py): which sites sent rho_k at the end."""
 
 
 def averaged_sites(cfg: ExperimentConfig, run_dir: Path) -> tuple[list[str], list[str]]:

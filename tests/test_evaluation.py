@@ -11,7 +11,7 @@ import torch
 from flwr.app import MessageType
 
 from fedst import report
-from fedst.app.server_app import _metrics_row
+from fedst.app.reply_logs import _metrics_row
 from fedst.cli import compose_experiment
 from fedst.methods import Method
 from fedst.training import _scalars
