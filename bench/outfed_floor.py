@@ -17,7 +17,7 @@ round), so the script can be stopped and restarted. Rows, all on the demo benchm
   ``fedst``, each at 1x, 4x and 16x the demo's local iterations (``--budgets``; evaluation every
   k x ``train.eval_every`` rounds, so every run has as many learning-curve points);
 * the same methods with photometric augmentation (:data:`PHOTOMETRIC`: brightness, contrast,
-  saturation and hue jitter and a Gaussian blur, fedst/data/clips.py) at ``--variant-budgets``;
+  saturation and hue jitter and a Gaussian blur, fedst/data/clips/augmentation.py) at ``--variant-budgets``;
 * the same methods without the synthetic pre-training (``serq.pretrain_iters=0``: every method
   starts from the initialisation; FedST keeps SERQ) at ``--variant-budgets``.
 

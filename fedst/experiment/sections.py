@@ -2,7 +2,7 @@
 (:class:`MethodConfig`: the algorithm and the components a method uses), ``train``, ``serq``,
 ``comm``, ``privacy``, ``selection`` and ``indicator``, with the names each accepts. The data,
 network, clip and augment sections live beside their code (fedst/data/sites.py,
-fedst/model/network.py, fedst/data/clips.py)."""
+fedst/model/network.py, fedst/data/clips/)."""
 
 from __future__ import annotations
 

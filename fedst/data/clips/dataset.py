@@ -1,0 +1,204 @@
+""":class:`ClipDataset`, one sample per labelled frame of a site's split: the clip ending at it
+(fedst/data/clips/clip.py), read from the site's backend, resized, augmented with the sample's
+seed and normalised, with its mask; the same item before normalisation for loader workers
+(:meth:`ClipDataset.load_raw`), single frames and native labels for evaluation, and the
+validation of the split's files."""
+
+from __future__ import annotations
+
+import logging
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from fedst.data.base import (
+    DataError,
+    SiteSource,
+    VideoRecord,
+)
+from fedst.data.clips.augmentation import AUG_SEED_HIGH, AugmentConfig, build_augmentation
+from fedst.data.clips.clip import ClipConfig, clip_frame_positions
+from fedst.data.clips.normalization import _channels_first, normalize_clips, resize_frame
+
+logger = logging.getLogger("fedst.data.clips")  # the package's name, as before the split
+
+
+class ClipDataset(Dataset):
+    """One sample per labelled frame of ``split``: ``(clip [T, 3, H, W] float, mask [H, W] long,
+    sample_id)`` with ``sample_id = "<site>/<video_id>/<position>"``, the current frame being
+    ``video.frames[position]`` (see :meth:`sample_ref`).
+
+    The clip is already normalised: resized to ``clip.image_size``, scaled to [0, 1], minus
+    :data:`IMAGENET_MEAN`, divided by :data:`IMAGENET_STD`; the current frame is the last. The
+    mask holds 0..3 (0..1 when ``binary``) and 255 = ignore.
+
+    Items may be indexed by ``index`` or by ``(index, aug_seed)`` (what the samplers of this module
+    pass); with a plain index the augmentation seed comes from torch's global RNG.
+    :meth:`load_raw` gives the same item before normalisation (what loader workers send).
+    """
+
+    def __init__(
+        self,
+        source: SiteSource,
+        split: str,
+        clip: ClipConfig = ClipConfig(),
+        augment: AugmentConfig | None = None,
+        validate: bool = True,
+    ) -> None:
+        self.source = source
+        self.split = split
+        self.clip = clip
+        self.site_name = source.name
+        self.binary = source.binary
+        self.surgery_type = source.surgery_type
+        self.videos: list[VideoRecord] = source.videos(split)
+        self.samples: list[tuple[int, int]] = [
+            (video_index, position)
+            for video_index, video in enumerate(self.videos)
+            for position in sorted(video.labels)
+        ]
+        if not self.samples:
+            raise DataError(f"site {self.site_name!r} split {split!r}: no labelled frames")
+        self.num_samples = len(self.samples)
+        image_only = all(len(video.frames) == 1 for video in self.videos)
+        single = image_only and clip.single_frame_mode == "single"
+        self.clip_length = 1 if single else clip.num_frames
+        self._augment = (
+            build_augmentation(augment, self.clip_length) if augment and augment.enabled else None
+        )
+        self._index_of_id: dict[str, int] | None = None
+        if validate:
+            self.validate()
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def sample_ref(self, index: int) -> tuple[VideoRecord, int]:
+        """The video and the position of the current frame of sample ``index``."""
+        video_index, position = self.samples[index]
+        return self.videos[video_index], position
+
+    def clip_positions(self, video: VideoRecord, position: int) -> list[int]:
+        """Positions in ``video.frames`` of the clip ending at ``position`` (oldest first)."""
+        if self.clip_length == 1:
+            return [position]
+        return clip_frame_positions(video.times, position, self.clip_length, self.clip.interval_s)
+
+    def sample_id(self, index: int) -> str:
+        """``"<site>/<video_id>/<position>"`` of sample ``index`` (as returned by ``__getitem__``)."""
+        video, position = self.sample_ref(index)
+        return f"{self.site_name}/{video.video_id}/{position}"
+
+    def index_of(self, sample_id: str) -> int:
+        """The index of the sample called ``sample_id`` (inverse of :meth:`sample_id`)."""
+        if self._index_of_id is None:
+            self._index_of_id = {self.sample_id(i): i for i in range(self.num_samples)}
+        if sample_id not in self._index_of_id:
+            raise KeyError(f"site {self.site_name!r} split {self.split!r} has no sample {sample_id!r}")
+        return self._index_of_id[sample_id]
+
+    def native_label(self, sample_id: str) -> np.ndarray:
+        """The label of ``sample_id`` at the dataset's native resolution (uint8 [H0, W0], 255 =
+        ignore), not resized and not augmented: what distances are measured on (evaluation)."""
+        video, position = self.sample_ref(self.index_of(sample_id))
+        return self.source.read_label(video.labels[position])
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """``(clip [T, 3, H, W] float32 normalised, mask [H, W] int64, sample_id)``."""
+        clip, mask, sample_id = self.load_raw(item)
+        return normalize_clips(clip), mask.long(), sample_id
+
+    def load_raw(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """``(clip [T, 3, H, W] uint8, mask [H, W] uint8, sample_id)``: :meth:`__getitem__`
+        before :func:`normalize_clips` (resized and augmented; what loader workers send)."""
+        index, aug_seed = item if isinstance(item, tuple) else (item, None)
+        video, position = self.sample_ref(int(index))
+        positions = self.clip_positions(video, position)
+        frames = {p: self.source.read_frame(video.frames[p]) for p in set(positions)}
+        label = self._read_label(video, position, frames[position].shape[:2])
+        resized = {p: resize_frame(f, self.clip.image_size) for p, f in frames.items()}
+        clip = [resized[p] for p in positions]  # T x [H, W, 3] uint8, oldest first
+        if self._augment is not None:
+            clip, label = self._apply_augmentation(clip, label, aug_seed)
+        clip_tensor = torch.from_numpy(_channels_first(np.stack(clip)))  # [T, 3, H, W] uint8
+        return clip_tensor, torch.from_numpy(label), self.sample_id(int(index))
+
+    def _read_label(
+        self, video: VideoRecord, position: int, frame_size: tuple[int, ...]
+    ) -> np.ndarray:
+        """Label of ``video.frames[position]`` resized (nearest) to ``image_size``: uint8 [H, W]."""
+        return self.resize_label(self.read_native_label(video, position, frame_size))
+
+    def read_native_label(
+        self, video: VideoRecord, position: int, frame_size: tuple[int, ...]
+    ) -> np.ndarray:
+        """Label of ``video.frames[position]`` as stored (uint8 [H0, W0], 255 = ignore), checked
+        against the size of its frame (``frame_size`` (H0, W0))."""
+        label_ref = video.labels[position]
+        label = self.source.read_label(label_ref)
+        if tuple(frame_size) != label.shape:
+            raise DataError(
+                f"{label_ref.path}: mask size {label.shape} differs from frame size "
+                f"{tuple(frame_size)} of {video.frames[position].path}"
+            )
+        return label
+
+    def resize_label(self, label: np.ndarray) -> np.ndarray:
+        """A native label [H0, W0] at ``image_size`` (nearest): uint8 [H, W]."""
+        height, width = self.clip.image_size
+        return cv2.resize(label, (width, height), interpolation=cv2.INTER_NEAREST)
+
+    def read_frame(self, video: VideoRecord, position: int) -> tuple[torch.Tensor, tuple[int, int]]:
+        """One frame as the network sees it without augmentation: ([3, H, W] float32 normalised,
+        its size on disk (H0, W0)). What :meth:`__getitem__` puts in a clip, frame by frame."""
+        frame, frame_size = self.read_raw_frame(video, position)
+        return normalize_clips(frame), frame_size
+
+    def read_raw_frame(
+        self, video: VideoRecord, position: int
+    ) -> tuple[torch.Tensor, tuple[int, int]]:
+        """:meth:`read_frame` before normalisation: (uint8 [3, H, W], size on disk (H0, W0))."""
+        rgb = self.source.read_frame(video.frames[position])
+        frame = torch.from_numpy(_channels_first(resize_frame(rgb, self.clip.image_size)[None])[0])
+        return frame, (rgb.shape[0], rgb.shape[1])
+
+    def _apply_augmentation(
+        self, clip: list[np.ndarray], label: np.ndarray, aug_seed: int | None
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        if aug_seed is None:
+            aug_seed = int(torch.randint(AUG_SEED_HIGH, ()).item())
+        self._augment.set_random_seed(aug_seed)
+        targets = {f"frame_{i}": frame for i, frame in enumerate(clip[:-1], start=1)}
+        out = self._augment(image=clip[-1], mask=label, **targets)
+        return [out[f"frame_{i}"] for i in range(1, len(clip))] + [out["image"]], out["mask"]
+
+    def problems(self) -> list[str]:
+        """Every problem of this split's files (see :mod:`fedst.data.validation`): each labelled
+        frame and each clip context frame decoded in full, each label read and compared with its
+        frame; results of files that passed are cached by path, size and mtime."""
+        from fedst.data.validation import ValidationCache, dataset_problems
+
+        cache = ValidationCache.for_site(self.source)
+        try:
+            return dataset_problems(self, cache)
+        finally:
+            cache.save()
+
+    def validate(self) -> None:
+        """Raise one DataError listing every problem of :meth:`problems` (first 20, then a count)."""
+        from fedst.data.validation import format_problems
+
+        problems = self.problems()
+        if problems:
+            raise DataError(
+                format_problems(
+                    f"site {self.site_name!r} split {self.split!r}: {len(problems)} bad label(s) "
+                    f"of {self.num_samples} (labelled frames, clip frames and labels decoded):",
+                    problems,
+                )
+            )
+        logger.info(
+            "site %s split %s: validated %d samples", self.site_name, self.split, self.num_samples
+        )

@@ -1,0 +1,299 @@
+"""Batches of clips, reproducibly: loader workers (how many, how they start, how they are seeded),
+the sample order and augmentation seeds of an epoch drawn from ``(seed, epoch)`` only (so the
+batches do not depend on the number of workers), :func:`make_loader` (epochs of a dataset) and
+:class:`BatchStream` (an endless, resumable stream of full batches for fixed-iteration training,
+uint8 from the workers and normalised on the device; :class:`PlannedBatches` replays a plan)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from fedst.data.base import (
+    IGNORE_INDEX,
+    check_label_values,
+)
+from fedst.data.clips.augmentation import AUG_SEED_HIGH
+from fedst.data.clips.dataset import ClipDataset
+from fedst.data.clips.normalization import normalize_clips
+
+AUTO_MAX_WORKERS = 4
+"""``num_workers="auto"``: at most this many loader workers per loader (one core kept for the
+process that trains)."""
+
+WORKER_START_METHOD = "forkserver"
+"""How DataLoader workers start. Not "fork": a worker forked from a process whose OpenCV thread
+pool has run hangs in its first cv2 call (seen here: cv2.setNumThreads blocked forever)."""
+
+WORKER_PRELOAD = ("torch", "cv2", "albumentations", "fedst.data.clips", "fedst.data.generic")
+"""Modules the fork server imports once, so a worker starts in ~0.5 s instead of importing them."""
+
+Batch = tuple[torch.Tensor, torch.Tensor, list[str]]
+
+
+def usable_cpu_count() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS / Windows
+        return os.cpu_count() or 1
+
+
+def resolve_num_workers(value: int | str) -> int:
+    """``train.num_workers`` as a worker count: a number as given; "auto" =
+    ``min(AUTO_MAX_WORKERS, usable cores - 1)`` (0 on a single core: load in this process)."""
+    if value == "auto":
+        return max(0, min(AUTO_MAX_WORKERS, usable_cpu_count() - 1))
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"num_workers={value!r}: a number of workers >= 0 or \"auto\"")
+    return value
+
+
+def _epoch_plan(
+    num_samples: int, seed: int, epoch: int, shuffle: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sample order and per-position augmentation seeds of one epoch: a function of both."""
+    rng = np.random.default_rng((seed, epoch))
+    order = rng.permutation(num_samples) if shuffle else np.arange(num_samples)
+    return order, rng.integers(0, AUG_SEED_HIGH, size=num_samples)
+
+
+class _EpochSampler(Sampler):
+    """Yields ``(index, aug_seed)``; the n-th pass over it is epoch n of ``_epoch_plan``."""
+
+    def __init__(self, num_samples: int, seed: int, shuffle: bool) -> None:
+        self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        order, aug_seeds = _epoch_plan(self.num_samples, self.seed, self.epoch, self.shuffle)
+        self.epoch += 1
+        yield from zip(order.tolist(), aug_seeds.tolist(), strict=True)
+
+
+def collate_clips(samples: Sequence[tuple[torch.Tensor, torch.Tensor, str]]) -> Batch:
+    """Stack samples into ``(clips [B, T, 3, H, W], masks [B, H, W], sample_ids list[str])``."""
+    clips, masks, sample_ids = zip(*samples, strict=True)
+    return torch.stack(clips), torch.stack(masks), list(sample_ids)
+
+
+def _worker_context(num_workers: int) -> multiprocessing.context.BaseContext | None:
+    """The start method of DataLoader workers (None: no workers, load in this process)."""
+    if num_workers == 0:
+        return None
+    context = multiprocessing.get_context(WORKER_START_METHOD)
+    context.set_forkserver_preload(list(WORKER_PRELOAD))
+    return context
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Seed numpy/random in a DataLoader worker from torch's per-worker seed; one cv2 thread."""
+    worker_seed = torch.initial_seed() % 2**32
+    np.random.seed(worker_seed)
+    random.seed(worker_seed)
+    cv2.setNumThreads(1)
+
+
+def make_loader(
+    dataset: ClipDataset,
+    batch_size: int,
+    shuffle: bool,
+    num_workers: int | str,
+    seed: int,
+    drop_last: bool,
+) -> DataLoader:
+    """A DataLoader of ``(clips [B, T, 3, H, W], masks [B, H, W], sample_ids)`` whose order and
+    augmentations depend only on ``seed`` and the epoch (each pass over the loader is one epoch).
+    Items are the dataset's (normalised float clips); :class:`BatchStream` is the training path
+    that sends uint8."""
+    num_workers = resolve_num_workers(num_workers)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=_EpochSampler(len(dataset), seed, shuffle),
+        num_workers=num_workers,
+        multiprocessing_context=_worker_context(num_workers),
+        drop_last=drop_last,
+        collate_fn=collate_clips,
+        persistent_workers=num_workers > 0,
+        pin_memory=torch.cuda.is_available(),
+        worker_init_fn=_seed_worker,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+class _ResumableBatchSampler:
+    """Endless batches of ``(index, aug_seed)`` from (epoch, position) on; batches span epochs."""
+
+    def __init__(self, stream: BatchStream, epoch: int, position: int) -> None:
+        self.stream, self.epoch, self.position = stream, epoch, position
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch, position = self.epoch, self.position
+        order, aug_seeds = self.stream.epoch_plan(epoch)
+        while True:
+            batch = []
+            while len(batch) < self.stream.batch_size:
+                if position == len(order):
+                    epoch, position = epoch + 1, 0
+                    order, aug_seeds = self.stream.epoch_plan(epoch)
+                batch.append((int(order[position]), int(aug_seeds[position])))
+                position += 1
+            yield batch
+
+
+class _RawClips(Dataset):
+    """A ClipDataset whose items are :meth:`ClipDataset.load_raw`'s (uint8): what workers send."""
+
+    def __init__(self, dataset: ClipDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
+        return self.dataset.load_raw(item)
+
+
+class BatchStream:
+    """An endless, seeded, resumable stream of shuffled batches for fixed-iteration training.
+
+    Every batch is full (it continues into the next epoch's order when one ends). ``state_dict()``
+    holds ``(epoch, position)`` of the next sample; loading it continues the same sequence of
+    samples and augmentations.
+
+    Workers send uint8 clips and masks (pinned when CUDA is present); :meth:`next_batch` copies
+    them to ``device`` and normalises there, so the batches equal the dataset's items.
+    """
+
+    def __init__(
+        self,
+        dataset: ClipDataset,
+        batch_size: int,
+        seed: int,
+        num_workers: int | str = 0,
+        device: torch.device | str | None = None,
+        num_classes: int | None = None,
+    ) -> None:
+        """``num_workers``: a count or "auto" (:func:`resolve_num_workers`); ``device``: where
+        batches are normalised and returned (None: the CPU); ``num_classes``: the network's,
+        against which every batch's labels are checked on the CPU, before the copy (None: not
+        checked here; the loss then checks labels that are on the CPU)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.num_workers = resolve_num_workers(num_workers)
+        self.device = torch.device(device if device is not None else "cpu")
+        self.num_classes = num_classes
+        self.epoch, self.position = 0, 0
+        self._batches: Iterator[Batch] | None = None
+
+    def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sample order, augmentation seeds) of ``epoch``."""
+        return _epoch_plan(len(self.dataset), self.seed, epoch, shuffle=True)
+
+    def next_batch(self) -> Batch:
+        """``(clips [B, T, 3, H, W] float32 normalised, masks [B, H, W] int64, sample_ids)``, on
+        the stream's device."""
+        if self._batches is None:
+            self._batches = iter(
+                self._loader(self.dataset, _ResumableBatchSampler(self, self.epoch, self.position))
+            )
+        batch = next(self._batches)  # uint8 [B, T, 3, H, W], uint8 [B, H, W], ids
+        self._advance(1)
+        return self._to_device(*batch)
+
+    def next_plan(self, num_batches: int) -> list[list[tuple[int, int]]]:
+        """The ``(index, aug_seed)`` pairs of the next ``num_batches`` batches, one list per batch,
+        without loading them: exactly the samples and augmentations ``num_batches`` calls of
+        :meth:`next_batch` would return, and the stream's position advances as theirs would.
+        Load them with :meth:`load_plan`."""
+        if num_batches < 0:
+            raise ValueError(f"num_batches must be >= 0, got {num_batches}")
+        batches = iter(_ResumableBatchSampler(self, self.epoch, self.position))
+        plan = [next(batches) for _ in range(num_batches)]
+        self.close()  # a live loader would continue from the old position
+        self._advance(num_batches)
+        return plan
+
+    def load_plan(
+        self, plan: Sequence[Sequence[tuple[int, int]]], dataset: ClipDataset | None = None
+    ) -> PlannedBatches:
+        """The batches of ``plan`` (from :meth:`next_plan`) read from ``dataset`` (default: the
+        stream's; e.g. the same samples without augmentation), as :meth:`next_batch` returns
+        them, loaded by the stream's workers one batch at a time (plus their prefetch)."""
+        return PlannedBatches(self, dataset if dataset is not None else self.dataset, plan)
+
+    def _loader(self, dataset: ClipDataset, batch_sampler: Any) -> DataLoader:
+        """uint8 batches of ``dataset`` in ``batch_sampler``'s order, by the stream's workers."""
+        return DataLoader(
+            _RawClips(dataset),
+            batch_sampler=batch_sampler,
+            num_workers=self.num_workers,
+            multiprocessing_context=_worker_context(self.num_workers),
+            collate_fn=collate_clips,
+            pin_memory=torch.cuda.is_available(),
+            worker_init_fn=_seed_worker,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+
+    def _advance(self, num_batches: int) -> None:
+        """Move (epoch, position) past ``num_batches`` batches (batches span epochs)."""
+        consumed = self.position + num_batches * self.batch_size
+        self.epoch += consumed // len(self.dataset)
+        self.position = consumed % len(self.dataset)
+
+    def _to_device(self, clips: torch.Tensor, masks: torch.Tensor, sample_ids: list[str]) -> Batch:
+        """A loader's uint8 batch -> :meth:`next_batch`'s: labels checked on the CPU, then copied
+        to the device and normalised there."""
+        if self.num_classes is not None:
+            check_label_values(masks, self.num_classes, IGNORE_INDEX, f"batch {sample_ids}")
+        clips = clips.to(self.device, non_blocking=True)
+        masks = masks.to(self.device, non_blocking=True)
+        return normalize_clips(clips), masks.long(), sample_ids
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; its seed must match this stream's."""
+        if state["seed"] != self.seed:
+            raise ValueError(f"BatchStream state has seed {state['seed']}, stream has {self.seed}")
+        self.close()
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    def close(self) -> None:
+        """Stop the worker processes (if any); the next ``next_batch`` restarts them."""
+        self._batches = None
+
+
+class PlannedBatches:
+    """The batches of a plan (:meth:`BatchStream.next_plan`) read from one dataset; each pass
+    loads them again, in order, through the stream's workers (one batch in memory at a time
+    plus the workers' prefetch), as :meth:`BatchStream.next_batch` returns them."""
+
+    def __init__(
+        self, stream: BatchStream, dataset: ClipDataset, plan: Sequence[Sequence[tuple[int, int]]]
+    ) -> None:
+        self.stream, self.dataset = stream, dataset
+        self.plan = [list(batch) for batch in plan]
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if not self.plan:
+            return
+        for batch in self.stream._loader(self.dataset, self.plan):
+            yield self.stream._to_device(*batch)
