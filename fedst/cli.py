@@ -84,7 +84,7 @@ def _experiment_defaults() -> dict[str, Any]:
         if item.default is not dataclasses.MISSING
         or item.default_factory is not dataclasses.MISSING
     }
-    values["deploy"] = to_dict(DeployConfig())  # train_fed.py site=...: fedst/deploy.py
+    values["deploy"] = to_dict(DeployConfig())  # train_fed.py site=...: fedst/deploy/
     values["ray"] = to_dict(RayConfig())  # engine=ray: fedst.training.ray_client_resources
     return values
 

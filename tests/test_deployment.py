@@ -157,9 +157,11 @@ def test_a_site_ends_a_supernode_stuck_in_its_exit_and_stops_when_the_server_sta
         "print('Failed to initialize the connection to the SuperLink.', flush=True)\n"
         "sys.exit(1)\n"
     )
-    monkeypatch.setattr(deploy, "supernode_command", lambda *a, **k: [sys.executable, "-c", fake])
-    monkeypatch.setattr(deploy, "executor_command", lambda dcfg: ["sleep", "600"])
-    monkeypatch.setattr(deploy, "EXIT_GRACE", 1.0)
+    monkeypatch.setattr(
+        deploy.site, "supernode_command", lambda *a, **k: [sys.executable, "-c", fake]
+    )
+    monkeypatch.setattr(deploy.site, "executor_command", lambda dcfg: ["sleep", "600"])
+    monkeypatch.setattr(deploy.site, "EXIT_GRACE", 1.0)
     dcfg = DeployConfig(state_dir=str(tmp_path / "state"), connect_timeout=8.0)
     started = time.monotonic()
     assert deploy.serve_site(experiment(tiny_root), "A", dcfg) == 0

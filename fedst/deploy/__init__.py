@@ -1,0 +1,93 @@
+"""Run FedST across hospitals with Flower's deployment engine (SuperLink + one SuperNode per site).
+
+    python train_fed.py site=server deploy.certs=certs deploy.keys=keys   # the coordinating server
+    python train_fed.py site=A deploy.server=<host>:9092 deploy.certs=certs deploy.keys=keys
+    python -m fedst.deploy local --sites A B C D [experiment=tiny ...]    # everything on 127.0.0.1
+    python -m fedst.deploy certs --out certs --hosts server.example.org 10.0.0.5
+    python -m fedst.deploy key --out keys --site A
+
+The server process starts ``flower-superlink`` (TLS, SuperNode authentication), registers the
+public key of every federated site found in ``deploy.keys``, starts the run with ``flwr run``
+(the ServerApp of fedst/app/server_app.py, run config from pyproject.toml) and stops the SuperLink
+at the end. A site process starts ``flower-supernode`` with its own node config (site name, data
+folder, state folder, device, workers; fedst.experiment.SiteNodeConfig) with ``--isolation
+process``, and next to it one long-lived ClientApp process (fedst.app.site_executor) that runs
+every message of the run, so imports and the site's model and data are built once. Messages
+carry only the
+site view of the experiment, shared parameters and scalar metrics (docs/deployment.md).
+
+Nothing here is needed by the in-process engine; the apps are the same in both.
+
+The package: ``processes`` (environment, start and stop, ports, signals; DeploymentError),
+``credentials`` (TLS certificates, site keys), ``server`` (SuperLink, key registration, ``flwr
+run``), ``site`` (a hospital's SuperNode and ClientApp process), ``local`` (everything on
+127.0.0.1) and ``cli`` (``python -m fedst.deploy``).
+"""
+
+from fedst.deploy.cli import main
+from fedst.deploy.credentials import make_certificates, make_site_key, site_key_path
+from fedst.deploy.local import local
+from fedst.deploy.processes import (
+    APP_DIR,
+    BIN,
+    DeploymentError,
+    free_port,
+    process_env,
+    start,
+    stop,
+    stop_child,
+    terminate_on_signal,
+    wait_for_port,
+)
+from fedst.deploy.server import (
+    CONNECTION,
+    register_sites,
+    run_config_overrides,
+    serve,
+    superlink,
+    superlink_command,
+    write_connection,
+)
+from fedst.deploy.site import (
+    CONNECTED,
+    EXIT_AUTH_FAILED,
+    EXIT_GRACE,
+    SUPERNODE_EXITING,
+    check_site_data,
+    executor_command,
+    serve_site,
+    supernode_command,
+)
+
+__all__ = [
+    "APP_DIR",
+    "BIN",
+    "CONNECTED",
+    "CONNECTION",
+    "EXIT_AUTH_FAILED",
+    "EXIT_GRACE",
+    "SUPERNODE_EXITING",
+    "DeploymentError",
+    "check_site_data",
+    "executor_command",
+    "free_port",
+    "local",
+    "main",
+    "make_certificates",
+    "make_site_key",
+    "process_env",
+    "register_sites",
+    "run_config_overrides",
+    "serve",
+    "serve_site",
+    "site_key_path",
+    "start",
+    "stop",
+    "stop_child",
+    "superlink",
+    "superlink_command",
+    "supernode_command",
+    "terminate_on_signal",
+    "wait_for_port",
+    "write_connection",
+]

@@ -1,0 +1,55 @@
+"""Run FedST across hospitals with Flower's deployment engine (SuperLink + one SuperNode per site).
+
+The command line ``python -m fedst.deploy local|certs|key`` (see the package docstring; the line
+above is its ``--help`` description): a whole deployment on this machine, a throw-away CA and
+server certificate, or a site's key pair."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedst.deploy.credentials import make_certificates, make_site_key
+from fedst.deploy.local import local
+from fedst.deploy.processes import terminate_on_signal
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedst.deploy", description=__doc__.split("\n\n")[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    local_help = "server + one process per site on 127.0.0.1, TLS and node authentication"
+    run_local = commands.add_parser(
+        "local", help=local_help, description=f"A whole deployment on this machine: {local_help}."
+    )
+    run_local.add_argument("--sites", nargs="+", default=["A", "B", "C", "D"])
+    run_local.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
+    run_local.add_argument("overrides", nargs="*", help="train_fed.py overrides (experiment=tiny)")
+    certs_help = "a throw-away CA and server certificate"
+    certs = commands.add_parser(
+        "certs", help=certs_help, description=f"TLS for a trial: {certs_help}."
+    )
+    certs.add_argument("--out", type=Path, required=True, help="folder for ca.crt, server.pem/key")
+    certs.add_argument(
+        "--hosts", nargs="+", default=["127.0.0.1", "localhost"], help="the server's names"
+    )
+    key_help = "a site's EC key pair (OpenSSH format)"
+    key = commands.add_parser("key", help=key_help, description=f"Node authentication: {key_help}.")
+    key.add_argument("--out", type=Path, required=True, help="folder for the key pair")
+    key.add_argument("--site", required=True, help="the site the key belongs to")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.command == "certs":
+        print(
+            f"written: {make_certificates(args.out, args.hosts)}/{{ca.crt,server.pem,server.key}}"
+        )
+        return 0
+    if args.command == "key":
+        path = make_site_key(args.out, args.site)
+        print(f"written: {path} (keep it at the site) and {path}.pub (send it to the server)")
+        return 0
+    with terminate_on_signal():
+        return local(args.sites, args.overrides, args.workdir)
