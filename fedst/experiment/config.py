@@ -1,7 +1,11 @@
-"""The whole experiment, :class:`ExperimentConfig`: its sections (fedst/experiment/sections.py and
-the data, network, clip and augment configs of their own modules), the checks across sections and
-the values derived from them; how a plain mapping (resolved Hydra) or a saved config.json becomes
-one; and what every engine reads from it: the torch device and a site's state folder in a run."""
+"""The typed experiment configuration, top to bottom: its sections, each a frozen dataclass with
+its defaults and checks (``method``: :class:`MethodConfig`, the algorithm and the components a
+method uses; ``train``, ``serq``, ``comm``, ``privacy``, ``selection``, ``indicator``, with the
+names each accepts), then the whole, :class:`ExperimentConfig`, which holds them with the data,
+network, clip and augment configs of their own modules (fedst/data/sites.py,
+fedst/model/network.py, fedst/data/clips/), checks across sections and derives values from them;
+how a plain mapping (resolved Hydra) or a saved config.json becomes one; and what every engine
+reads from it: the torch device and a site's state folder in a run."""
 
 from __future__ import annotations
 
@@ -14,19 +18,369 @@ from typing import Any
 
 import torch
 
-from fedst.config import ConfigError, build, require_at_least, to_dict
+from fedst.accel import AMP_DTYPES
+from fedst.config import ConfigError, build, require_at_least, require_positive, to_dict
 from fedst.data.clips import AugmentConfig, ClipConfig
 from fedst.data.sites import DataConfig
-from fedst.experiment.sections import (
-    CommConfig,
-    IndicatorConfig,
-    MethodConfig,
-    PrivacyConfig,
-    SelectionConfig,
-    SerqConfig,
-    TrainConfig,
-)
+from fedst.model.indicators import DEFAULT_CLIP_MODEL, DEFAULT_CLIP_PRETRAINED
 from fedst.model.network import NetworkConfig
+
+AGGREGATIONS = ("fedavg", "fedmedian")
+AGGREGATION_WEIGHTS = ("uniform", "samples", "fisher")
+INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
+RETURNED_MODELS = ("own", "global")
+"""method.returned_model: a site's own gamma_k^T, or gamma_g as the site adopts it (MethodConfig)."""
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: str = "fedst"
+    """Label used in run names and result tables."""
+    algorithm: str = "partial"
+    """What the sites and the server compute (fedst.methods.METHODS): partial (partial averaging:
+    FedST, its ablations, FedAvg, Local) | the baselines' own algorithms."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Settings of the algorithm itself, typed by its ``Options`` dataclass (fedst/methods/)."""
+    personalization: str = "encoder_query"
+    """Partition preset (fedst.model.partition.PRESETS): which tensors stay at the site (rho)."""
+    personal_patterns: tuple[str, ...] = ()
+    """Extra regexes of state-dict keys kept private, added to the preset (e.g. "^decoder\\.head")."""
+    personalize_channel_selection: bool = True
+    """Keep the channel-selection / prompt modules private (FedST: yes)."""
+    shared_components: tuple[str, ...] | None = None
+    """Partial aggregation by component (fedst.model.partition.COMPONENTS: encoder, temporal,
+    decoder, head, channel_selection): only these may travel, every other component stays at the
+    site like rho, on top of ``personalization``. None: every component may travel."""
+    temporal: bool = True
+    """Temporal cross-attention over 4-frame clips (Table IV 'TS')."""
+    prompt: bool = True
+    """Use the site indicator xi_k (Table IV 'Prompt')."""
+    channel_selection: bool = True
+    """Textual-guided channel selection network (Table IV 'CS', Eq. 7-8)."""
+    indicator: str = "clip"
+    """Indicator kind (Table VII): clip | onehot | gaussian | random."""
+    serq: bool = True
+    """Server-side step with synthetic data after aggregation: SERQ (Sec. III-C), or plain
+    synthetic fine-tuning of the global model with ``serq.mode=finetune`` (Fig. 5)."""
+    synthetic_pretraining: bool = True
+    """Start from the network pre-trained on the server's synthetic set (every method, paper
+    Sec. IV-A; fedst/federation/pretraining.py). False: from the initialisation (an ablation)."""
+    aggregation: str = "fedavg"
+    """fedavg (weighted mean, weights: ``aggregation_weights``) | fedmedian (coordinate-wise median)."""
+    aggregation_weights: str = "uniform"
+    """Site weights of the fedavg mean: uniform (1/K, FedST: Algorithm 1 line 8) | samples (n_k / n,
+    McMahan et al.'s FedAvg) | fisher (F_k / sum_j F_j, each site's empirical-Fisher trace: FedAS
+    only). fedmedian is unweighted and needs "uniform"."""
+    communicate: bool = True
+    """False: every site trains alone (the 'Local' baseline); nothing travels."""
+    returned_model: str = "own"
+    """Which model a site returns, is scored with and enters the out-of-federation average
+    (:data:`RETURNED_MODELS`): own (v_k = gamma_k^T U rho_k^T, the site's own shared
+    parameters after its last local round: FedST's Algorithm 1 lines 14-17, Local, the upper
+    bound) | global (gamma_g as the site adopts it, U rho_k: FedAvg, FedLD, FedRep, FedAS, FedDP
+    before its stage 2). Each method's config sets its paper's rule; ``global`` on FedST restores
+    the earlier scoring for comparison."""
+
+    def __post_init__(self) -> None:
+        from fedst.model.partition import PRESETS
+
+        if self.personalization not in PRESETS:
+            raise ConfigError(
+                f"method.personalization={self.personalization!r}; choose one of {sorted(PRESETS)}"
+            )
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"method.aggregation={self.aggregation!r}; choose {AGGREGATIONS}")
+        if self.aggregation_weights not in AGGREGATION_WEIGHTS:
+            raise ConfigError(
+                f"method.aggregation_weights={self.aggregation_weights!r}; choose {AGGREGATION_WEIGHTS}"
+            )
+        if self.aggregation == "fedmedian" and self.aggregation_weights != "uniform":
+            raise ConfigError(
+                "method.aggregation=fedmedian is an unweighted median; set "
+                "method.aggregation_weights=uniform (got "
+                f"{self.aggregation_weights!r})"
+            )
+        if self.shared_components is not None:
+            from fedst.model.partition import COMPONENTS
+
+            unknown = sorted(set(self.shared_components) - set(COMPONENTS))
+            if unknown:
+                raise ConfigError(
+                    f"method.shared_components has unknown component(s) {unknown}; choose from "
+                    f"{sorted(COMPONENTS)}"
+                )
+        if self.indicator not in INDICATOR_KINDS:
+            raise ConfigError(f"method.indicator={self.indicator!r}; choose {INDICATOR_KINDS}")
+        if self.serq and not self.synthetic_pretraining:
+            raise ConfigError(
+                "method.serq needs method.synthetic_pretraining=true (SERQ starts from the "
+                "pre-trained v_pre^0, Algorithm 1 line 3)"
+            )
+        if self.returned_model not in RETURNED_MODELS:
+            raise ConfigError(
+                f"method.returned_model={self.returned_model!r}; choose one of {RETURNED_MODELS}"
+            )
+        if self.serq and not self.communicate:
+            raise ConfigError("method.serq needs method.communicate=true (SERQ is a server step)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    rounds: int = 300
+    """Communication rounds T (paper: 300). The configs derive it as total_iters // local_iters."""
+    local_iters: int = 100
+    """Local iterations E per round (paper: 100)."""
+    total_iters: int = 30000
+    """Local iterations per site over the whole run (paper: 300 x 100). Fig. 6 varies local_iters
+    at a fixed total, so configs/experiment/*.yaml set rounds: ${fedst.div:total_iters,local_iters}."""
+    batch_size: int = 2
+    """Clips per local batch (paper: 2)."""
+    lr: float = 6e-5
+    """AdamW learning rate at the sites (paper: 6e-5)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    lambda_dice: float = 0.3
+    """lambda_1 of L_seg = CE + lambda_1 * Dice (Eq. 9)."""
+    eval_every: int = 10
+    """Evaluate every site's personalized model on its test split every k rounds (and at the end)."""
+    eval_max_frames: int | None = None
+    """Cap on test (and validation) frames per site per evaluation (None: all)."""
+    eval_batch_size: int = 8
+    """Frames per forward pass of evaluation (fedst/federation/evaluation.py): frames of one
+    video are encoded together, scores equal the frame-by-frame path's (to float rounding)."""
+    distance_metrics_every: int | None = 1
+    """HD95 / ASSD (a distance transform per class per frame at native resolution: the costly
+    metrics) at evaluations of rounds that are multiples of k and at the last round; the other
+    evaluations score Dice / IoU only (distances reported as absent). 1: every evaluation
+    (default); None: the last round only (the final tables need them, learning curves use Dice)."""
+    checkpoint_every: int = 1
+    """The server writes its checkpoint (``server.pt`` and the feature bank entries changed since
+    the last one) every k rounds and at the last round; a resumed run restarts after the latest
+    one, redoing at most k - 1 rounds (each site keeps its states of the server's two latest
+    checkpoint rounds). Results do not depend on k. 1: every round."""
+    val_every: int | None = None
+    """Score every site's personalized model on its validation split every k rounds and at the
+    last round (metrics.jsonl rows with split "val"), keeping what selection needs of those rounds
+    (fedst/selection.py). None: no validation (selection.rule must be last)."""
+    num_workers: int | str = "auto"
+    """DataLoader worker processes per site (training and evaluation loaders): a number, or
+    "auto" = min(4, usable CPU cores - 1) (fedst.data.clips.resolve_num_workers). Workers decode,
+    resize and augment; they send uint8 clips, normalised on the device."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    amp_dtype: str = "auto"
+    """Mixed precision of forward passes on CUDA (fedst/accel.py; CPU always runs fp32): auto
+    (bf16 where the GPU supports it, else fp16) | bf16 (autocast bfloat16) | fp16 (autocast
+    float16 with a GradScaler) | none (fp32). Replaces ``train.amp`` (true = bf16, false = none)."""
+    compile: bool = False
+    """``torch.compile`` the network's training forward (in place, fedst.accel.maybe_compile):
+    faster steps on a GPU after a slower first round; needs a C++ compiler for CPU."""
+    tf32: bool = True
+    """CUDA only: fp32 matmuls and convolutions on TF32 tensor cores (Ampere and later)."""
+    cudnn_benchmark: bool = True
+    """CUDA only: cuDNN picks the fastest convolution algorithm per input shape (shapes are fixed
+    per run, so it is measured once)."""
+    max_grad_norm: float | None = None
+    """Gradient clipping norm (None: off)."""
+
+    def __post_init__(self) -> None:
+        require_at_least("train.local_iters", self.local_iters, 1)
+        if self.rounds < 1:
+            raise ConfigError(
+                f"train.rounds={self.rounds}, train.local_iters={self.local_iters}: both must be "
+                f">= 1 (rounds = total_iters // local_iters; raise train.total_iters)"
+            )
+        require_at_least("train.total_iters", self.total_iters, 1)
+        require_at_least("train.batch_size", self.batch_size, 1)
+        require_positive("train.lr", self.lr)
+        require_at_least("train.weight_decay", self.weight_decay, 0)
+        require_at_least("train.lambda_dice", self.lambda_dice, 0)
+        require_at_least("train.eval_every", self.eval_every, 1, "evaluate every k >= 1 rounds")
+        require_at_least("train.eval_max_frames", self.eval_max_frames, 1, "or null for all")
+        require_at_least("train.val_every", self.val_every, 1, "or null for no validation")
+        require_at_least("train.eval_batch_size", self.eval_batch_size, 1)
+        require_at_least("train.checkpoint_every", self.checkpoint_every, 1, "save every k rounds")
+        require_at_least(
+            "train.distance_metrics_every", self.distance_metrics_every, 1, "or null: last round"
+        )
+        check_num_workers("train.num_workers", self.num_workers)
+        if self.amp_dtype not in AMP_DTYPES:
+            raise ConfigError(f"train.amp_dtype={self.amp_dtype!r}; choose one of {AMP_DTYPES}")
+        require_positive("train.max_grad_norm", self.max_grad_norm, "or null for no clipping")
+
+    @property
+    def amp(self) -> bool:
+        """Whether mixed precision is on at all (``amp_dtype`` is not "none"); the former
+        ``train.amp`` switch, kept for code that only asks whether to autocast."""
+        return self.amp_dtype != "none"
+
+    def evaluation_options(self, server_round: int | None = None) -> dict[str, Any]:
+        """Keyword arguments of fedst.federation.evaluation.evaluate_model for the evaluation of
+        ``server_round`` (None: a final evaluation, distances included): frame cap, batch size,
+        loader workers and whether HD95 / ASSD are computed."""
+        return {
+            "max_frames": self.eval_max_frames,
+            "batch_size": self.eval_batch_size,
+            "num_workers": self.num_workers,
+            "distances": server_round is None or self.distances_at(server_round),
+        }
+
+    def distances_at(self, server_round: int) -> bool:
+        """Whether the evaluation of ``server_round`` computes HD95 / ASSD
+        (``distance_metrics_every``; always at the last round and after it)."""
+        every = self.distance_metrics_every
+        return server_round >= self.rounds or (every is not None and server_round % every == 0)
+
+
+def check_num_workers(where: str, value: int | str) -> None:
+    """ConfigError unless ``value`` is an integer >= 0 or "auto"."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ConfigError(f'{where}={value!r}: a number of workers >= 0 or "auto"')
+        return
+    require_at_least(where, value, 0, 'or "auto"')
+
+
+SERQ_MODES = ("serq", "finetune")
+"""serq.mode: SERQ (Sec. III-C, Eq. 10-12) or plain synthetic fine-tuning (Fig. 5, blue line)."""
+
+
+@dataclass(frozen=True)
+class SerqConfig:
+    mode: str = "serq"
+    """What the server's synthetic step after aggregation does (:data:`SERQ_MODES`; only with
+    method.serq=true): serq (EQ then SC, Eq. 10-12) | finetune (Fig. 5's blue line: the global
+    model trained on the round's synthetic batches with L_seg only, no EQ step, no descriptor,
+    no feature term; fedst/federation/serq.py)."""
+    pretrain_iters: int = 3000
+    """Iterations of synthetic pre-training of v_pre before round 1 (not given in the paper)."""
+    batches_per_round: int = 100
+    """Synthetic batches per round; EQ and SC each run over them (paper: 100)."""
+    batch_size: int = 2
+    """Synthetic images per batch."""
+    lr: float = 1e-4
+    """Adam learning rate of both SERQ steps (paper: 1e-4)."""
+    lambda_eq: float = 0.3
+    """lambda_2 of L_pre (Eq. 11)."""
+    lambda_sc: float = 0.3
+    """lambda_3 of L_g (Eq. 12)."""
+    ema_mu: float = 0.5
+    """mu of the feature bank's moving average (Eq. 10)."""
+    feature_stage: int | None = None
+    """Encoder stage (0-3) whose features F are quantified. None: the stage the temporal module
+    reads (network.temporal_stages[0]), the paper's F = F_ts (Sec. III-C1: "we denote F_ts as F")."""
+    descriptor_step: float = 0.1
+    """Step of D_sy per EQ batch, as a fraction of the way to that batch's minimiser of Eq. 11,
+    mean_b(F_sy - F_hat_g): plain gradient descent on the quadratic with step size
+    descriptor_step / curvature (fedst/federation/serq.py). Adam at ``lr`` moves D_sy by at most
+    lr per step, 0.01 over the demo, against features of RMS ~1 that it must offset."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in SERQ_MODES:
+            raise ConfigError(f"serq.mode={self.mode!r}; choose one of {SERQ_MODES}")
+        require_at_least("serq.pretrain_iters", self.pretrain_iters, 0)
+        require_at_least("serq.batches_per_round", self.batches_per_round, 1)
+        require_at_least("serq.batch_size", self.batch_size, 1)
+        require_positive("serq.lr", self.lr)
+        if not 0 <= self.ema_mu <= 1:
+            raise ConfigError(f"serq.ema_mu={self.ema_mu!r}: must be in [0, 1]")
+        if self.feature_stage is not None and self.feature_stage not in range(4):
+            raise ConfigError(
+                f"serq.feature_stage={self.feature_stage!r}: choose 0, 1, 2, 3 or null (the "
+                f"temporal module's stage)"
+            )
+        if not 0 < self.descriptor_step <= 1:
+            raise ConfigError(
+                f"serq.descriptor_step={self.descriptor_step!r}: must be in (0, 1] (the fraction "
+                f"of the way to a batch's optimum of Eq. 11 that D_sy moves per EQ batch)"
+            )
+
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+DP_MODES = ("none", "server_fixed", "server_adaptive", "client_fixed", "client_adaptive")
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    precision: str = "fp32"
+    """Wire precision of the shared tensors, both directions (fedst/federation/transport.py):
+    fp32 | fp16 | bf16. Receivers restore fp32; the server aggregates in fp32."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"comm.precision={self.precision!r}; choose {PRECISIONS}")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Central differential privacy with Flower's strategy wrappers (fedst/federation/privacy.py)
+    on the shared update gamma_k - gamma_g; personalized parameters never travel, so never need it."""
+
+    dp: str = "none"
+    """none | server_fixed | server_adaptive (the server clips each update) | client_fixed |
+    client_adaptive (each site clips its own update with Flower's client mods)."""
+    noise_multiplier: float = 1.0
+    """sigma: Gaussian noise std = noise_multiplier * clipping_norm / number of sites."""
+    clipping_norm: float = 1.0
+    """Fixed clipping: the L2 bound of one site's update. Adaptive: the initial bound."""
+    target_clipped_quantile: float = 0.5
+    """Adaptive clipping: the fraction of updates the bound should clip (0.5: the median norm)."""
+    clip_norm_lr: float = 0.2
+    """Adaptive clipping: learning rate of the bound's geometric update."""
+
+    def __post_init__(self) -> None:
+        if self.dp not in DP_MODES:
+            raise ConfigError(f"privacy.dp={self.dp!r}; choose {DP_MODES}")
+        require_at_least("privacy.noise_multiplier", self.noise_multiplier, 0)
+        require_positive("privacy.clipping_norm", self.clipping_norm)
+        if not 0 < self.target_clipped_quantile < 1:
+            raise ConfigError(
+                f"privacy.target_clipped_quantile={self.target_clipped_quantile!r}: must be in (0, 1)"
+            )
+        require_positive("privacy.clip_norm_lr", self.clip_norm_lr)
+
+
+SELECTION_RULES = ("last", "val", "mixed", "cbe")
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Which round's model a run reports besides the last one (fedst/selection.py; the paper's
+    tables always use the last round)."""
+
+    rule: str = "last"
+    """last | val (per site: its best validation round) | mixed (best pooled validation score of
+    the training sites, GEN-Guard Eq. 6) | cbe (best score of the out-of-federation model on the
+    held-out site's validation split, GEN-Guard Eq. 7)."""
+    held_out_site: str | None = None
+    """A site of data.federation that never trains: it is taken out of data.federation when the
+    config is read, and its validation split scores the out-of-federation model for ``cbe``."""
+    metric: str = "dice"
+    """Validation metric the rules maximise: dice | iou."""
+
+    def __post_init__(self) -> None:
+        if self.rule not in SELECTION_RULES:
+            raise ConfigError(f"selection.rule={self.rule!r}; choose one of {SELECTION_RULES}")
+        if self.metric not in ("dice", "iou"):
+            raise ConfigError(f"selection.metric={self.metric!r}; choose dice or iou")
+        if self.rule == "cbe" and self.held_out_site is None:
+            raise ConfigError(
+                "selection.rule=cbe needs selection.held_out_site=<a site of data.federation> "
+                "(the client-blocked site that never trains)"
+            )
+
+
+@dataclass(frozen=True)
+class IndicatorConfig:
+    clip_model: str = DEFAULT_CLIP_MODEL
+    """open_clip model name for the text tower (ViT-B-32)."""
+    clip_pretrained: str = DEFAULT_CLIP_PRETRAINED
+    """open_clip pretrained tag (openai; 'none' = random weights, tests only). Training and the
+    cache builder (``python -m fedst.weights ... --prepare``) both read this one value."""
+    cache_dir: str = "weights/clip_cache"
+    """Where text embeddings are cached (computed once)."""
+    dim: int = 512
+    """Indicator dimension (CLIP ViT-B-32 text embedding: 512)."""
 
 
 @dataclass(frozen=True)
