@@ -21,7 +21,7 @@ Nothing here is needed by the in-process engine; the apps are the same in both.
 The package: ``processes`` (environment, start and stop, ports, signals; DeploymentError),
 ``credentials`` (TLS certificates, site keys), ``server`` (SuperLink, key registration, ``flwr
 run``), ``site`` (a hospital's SuperNode and ClientApp process), ``local`` (everything on
-127.0.0.1) and ``cli`` (``python -m fedst.deploy``).
+127.0.0.1) and ``cli`` (the command line of ``-m fedst.deploy``).
 """
 
 from fedst.deploy.cli import main

@@ -1,4 +1,4 @@
-"""The entry point of ``python -m fedst.deploy``: see fedst/deploy/cli.py."""
+"""The entry point of ``-m fedst.deploy``: see fedst/deploy/cli.py."""
 
 import sys
 

@@ -1,8 +1,8 @@
 """Run FedST across hospitals with Flower's deployment engine (SuperLink + one SuperNode per site).
 
-The command line ``python -m fedst.deploy local|certs|key`` (see the package docstring; the line
-above is its ``--help`` description): a whole deployment on this machine, a throw-away CA and
-server certificate, or a site's key pair."""
+The command line of ``-m fedst.deploy`` (see the package docstring; the line above is its
+``--help`` description): ``local``, a whole deployment on this machine; ``certs``, a throw-away
+CA and server certificate; ``key``, a site's key pair."""
 
 from __future__ import annotations
 

@@ -88,8 +88,8 @@ on purpose).
 The package, bottom-up: ``sites`` (versions, site styles, presets, video ids), ``noise`` (random
 streams, value noise, smooth signals), ``scene`` (tissue background), ``instruments`` (parts,
 motion, drawing), ``render`` (one video in memory: :func:`render_video`), ``writer`` (sites on
-disk: :func:`generate`, :func:`generate_oracle_split`) and ``cli`` (``python -m
-fedst.data.procedural``).
+disk: :func:`generate`, :func:`generate_oracle_split`) and ``cli`` (the command line of
+``-m fedst.data.procedural``).
 """
 
 from fedst.data.procedural.cli import main

@@ -1,4 +1,4 @@
-"""The entry point of `python -m fedst.data.procedural`: see fedst/data/procedural/cli.py."""
+"""The entry point of `-m fedst.data.procedural`: see fedst/data/procedural/cli.py."""
 
 from fedst.data.procedural.cli import main
 

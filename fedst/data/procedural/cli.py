@@ -1,6 +1,6 @@
 """Procedural multi-site surgical video benchmark, written in the generic layout (DESIGN.md sec. 5).
 
-The command line (``python -m fedst.data.procedural``, see the package docstring): writes a
+The command line of ``-m fedst.data.procedural`` (see the package docstring): writes a
 preset's sites with :func:`~fedst.data.procedural.writer.generate`, or with ``--oracle-split SITE``
 the diagnosis-only split, and prints what each site holds. The first line above is its ``--help``
 description."""
