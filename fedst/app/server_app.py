@@ -12,8 +12,9 @@ each message is the site view of the experiment (no path of any site or of the s
 Sites that fail or time out are left out of the round as long as ``RoundPolicy.min_sites``
 answered (participation.jsonl records who took part); they rejoin from their state on disk.
 
-``app`` (module level) is the ServerApp of ``flwr run .`` and of ``train_fed.py site=server``:
-it reads its run directory from the run config ([tool.flwr.app.config] in pyproject.toml).
+The deployed ServerApp of ``flwr run .`` and of ``train_fed.py site=server`` is ``app`` in
+fedst/app/deployed.py: it reads its run directory from the run config ([tool.flwr.app.config] in
+pyproject.toml) and calls :func:`run_federation`.
 
 The pieces the loop uses: fedst/app/messaging.py (broadcasts, replies, failures, the wire audit),
 fedst/app/reply_logs.py (the comm, train and metrics rows of the replies) and

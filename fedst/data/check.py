@@ -52,8 +52,8 @@ from fedst.data.base import (
 )
 from fedst.data.clips import ClipConfig
 from fedst.data.registry import open_site
-from fedst.data.sites import DataConfig, SiteSpec
 from fedst.data.site_checks import required_splits, site_roles, split_problems
+from fedst.data.sites import DataConfig, SiteSpec
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(item in ("-h", "--help") for item in argv):
-        print("usage: python -m fedst.data.check [data=NAME|FILE.yaml] [site=NAME] [max_frames=N]\n")
+        print(
+            "usage: python -m fedst.data.check [data=NAME|FILE.yaml] [site=NAME] [max_frames=N]\n"
+        )
         print(__doc__)
         return 0
     try:

@@ -26,7 +26,9 @@ BACKENDS: dict[str, str] = {
 def open_site(backend: str, root: str | Path, name: str, **options: Any) -> SiteSource:
     """Instantiate the SiteSource for ``backend`` reading ``root``."""
     if backend not in BACKENDS:
-        raise DataError(f"site {name!r}: unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
+        raise DataError(
+            f"site {name!r}: unknown backend {backend!r}; choose one of {sorted(BACKENDS)}"
+        )
     module_name, class_name = BACKENDS[backend].split(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(root=Path(root), name=name, **options)

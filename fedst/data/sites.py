@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from fedst.config import ConfigError
+from fedst.data.base import SiteSource
+from fedst.data.procedural import GENERATOR_VERSION, GENERATOR_VERSIONS
+from fedst.data.registry import open_site
 from fedst.data.splits import (
     PARTITIONS,
     VAL_SPLIT_SOURCES,
@@ -24,9 +27,6 @@ from fedst.data.splits import (
     materialize_iid,
     with_validation_split,
 )
-from fedst.data.base import SiteSource
-from fedst.data.procedural import GENERATOR_VERSION, GENERATOR_VERSIONS
-from fedst.data.registry import open_site
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,9 @@ class DataConfig:
         if missing:
             raise ConfigError(f"data config names site(s) {missing} without an entry under 'sites'")
         if self.val_split not in VAL_SPLIT_SOURCES:
-            raise ConfigError(f"data.val_split={self.val_split!r}; choose one of {VAL_SPLIT_SOURCES}")
+            raise ConfigError(
+                f"data.val_split={self.val_split!r}; choose one of {VAL_SPLIT_SOURCES}"
+            )
         if self.partition not in PARTITIONS:
             raise ConfigError(f"data.partition={self.partition!r}; choose one of {PARTITIONS}")
         if self.val_videos < 1:

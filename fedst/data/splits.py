@@ -214,7 +214,8 @@ def materialize_iid(
         splits = folder / "splits"
         if splits.is_dir():
             found = {
-                sp: (splits / f"{sp}.txt").read_text().split() for sp in SPLITS
+                sp: (splits / f"{sp}.txt").read_text().split()
+                for sp in SPLITS
                 if (splits / f"{sp}.txt").exists()
             }
             wanted = {sp: ids for sp, ids in listing[site].items() if ids}

@@ -29,7 +29,6 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -45,7 +44,6 @@ from fedst.data.base import (
     SiteSource,
     VideoRecord,
 )
-
 
 
 class ClipSamples(Protocol):

@@ -91,9 +91,7 @@ class FrameHistory:
         """The ``num_frames - 1`` earlier items of a new frame at ``time_s``, oldest first;
         ``None`` where the clip uses the new frame itself."""
         if self.times and time_s <= self.times[-1]:
-            raise ValueError(
-                f"frame times must increase: got {time_s} s after {self.times[-1]} s"
-            )
+            raise ValueError(f"frame times must increase: got {time_s} s after {self.times[-1]} s")
         current = len(self.times)
         positions = clip_frame_positions(
             [*self.times, time_s], current, self.num_frames, self.interval_s
@@ -105,9 +103,7 @@ class FrameHistory:
         the oldest item goes once the next one is at or before the oldest target time, as later
         frames' targets are later still."""
         if self.times and time_s <= self.times[-1]:
-            raise ValueError(
-                f"frame times must increase: got {time_s} s after {self.times[-1]} s"
-            )
+            raise ValueError(f"frame times must increase: got {time_s} s after {self.times[-1]} s")
         self.times.append(time_s)
         self.items.append(item)
         oldest_target = time_s - (self.num_frames - 1) * self.interval_s + TIME_TOLERANCE_S

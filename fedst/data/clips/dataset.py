@@ -96,7 +96,9 @@ class ClipDataset(Dataset):
         if self._index_of_id is None:
             self._index_of_id = {self.sample_id(i): i for i in range(self.num_samples)}
         if sample_id not in self._index_of_id:
-            raise KeyError(f"site {self.site_name!r} split {self.split!r} has no sample {sample_id!r}")
+            raise KeyError(
+                f"site {self.site_name!r} split {self.split!r} has no sample {sample_id!r}"
+            )
         return self._index_of_id[sample_id]
 
     def native_label(self, sample_id: str) -> np.ndarray:

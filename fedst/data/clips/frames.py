@@ -40,7 +40,11 @@ class FrameDataset(Dataset):
         frame, frame_size = self.dataset.read_raw_frame(video, position)
         if not labelled:
             return frame, None, index
-        return frame, torch.from_numpy(self.dataset.read_native_label(video, position, frame_size)), index
+        return (
+            frame,
+            torch.from_numpy(self.dataset.read_native_label(video, position, frame_size)),
+            index,
+        )
 
 
 def collate_frames(

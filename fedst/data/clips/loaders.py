@@ -53,7 +53,7 @@ def resolve_num_workers(value: int | str) -> int:
     if value == "auto":
         return max(0, min(AUTO_MAX_WORKERS, usable_cpu_count() - 1))
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"num_workers={value!r}: a number of workers >= 0 or \"auto\"")
+        raise ValueError(f'num_workers={value!r}: a number of workers >= 0 or "auto"')
     return value
 
 

@@ -18,7 +18,9 @@ from fedst.data.procedural.writer import generate, generate_oracle_split
 
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI: ``python -m fedst.data.procedural --out DIR --seed N --preset demo``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m fedst.data.procedural", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", type=Path, required=True, help="root folder of the sites")
     parser.add_argument("--seed", type=int, default=0, help="benchmark seed")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="demo", help="size preset")
