@@ -129,9 +129,13 @@ class SiteNodeConfig:
         }
 
     def to_cli(self) -> str:
-        """The ``--node-config`` argument of ``flower-supernode`` (TOML values, space separated)."""
+        """The ``--node-config`` argument of ``flower-supernode`` (TOML values, space separated).
+
+        Flower splits the argument with a regex that ends a double-quoted value at its first
+        ``"`` (``parse_config_args`` in flwr/common/config.py), so a string holding double
+        quotes (``site_options``' JSON) goes as a TOML literal string in single quotes."""
         return " ".join(
-            f"{key}={json.dumps(value)}" for key, value in self.to_node_config().items()
+            f"{key}={_node_config_value(value)}" for key, value in self.to_node_config().items()
         )
 
     def private_state_dir(self, run_name: str, site: str) -> Path:
@@ -185,3 +189,15 @@ class SiteNodeConfig:
             train=dataclasses.replace(view.train, device=self.device, num_workers=self.num_workers),
             indicator=dataclasses.replace(view.indicator, cache_dir=self.clip_cache),
         )
+
+
+def _node_config_value(value: Any) -> str:
+    """One value of ``--node-config`` in TOML, as Flower's parser reads it (see ``to_cli``)."""
+    if isinstance(value, str) and '"' in value:
+        if "'" in value or "\n" in value:
+            raise ConfigError(
+                f"node config value {value!r} holds both quote kinds or a line break; "
+                "Flower's --node-config cannot carry it"
+            )
+        return f"'{value}'"
+    return json.dumps(value)
