@@ -377,9 +377,14 @@ def main(argv: list[str] | None = None) -> None:
     wall = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(f"train_fed.py failed (exit {done.returncode}); its log: {run_dir / 'log.txt'}")
-    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / GB
     rows = _train_rows(run_dir)
     costs = round_costs(rows, serq_batches=k)
+    # the child's ru_maxrss misses the peaks before its PhasePeaks resets (fedst.accel): the run
+    # log's per-phase peaks hold them
+    logged_peak = max(
+        (max([c.peak_rss_bytes, *c.phase_peak_bytes.values()]) for c in costs), default=0
+    )
+    peak_gb = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, logged_peak) / GB
     pretrain = next((r for r in rows if r.get("round") == 0 and "pretrain_seconds" in r), None)
     pretrain_per_iter = (
         _per(pretrain["pretrain_seconds"], pretrain["pretrain_iters"]) if pretrain else 0.0

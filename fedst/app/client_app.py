@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedst.accel import release_free_memory
 from fedst.experiment import (
     ExperimentConfig,
     SiteNodeConfig,
@@ -152,6 +153,7 @@ def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, Metr
             int(config["local-iters"]),
             keep_rounds=[int(r) for r in config.get("keep-rounds", [])],
         )
+    release_free_memory()  # the step's freed activations, before the next site or message
     metrics = MetricRecord(
         {
             "num-examples": result.num_examples,
@@ -198,6 +200,7 @@ def evaluate(message: Message, context: Context) -> Message:
     with _forget_on_error(site):
         split = str(config["split"]) if "split" in config else "test"
         results = site.evaluate(received, int(config["server-round"]), split=split)
+    release_free_memory()
     records = {
         metrics_record(scored, site.name): MetricRecord(evaluation_metrics(result.summary))
         for scored, result in results.items()

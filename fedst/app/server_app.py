@@ -32,7 +32,7 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedst.accel import PhasePeaks, memory_usage
+from fedst.accel import PhasePeaks, memory_usage, release_free_memory
 from fedst.app.after_rounds import _collect_personal, _run_final_stage
 from fedst.app.messaging import (
     FederationError,
@@ -224,6 +224,7 @@ def run_federation(
                 aggregated = method.aggregate(server_round, unpacked, received)
                 aggregation_seconds = time.perf_counter() - step_started
                 stats = server.server_step(aggregated, server_round)
+                release_free_memory()  # SERQ's freed activations (fedst/accel.py)
             server_row = {
                 "round": server_round,
                 "site": "server",
