@@ -275,17 +275,24 @@ class PhasePeaks:
         return {f"{name}_peak_rss_bytes": peak for name, peak in self.peaks.items()}
 
 
+def _resident_bytes() -> int | None:
+    """This process's resident size now (/proc/self/statm; None off Linux)."""
+    try:  # /proc/self/statm: pages of [size, resident, ...]
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def memory_usage() -> dict[str, int]:
     """This process's memory for the run log: ``rss_bytes`` (resident now, Linux only),
     ``peak_rss_bytes`` (the most it has held so far) and, with CUDA, ``cuda_peak_bytes`` (the
     most tensors have held on the current device). In the in-process engine the sites live in
     this process too, so these are the whole job's figures."""
     usage: dict[str, int] = {}
-    try:  # /proc/self/statm: pages of [size, resident, ...]
-        with open("/proc/self/statm") as statm:
-            usage["rss_bytes"] = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        pass
+    resident = _resident_bytes()
+    if resident is not None:
+        usage["rss_bytes"] = resident
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     peak = peak if sys.platform == "darwin" else peak * 1024
     peak = max(peak, _PEAK_BEFORE_RESETS)  # PhasePeaks' resets lower ru_maxrss too
@@ -322,11 +329,11 @@ def release_free_memory() -> int | None:
                 _LIBC_MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
             except (OSError, AttributeError):  # musl and others: no malloc_trim
                 pass
-    before = memory_usage().get("rss_bytes")
+    before = _resident_bytes()
     if not _LIBC_MALLOC_TRIM or before is None:
         return None
     _LIBC_MALLOC_TRIM(0)
-    return max(0, before - memory_usage().get("rss_bytes", before))
+    return max(0, before - (_resident_bytes() or before))
 
 
 def device_name(device: torch.device) -> str:
