@@ -1,7 +1,7 @@
 """Export a trained site model for edge devices: one streaming step as an ONNX graph.
 
-    python -m fedst.export run=runs/demo/fedst_s0 site=A format=onnx
-    python -m fedst.export run=runs/demo/fedst_s0 site=outfed prompt_site=E format=onnx output=e.onnx
+    python -m fedst.export run=runs/demo/fedst_s0_8rounds site=A format=onnx
+    python -m fedst.export run=runs/demo/fedst_s0_8rounds site=outfed prompt_site=E format=onnx output=e.onnx
 
 The graph is one step of :meth:`fedst.model.network.FedSTNet.stream` with the temporal feature
 cache as explicit tensors, so any ONNX runtime can stream video without Python state in the graph:

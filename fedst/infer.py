@@ -1,9 +1,9 @@
 """Run a trained site model on a video, frame by frame: overlay video, label maps, timing log.
 
-    python -m fedst.infer run=runs/demo/fedst_s0 site=A input=case12.mp4
-    python -m fedst.infer run=runs/demo/fedst_s0 site=A input=frames/ fps=25 labels=true
-    python -m fedst.infer run=runs/demo/fedst_s0 site=outfed prompt_site=E input=0   # camera 0
-    python -m fedst.infer run=runs/demo/fedst_s0 site=A input=case12.mp4 guard=dad     # corrected
+    python -m fedst.infer run=runs/demo/fedst_s0_8rounds site=A input=case12.mp4
+    python -m fedst.infer run=runs/demo/fedst_s0_8rounds site=A input=frames/ fps=25 labels=true
+    python -m fedst.infer run=runs/demo/fedst_s0_8rounds site=outfed prompt_site=E input=0   # camera 0
+    python -m fedst.infer run=runs/demo/fedst_s0_8rounds site=A input=case12.mp4 guard=dad     # corrected
 
 Frames are read with OpenCV and streamed through :meth:`fedst.model.network.FedSTNet.stream`: each
 frame is encoded once and the temporal module's earlier frames are chosen by time, as in training

@@ -187,6 +187,21 @@ def test_the_demo_is_explicit_about_what_it_cannot_have_here():
     )  # no CLIP weights here: Table VII's one-hot row, explicitly
 
 
+def test_make_demo_is_the_protocols_configuration_cut_to_its_first_8_rounds():
+    from fedst.demo import demo_config
+
+    protocol, _ = compose_experiment(["experiment=demo", "method=fedst", "seed=1"])
+    demo, _ = demo_config("fedst", 1, 8, [])
+    assert (protocol.train.rounds, demo.train.rounds) == (20, 8)
+    assert demo.train.total_iters == 8 * protocol.train.local_iters
+    cut = to_dict(demo)
+    cut["train"].update(rounds=20, total_iters=protocol.train.total_iters)
+    assert cut == to_dict(protocol)  # nothing else differs
+    # the user's overrides come last
+    assert demo_config("fedavg", 0, 8, ["train.local_iters=10"])[0].train.rounds == 8
+    assert demo_config("fedavg", 0, 8, ["train.total_iters=40"])[0].train.rounds == 2
+
+
 def test_personalization_is_a_preset_plus_optional_patterns_from_the_config():
     from fedst.methods import method_of
 
