@@ -316,7 +316,7 @@ def _print_paper(paper: PaperRound, job: PaperJob) -> None:
     print(
         f"checkpoint: every {job.checkpoint_every} rounds (train.checkpoint_every), "
         f"{paper.checkpoint_bytes / 1e6:.0f} MB per round amortised (target <= 100 MB), with "
-        f"{job.bank_writes_per_checkpoint} bank entries per checkpoint; the full bank in RAM: "
+        f"{job.bank_writes_per_checkpoint} bank entries per checkpoint; the full bank: "
         f"{paper.bank_ram_bytes / GB:.2f} GB"
     )
     print(f"whole run ({job.rounds} rounds + {job.pretrain_iters} pre-training iterations): "
@@ -403,8 +403,13 @@ def main(argv: list[str] | None = None) -> None:
     _print_paper(paper, job)
     filled = sum(c.bank_entries for c in costs)
     missing = max(job.synthetic_images - filled, 0) * _per(sum(c.bank_bytes for c in costs), filled)
-    print(f"peak RSS with the whole bank filled: about {peak_gb + missing / GB:.2f} GB "
-          f"(measured peak + the {job.synthetic_images - filled} entries not yet visited)")  # fmt: skip
+    if config["serq"].get("bank_storage", "memory") == "disk":
+        print(f"peak RSS with the whole bank filled: the measured {peak_gb:.2f} GB (serq.bank_storage"
+              f"=disk: the bank's {paper.bank_ram_bytes / GB:.2f} GB are in a scratch file)")  # fmt: skip
+    else:
+        print(f"peak RSS with the whole bank filled: about {peak_gb + missing / GB:.2f} GB "
+              f"(measured peak + the {job.synthetic_images - filled} entries not yet visited, "
+              f"held in memory: serq.bank_storage=memory)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Specification of SERQ's feature bank on disk (fedst/federation/feature_bank.py): server.pt holds
 no bank; each save writes only the entries changed since the previous one; resuming restores the
 bank of server.pt's round exactly, also after a crash between the bank's write and server.pt's,
-and after a fall back to server.prev.pt."""
+and after a fall back to server.prev.pt. Each holds for both working banks (serq.bank_storage:
+a dict in memory, or the scratch file of DiskFeatureBank), and both give the same SERQ."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from fedst.data.procedural import generate
-from fedst.federation.feature_bank import FEATURE_BANK_DIR
+from fedst.federation.feature_bank import FEATURE_BANK_DIR, SERQ_BANK_SCRATCH, DiskFeatureBank
 from fedst.federation.run_io import load_checkpoint
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.seeding import seed_everything
@@ -25,8 +26,16 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def new_server(root: Path, run_dir: Path) -> FederationServer:
-    cfg = experiment(root, "serq.batches_per_round=2", "serq.batch_size=2")
+@pytest.fixture(params=["memory", "disk"])
+def storage(request: pytest.FixtureRequest) -> str:
+    """serq.bank_storage of the servers a test builds."""
+    return request.param
+
+
+def new_server(root: Path, run_dir: Path, storage: str = "memory") -> FederationServer:
+    cfg = experiment(
+        root, "serq.batches_per_round=2", "serq.batch_size=2", f"serq.bank_storage={storage}"
+    )
     return FederationServer(cfg, run_dir, torch.device("cpu"))
 
 
@@ -54,9 +63,9 @@ def files_of_round(run_dir: Path, server_round: int) -> list[Path]:
 
 
 @pytest.fixture
-def saved_two_rounds(tiny_root: Path, tmp_path: Path):
+def saved_two_rounds(tiny_root: Path, tmp_path: Path, storage: str):
     """A server after rounds 1 and 2, each saved; the banks of both rounds and round 2's changes."""
-    server = new_server(tiny_root, tmp_path)
+    server = new_server(tiny_root, tmp_path, storage)
     server.save(0)
     run_round(server, 1)
     server.save(1)
@@ -70,6 +79,7 @@ def test_a_save_writes_only_the_changed_entries_and_resume_restores_the_bank(
     saved_two_rounds,
     tiny_root,
     tmp_path,
+    storage,
 ):
     _, _, bank_2, changed, written = saved_two_rounds
     assert 0 < len(changed) < len(bank_2)  # the round changed part of the bank
@@ -81,7 +91,7 @@ def test_a_save_writes_only_the_changed_entries_and_resume_restores_the_bank(
     state = load_checkpoint(tmp_path / SERVER_CHECKPOINT)
     assert "feature_bank" not in state["serq"]  # server.pt holds no bank
 
-    resumed = new_server(tiny_root, tmp_path)
+    resumed = new_server(tiny_root, tmp_path, storage)
     resumed.load()
     assert_same_bank(resumed.serq.feature_bank, bank_2)
 
@@ -99,14 +109,14 @@ def round_revisiting_the_bank(server: FederationServer, next_round: int) -> tupl
 
 
 def test_bank_entries_written_before_a_crash_are_rolled_back_to_server_pt_s_round(
-    saved_two_rounds, tiny_root, tmp_path
+    saved_two_rounds, tiny_root, tmp_path, storage
 ):
     server = saved_two_rounds[0]
     crashed, bank_saved, _ = round_revisiting_the_bank(server, 3)
     server.serq.save_feature_bank(server.bank_store, crashed)  # ... then dies: no server.pt
     assert files_of_round(tmp_path, crashed)
 
-    resumed = new_server(tiny_root, tmp_path)
+    resumed = new_server(tiny_root, tmp_path, storage)
     resumed.load()
     assert resumed.completed_round == crashed - 1
     assert_same_bank(resumed.serq.feature_bank, bank_saved)
@@ -116,14 +126,37 @@ def test_bank_entries_written_before_a_crash_are_rolled_back_to_server_pt_s_roun
 
 
 def test_a_fall_back_to_server_prev_pt_restores_the_previous_round_s_bank(
-    saved_two_rounds, tiny_root, tmp_path
+    saved_two_rounds, tiny_root, tmp_path, storage
 ):
     server = saved_two_rounds[0]
     last, bank_previous, _ = round_revisiting_the_bank(server, 3)
     server.save(last)  # server.prev.pt: round last - 1, whose entries ``last`` superseded
     (tmp_path / SERVER_CHECKPOINT).write_bytes(b"damaged")
 
-    resumed = new_server(tiny_root, tmp_path)
+    resumed = new_server(tiny_root, tmp_path, storage)
     resumed.load()
     assert resumed.completed_round == last - 1
     assert_same_bank(resumed.serq.feature_bank, bank_previous)
+
+
+def test_the_disk_bank_gives_the_same_serq_as_the_memory_bank_and_leaves_no_scratch_file(
+    tiny_root, tmp_path
+):
+    servers = {
+        storage: new_server(tiny_root, tmp_path / storage, storage)
+        for storage in ("memory", "disk")
+    }
+    assert isinstance(servers["disk"].serq.feature_bank, DiskFeatureBank)
+    assert isinstance(servers["memory"].serq.feature_bank, dict)
+    for server_round in (1, 2, 3):
+        for server in servers.values():
+            run_round(server, server_round)
+    memory, disk = servers["memory"], servers["disk"]
+    assert_same_bank(disk.serq.feature_bank, snapshot(memory))
+    disk_state, memory_state = disk.global_model.state_dict(), memory.global_model.state_dict()
+    assert all(torch.equal(disk_state[k], memory_state[k]) for k in memory_state)
+    assert torch.equal(disk.serq.domain_descriptor, memory.serq.domain_descriptor)
+    scratch = tmp_path / "disk" / SERQ_BANK_SCRATCH
+    assert scratch.stat().st_size > 0
+    disk.close()
+    assert not scratch.exists()

@@ -158,6 +158,30 @@ def test_detached_earlier_frames_give_the_same_output_and_still_train():
     assert model.encoder.patch_embed.proj.weight.grad is not None
 
 
+def test_encoder_gradient_checkpointing_recomputes_to_the_same_loss_and_gradients():
+    # with stochastic depth on: the recomputation must replay the same dropped paths
+    models = {
+        on: make_net(encoder_grad_checkpointing=on, drop_path_rate=0.3) for on in (False, True)
+    }
+    assert all(s.grad_checkpointing for s in models[True].encoder.stages)
+    assert not any(s.grad_checkpointing for s in models[False].encoder.stages)
+    assert not any(
+        s.grad_checkpointing
+        for s in make_net(encoder_grad_checkpointing=True).eval().encoder.stages
+    )
+    masks = torch.randint(0, 4, (2, H, W), generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for on, model in models.items():
+        torch.manual_seed(7)
+        loss = SegmentationLoss()(model(clip_of(), INDICATOR), masks)
+        loss.backward()
+        grads[on] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads[True].keys() == grads[False].keys()
+    assert any(k.startswith("encoder.stages.0") for k in grads[True])
+    for name, grad in grads[False].items():
+        assert torch.allclose(grads[True][name], grad, atol=1e-6, rtol=1e-5), name
+
+
 def test_streaming_equals_clip_forward_on_every_frame_of_a_video(net):
     video = torch.randn(
         9, 1, 3, H, W, generator=torch.Generator().manual_seed(3)

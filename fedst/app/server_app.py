@@ -314,5 +314,6 @@ def run_federation(
             audit,
             last_shared if method.returns_own_model else {},
         )
+    server.close()
     runlog.close()
     return last_metrics

@@ -243,6 +243,8 @@ def check_num_workers(where: str, value: int | str) -> None:
 
 SERQ_MODES = ("serq", "finetune")
 """serq.mode: SERQ (Sec. III-C, Eq. 10-12) or plain synthetic fine-tuning (Fig. 5, blue line)."""
+BANK_STORAGES = ("memory", "disk")
+"""serq.bank_storage: SERQ's working feature bank in a dict or in a scratch file."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,11 @@ class SerqConfig:
     mean_b(F_sy - F_hat_g): plain gradient descent on the quadratic with step size
     descriptor_step / curvature (fedst/federation/serq.py). Adam at ``lr`` moves D_sy by at most
     lr per step, 0.01 over the demo, against features of RMS ~1 that it must offset."""
+    bank_storage: str = "memory"
+    """Where SERQ's working feature bank lives between checkpoints (fedst/federation/
+    feature_bank.py): memory (a dict: the bank's size in resident memory, 2.35 GB for SISVSE at
+    512x640) | disk (one scratch file, serq_bank.work in the run directory, read and written per
+    batch: a 640 KiB read and write per sample visit at 512x640). Results are identical."""
 
     def __post_init__(self) -> None:
         if self.mode not in SERQ_MODES:
@@ -282,6 +289,10 @@ class SerqConfig:
         require_at_least("serq.batches_per_round", self.batches_per_round, 1)
         require_at_least("serq.batch_size", self.batch_size, 1)
         require_positive("serq.lr", self.lr)
+        if self.bank_storage not in BANK_STORAGES:
+            raise ConfigError(
+                f"serq.bank_storage={self.bank_storage!r}: choose one of {BANK_STORAGES}"
+            )
         if not 0 <= self.ema_mu <= 1:
             raise ConfigError(f"serq.ema_mu={self.ema_mu!r}: must be in [0, 1]")
         if self.feature_stage is not None and self.feature_stage not in range(4):

@@ -22,6 +22,8 @@ checkpoints/server.pt       last completed round: global model, SERQ state but i
 checkpoints/feature_bank/   SERQ's feature bank: one file per entry and round written
                             (fedst/federation/feature_bank.py); only changed entries each round
 checkpoints/server.prev.pt  the round before (fallback when server.pt is damaged)
+serq_bank.work              (serq.bank_storage=disk) SERQ's working bank while the server runs,
+                            deleted at the end; not a checkpoint (refilled from feature_bank/)
 sites/<site>/state_rNNNN.pt a site's private state after round N (in-process: written by the site;
                             deployment: only rho_k of sites that sent it at the end)
 final.json, tables/, plots/ written at the end

@@ -8,7 +8,8 @@ Server-only, on synthetic images (no temporal module). State:
 * ``feature_bank`` F_hat_g: per synthetic sample, the EMA (Eq. 10) of the global model's encoder
   features at that stage, **of the sample's canonical (un-augmented) view**. It is updated lazily,
   when a sample is drawn (first visit initialises it to F_g), so each round costs only the batches
-  SERQ trains on. Stored on CPU in float16.
+  SERQ trains on. Stored on CPU in float16, in memory or in a scratch file
+  (``serq.bank_storage``, fedst/federation/feature_bank.py).
 
 Feature stage (design note). Sec. III-C1: "For simplicity, we denote F_ts as F": the features
 SERQ quantifies are F_ts, the current frame's encoder features that the temporal module reads
@@ -71,6 +72,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch
@@ -128,9 +130,12 @@ class Serq:
         device: torch.device,
         feature_stage: int,
         precision: Precision | None = None,
+        feature_bank: MutableMapping[str, torch.Tensor] | None = None,
     ) -> None:
         """``precision``: the server's mixed precision (fedst.accel.resolve_precision of
-        ``train.amp_dtype``; None: fp32) for every forward pass of SERQ."""
+        ``train.amp_dtype``; None: fp32) for every forward pass of SERQ. ``feature_bank``: the
+        empty mapping that holds F_hat_g (``serq.bank_storage``: a dict, or a
+        :class:`~fedst.federation.feature_bank.DiskFeatureBank`; None: a dict)."""
         self.cfg = cfg
         self.precision = precision or Precision(device.type)
         self.pre_scaler = self.precision.grad_scaler()
@@ -147,7 +152,9 @@ class Serq:
         self.loss_fn = loss_fn
         self.device = device
         self.domain_descriptor = nn.Parameter(self._probe_feature_shape().normal_(0.0, 0.02))
-        self.feature_bank: dict[str, torch.Tensor] = {}
+        self.feature_bank: MutableMapping[str, torch.Tensor] = (
+            {} if feature_bank is None else feature_bank
+        )
         self._bank_changed: set[str] = set()
         """Samples whose bank entry changed since the bank was last saved or loaded."""
         self._bank_on_disk = False
@@ -387,7 +394,7 @@ class Serq:
 
     def load_feature_bank(self, store: FeatureBankStore, server_round: int) -> None:
         """The bank of the server checkpoint of ``server_round`` (newer entries are dropped)."""
-        self.feature_bank = store.read(server_round)
+        store.read(server_round, into=self.feature_bank)
         self._bank_changed, self._bank_on_disk = set(), True
 
     def state_dict(self) -> dict:
@@ -416,7 +423,8 @@ class Serq:
         with torch.no_grad():
             self.domain_descriptor.copy_(state["domain_descriptor"])
         if "feature_bank" in state:
-            self.feature_bank = dict(state["feature_bank"])
+            self.feature_bank.clear()
+            self.feature_bank.update(state["feature_bank"])
             self._bank_changed, self._bank_on_disk = set(), False
         self.pre_optimizer.load_state_dict(state["pre_optimizer"])
         self.descriptor_optimizer.load_state_dict(state["descriptor_optimizer"])

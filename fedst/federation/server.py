@@ -20,7 +20,13 @@ from fedst.accel import configure_device, fused_optimizer_options, resolve_preci
 from fedst.config import ConfigError
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.experiment import ExperimentConfig, site_state_dir
-from fedst.federation.feature_bank import FEATURE_BANK_DIR, BankWrite, FeatureBankStore
+from fedst.federation.feature_bank import (
+    FEATURE_BANK_DIR,
+    SERQ_BANK_SCRATCH,
+    BankWrite,
+    DiskFeatureBank,
+    FeatureBankStore,
+)
 from fedst.federation.pretraining import pretrain_on_synthetic
 from fedst.federation.run_io import (
     CheckpointError,
@@ -141,6 +147,11 @@ class FederationServer:
             device=self.device,
             feature_stage=self.serq_feature_stage(),
             precision=self.precision,
+            feature_bank=(
+                DiskFeatureBank(self.run_dir / SERQ_BANK_SCRATCH)
+                if self.cfg.serq.bank_storage == "disk"
+                else {}
+            ),
         )
 
     def serq_feature_stage(self) -> int:
@@ -285,6 +296,11 @@ class FederationServer:
             "bank_bytes_written": bank.bytes,
             "bank_entries_written": bank.files,
         }
+
+    def close(self) -> None:
+        """Release what the run no longer needs once it is over: SERQ's scratch bank file."""
+        if self.serq is not None and isinstance(self.serq.feature_bank, DiskFeatureBank):
+            self.serq.feature_bank.close()
 
     def load(self) -> dict:
         """Resume from the newest usable checkpoint (see :func:`load_server_checkpoint`)."""
