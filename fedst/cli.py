@@ -118,9 +118,12 @@ RESUME_SAFE_KEYS = (
     "train.eval_batch_size",
     "train.distance_metrics_every",
     "train.checkpoint_every",
+    "serq.bank_storage",
+    "network.encoder_grad_checkpointing",
 )
 """Experiment keys a resumed run accepts from the command line: they change when and where it
-computes (evaluation cadence, device, loader workers, checkpoint cadence), not what it learns. The runtime keys
+computes (evaluation cadence, device, loader workers, checkpoint cadence, where SERQ's working
+bank lives, activation recomputation), not what it learns. The runtime keys
 (progress, engine, regenerate) are always accepted; anything else is refused on resume."""
 
 

@@ -68,11 +68,16 @@ def test_resume_applies_the_safe_overrides_and_logs_them(caplog):
     saved, _ = compose_experiment(["experiment=tiny", "seed=3"])
     overrides = ["train.eval_every=5", "train.num_workers=1", "progress=false", "resume=runs/x"]
     overrides += ["site=server", "deploy.port=9100", "deploy.certs=certs"]  # a restarted server
+    overrides += ["serq.bank_storage=disk", "network.encoder_grad_checkpointing=true"]
     composed, _ = compose_experiment(overrides)  # today's defaults + the command line
     with caplog.at_level(logging.INFO):
         resumed = resume_experiment(saved, composed, overrides)
     assert resumed.train.eval_every == 5 and resumed.train.num_workers == 1
-    assert dataclasses.replace(resumed, train=saved.train) == saved  # nothing else changed
+    assert resumed.serq.bank_storage == "disk" and resumed.network.encoder_grad_checkpointing
+    unchanged = dataclasses.replace(
+        resumed, train=saved.train, serq=saved.serq, network=saved.network
+    )
+    assert unchanged == saved  # nothing else changed
     assert "train.eval_every changed from 1 to 5" in caplog.text
 
 

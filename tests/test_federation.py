@@ -25,6 +25,7 @@ from fedst.experiment import ExperimentConfig
 from fedst.federation import server as server_module
 from fedst.federation import site as site_module
 from fedst.federation import transport
+from fedst.federation.feature_bank import SERQ_BANK_SCRATCH
 from fedst.federation.server import FederationServer
 from fedst.federation.site import Site
 from fedst.federation.site_data import open_site_data
@@ -454,11 +455,17 @@ def test_a_run_checkpointed_every_3_rounds_resumes_after_its_last_checkpoint_as_
 ):
     """train.checkpoint_every=3 over 5 rounds: the server saves after rounds 3 and 5 only; a run
     killed in round 5 restarts after round 3, whose states its sites kept although they had saved
-    rounds 4 and 5 since, and ends with the uninterrupted run's metrics."""
+    rounds 4 and 5 since, and ends with the uninterrupted run's metrics. SERQ's working bank is
+    in its scratch file (serq.bank_storage=disk, as paper.yaml), refilled from round 3's bank."""
     cfg = experiment(
-        tiny_root, "serq.pretrain_iters=1", "train.total_iters=10", "train.checkpoint_every=3"
+        tiny_root,
+        "serq.pretrain_iters=1",
+        "train.total_iters=10",
+        "train.checkpoint_every=3",
+        "serq.bank_storage=disk",
     )
     uninterrupted = run_training(cfg, tmp_path / "whole", progress=False)
+    assert not (tmp_path / "whole" / SERQ_BANK_SCRATCH).exists()  # deleted at the end
     rows = read_jsonl(tmp_path / "whole" / "train.jsonl")
     server = [r for r in rows if r["site"] == "server" and r["round"] >= 1]
     saved = {r["round"]: r["checkpoint_bytes"] > 0 for r in server}
@@ -470,6 +477,7 @@ def test_a_run_checkpointed_every_3_rounds_resumes_after_its_last_checkpoint_as_
     # A keeps round 3 (the server's checkpoint) beside its two latest; rounds 1-2 are gone
     states = sorted(p.name for p in (crashed / "sites" / "A").glob("state_r*.pt"))
     assert states == ["state_r0003.pt", "state_r0004.pt", "state_r0005.pt"]
+    assert (crashed / SERQ_BANK_SCRATCH).exists()  # the killed server never closed it
     resumed = run_training(cfg, crashed, progress=False)
     assert resumed["sites"] == uninterrupted["sites"]
     assert resumed["out_of_federation"] == uninterrupted["out_of_federation"]
