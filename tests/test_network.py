@@ -182,6 +182,22 @@ def test_encoder_gradient_checkpointing_recomputes_to_the_same_loss_and_gradient
         assert torch.allclose(grads[True][name], grad, atol=1e-6, rtol=1e-5), name
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_encoder_features_equal_the_forward_pass_s_map_without_running_what_follows(net, stage):
+    clip = clip_of()
+    _, feats = net(clip, INDICATOR, use_temporal=False, return_features=True)
+    assert torch.equal(net.encoder_features(clip, stage), feats[stage])
+    ran = []
+    hooks = [s.register_forward_hook(lambda *_: ran.append(1)) for s in net.encoder.stages]
+    hooks.append(net.decoder.register_forward_hook(lambda *_: ran.append("decoder")))
+    try:
+        net.encoder_features(clip, stage)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert ran == [1] * (stage + 1)  # stages 0..stage, no later stage, no decoder
+
+
 def test_streaming_equals_clip_forward_on_every_frame_of_a_video(net):
     video = torch.randn(
         9, 1, 3, H, W, generator=torch.Generator().manual_seed(3)

@@ -178,11 +178,19 @@ class Serq:
             logits, feats = model(images, self.indicator, use_temporal=False, return_features=True)
         return logits.float(), feats[self.feature_stage].float()
 
+    def _features(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """images [B, T, 3, H, W] -> F at the SERQ stage [B, c, h, w] in float32, as
+        :meth:`_forward` returns it, without the later encoder stages and the decoder: the passes
+        that read only F (the bank's F_g, SC's F_sy)."""
+        with self.precision.autocast():
+            feats = model.encoder_features(images, self.feature_stage)
+        return feats.float()
+
     @torch.no_grad()
     def _probe_feature_shape(self) -> torch.Tensor:
         clip, _, _ = self.stream.dataset[0]  # [T, 3, H, W]
         self.synthetic_model.eval()
-        _, feat = self._forward(self.synthetic_model, clip[None].to(self.device))
+        feat = self._features(self.synthetic_model, clip[None].to(self.device))
         return torch.empty(feat.shape[1:], device=self.device)  # [c, h, w]
 
     def _draw_plan(self) -> list[list[tuple[int, int]]]:
@@ -241,7 +249,7 @@ class Serq:
         ``images`` must be the canonical views of ``ids`` (:meth:`canonical_view`).
         """
         global_model.eval()
-        _, feat_global = self._forward(global_model, images)
+        feat_global = self._features(global_model, images)
         mu = self.cfg.ema_mu
         rows = []
         for i, sample_id in enumerate(ids):
@@ -307,7 +315,7 @@ class Serq:
             loss = self.loss_fn(logits, masks)
             if feature_term:
                 with torch.no_grad():
-                    _, feat_syn = self._forward(self.synthetic_model, images)
+                    feat_syn = self._features(self.synthetic_model, images)
                     instrument_repr = feat_syn - self.domain_descriptor  # I_sy [B, c, h, w]
                 gap = (feat_global - instrument_repr).pow(2).mean()
                 loss = loss + self.cfg.lambda_sc * gap

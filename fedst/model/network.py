@@ -215,6 +215,14 @@ class FedSTNet(nn.Module):
         logits = self._decode(feats, history, indicator, out_size)
         return (logits, feats) if return_features else logits
 
+    def encoder_features(self, clip: torch.Tensor, stage: int) -> torch.Tensor:
+        """clip [B, T, 3, H, W] -> the current frame's encoder map at ``stage`` [B, C_s, h_s, w_s]:
+        ``forward(clip, use_temporal=False, return_features=True)[1][stage]`` without the later
+        encoder stages and the decoder (SERQ's passes that only read F)."""
+        if clip.dim() != 5:
+            raise ValueError(f"FedSTNet expects clips [B, T, 3, H, W], got {tuple(clip.shape)}")
+        return self.encoder(clip[:, -1], num_stages=stage + 1)[stage]
+
     def _encode_clip(self, clip: torch.Tensor) -> list[torch.Tensor]:
         """[B, T, 3, H, W] -> 4 maps [B, T, C_i, h_i, w_i] (one batched encoder pass)."""
         batch, num_frames = clip.shape[:2]

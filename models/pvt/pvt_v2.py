@@ -241,14 +241,17 @@ class PvtV2Encoder(nn.Module):
                     f"use inputs of at least 29x29"
                 )
 
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def forward(self, x: torch.Tensor, num_stages: int = 4) -> list[torch.Tensor]:
         """x: [B, 3, H, W] -> [[B, C_1, H/4, W/4], [B, C_2, H/8, W/8], ..., [B, C_4, H/32, W/32]]
 
-        (sizes rounded up, see :meth:`feature_sizes`)."""
+        (sizes rounded up, see :meth:`feature_sizes`); with ``num_stages`` < 4 only the first
+        ``num_stages`` maps, the later stages not run."""
+        if not 1 <= num_stages <= len(self.stages):
+            raise ValueError(f"num_stages={num_stages}: choose 1..{len(self.stages)}")
         self._check_input(x)
         x = self.patch_embed(x)  # [B, 3, H, W] -> [B, H/4, W/4, C_1] (channels last)
         features = []
-        for stage in self.stages:
+        for stage in self.stages[:num_stages]:
             x = stage(x)  # -> [B, C_i, H_i, W_i]
             features.append(x)
         return features
