@@ -46,6 +46,12 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(cfg.run)
     setup_logging()
     experiment = load_config(run_dir)
+    if cfg.unseen_indicator is not None:  # recorded in final.json / the new site's record
+        experiment = dataclasses.replace(
+            experiment,
+            indicator=dataclasses.replace(experiment.indicator, unseen=str(cfg.unseen_indicator)),
+        )
+        experiment.unseen_indicator_rule()  # a rule the run's network cannot apply: ConfigError
     if cfg.max_frames is not None:
         experiment = dataclasses.replace(
             experiment,

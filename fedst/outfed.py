@@ -136,12 +136,14 @@ def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -
             f"no site sent its personalized parameters ({', '.join(left_out)}): the "
             f"out-of-federation model cannot be built for {run_dir}"
         )
-    states = [_site_state(run_dir, s, checkpoint["round"]) for s in sites]
+    states = [{**_site_state(run_dir, s, checkpoint["round"]), "site": s} for s in sites]
     log.info(
-        "out-of-federation model: the %s models of %s averaged with weights %s",
+        "out-of-federation model: the %s models of %s averaged with weights %s; unseen-site "
+        "indicator rule: %s",
         cfg.method.returned_model,
         sites,
         [float(state["num_examples"]) for state in states],
+        cfg.unseen_indicator_rule(),
     )
     return averaged_site_model(cfg, states, _global_shared(cfg, checkpoint), device)
 
@@ -154,7 +156,8 @@ def evaluate_out_of_federation(
     keep_examples: int = 0,
     progress: bool = False,
 ) -> dict[str, EvaluationResult]:
-    """Score the averaged model on each out-of-federation site's test split, prompted as that site."""
+    """Score the averaged model on each out-of-federation site's test split, given that site's
+    own indicator (which the model ignores under ``indicator.unseen`` fold or mean)."""
     unknown = [s for s in sites or () if s not in cfg.data.sites]
     if unknown:
         raise ConfigError(
@@ -259,23 +262,28 @@ def open_new_site(
 def new_site_indicator(
     cfg: ExperimentConfig, run_dir: Path, site: str, surgery_type: str
 ) -> torch.Tensor | None:
-    """The frozen indicator xi [dim] of a site outside the run (None when the method uses none).
+    """The indicator input [dim] of the out-of-federation model at a site outside the run (None
+    when the method uses none).
 
-    clip: the embedding of the site's own prompt (:func:`site_prompt`, paper Eq. 7 text);
-    onehot: the next id after every site of the run (``Method.site_order``), an id no site trained
-    with, like an out-of-federation site's; random: seeded by the name. gaussian places a site by
+    Under ``indicator.unseen`` fold or mean (auto for onehot, gaussian, random) the averaged model
+    reads no indicator (fedst/federation/returned.py): zeros. Under own: clip, the embedding of the
+    site's own prompt (:func:`site_prompt`, paper Eq. 7 text); onehot, the next id after every
+    site of the run (``Method.site_order``); random, seeded by the name; gaussian places a site by
     its position among the run's N sites, which a new site does not have: a ConfigError.
     """
-    if not cfg.uses_indicator():
+    rule = cfg.unseen_indicator_rule()
+    if rule is None:
         return None
+    if rule != "own":
+        return torch.zeros(cfg.indicator.dim)
     kind = cfg.method.indicator
     order = method_of(cfg).site_order()
     if kind == "gaussian":
         raise ConfigError(
             f"{run_dir} uses method.indicator=gaussian, whose bump sits at a site's position "
             f"among the run's {len(order)} sites; a new site has none. Score it with a "
-            f"run using clip, onehot or random indicators, or list it in a run's "
-            f"data.out_of_federation before training"
+            f"run using clip, onehot or random indicators, list it in a run's "
+            f"data.out_of_federation before training, or score it with unseen_indicator=fold"
         )
     ind = cfg.indicator
     try:
@@ -335,8 +343,9 @@ def evaluate_new_site(
         "site_root": str(site.folder),
         "surgery_type": site.surgery_type,
         "indicator": cfg.method.indicator if indicator is not None else None,
+        "unseen_indicator": cfg.unseen_indicator_rule(),
         "prompt": site_prompt(site.name, site.surgery_type)
-        if indicator is not None and cfg.method.indicator == "clip"
+        if cfg.unseen_indicator_rule() == "own" and cfg.method.indicator == "clip"
         else None,
         "binary": site.source.binary,
         "test_videos": len(dataset.videos),

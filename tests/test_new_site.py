@@ -193,9 +193,25 @@ def test_prepare_with_an_extra_site_builds_the_prompt_the_new_site_evaluation_re
 
 
 def test_a_new_sites_one_hot_indicator_is_a_slot_no_site_of_the_run_has(tiny_root, tmp_path):
-    cfg = experiment(tiny_root)  # onehot; configs/data/tiny.yaml lists 7 sites (ids 0..6)
+    # indicator.unseen=own; configs/data/tiny.yaml lists 7 sites (ids 0..6)
+    cfg = experiment(tiny_root, "indicator.unseen=own")
     vector = new_site_indicator(cfg, tmp_path, "lung", "lobectomy")
     assert int(vector.argmax()) == 7 and float(vector.sum()) == 1.0
+
+
+@pytest.mark.parametrize("kind", ["onehot", "gaussian", "random"])
+def test_under_the_fold_rule_a_new_site_gives_no_indicator_and_gaussian_runs_accept_it(
+    tiny_root, tmp_path, kind
+):
+    cfg = experiment(tiny_root, f"method.indicator={kind}")  # auto: fold
+    vector = new_site_indicator(cfg, tmp_path, "lung", "lobectomy")
+    assert vector.shape == (cfg.indicator.dim,) and vector.abs().sum() == 0
+
+
+def test_a_gaussian_run_refuses_a_new_site_only_under_the_own_rule(tiny_root, tmp_path):
+    cfg = experiment(tiny_root, "method.indicator=gaussian", "indicator.unseen=own")
+    with pytest.raises(ConfigError, match="unseen_indicator=fold"):
+        new_site_indicator(cfg, tmp_path, "lung", "lobectomy")
 
 
 # -- clear errors -------------------------------------------------------------------------------

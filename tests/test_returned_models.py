@@ -5,7 +5,9 @@
   at every evaluation round, whatever the server did to gamma_g afterwards (SERQ's SC step);
 * ``method.returned_model=global`` scores gamma_g U rho_k instead (the earlier behaviour);
 * the out-of-federation model is sum_k n_k / n v_k over the returned models, personal parts
-  included.
+  included (``indicator.unseen=own``); with one-hot indicators (``auto`` = fold) each site's
+  indicator is first folded into its own channel-selection bias, and ``mean`` runs the average at
+  the sample-weighted mean indicator (docs/methods.md).
 
 Tiny preset, in-process: the ClientApp's handlers are reached through Flower messages, the path
 of every engine.
@@ -13,6 +15,7 @@ of every engine.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -119,10 +122,8 @@ def test_the_out_of_federation_model_is_the_sample_weighted_average_of_the_retur
     fedst_two_rounds,
 ):
     cfg, run_dir, messages, _ = fedst_two_rounds
-    states = {
-        site: torch.load(run_dir / "sites" / site / "state_r0002.pt", weights_only=False)
-        for site in cfg.data.federation
-    }
+    cfg = with_unseen_rule(cfg, "own")
+    states = site_states(cfg, run_dir)
     counts = {site: float(state["num_examples"]) for site, state in states.items()}
     assert len(set(counts.values())) > 1  # the tiny sites differ in size: weights matter
     total = sum(counts.values())
@@ -138,6 +139,75 @@ def test_the_out_of_federation_model_is_the_sample_weighted_average_of_the_retur
                 )
                 expected += counts[site] / total * value.double()
             torch.testing.assert_close(model[key].double(), expected, rtol=0, atol=1e-6)
+
+
+def with_unseen_rule(cfg, rule: str):
+    return dataclasses.replace(cfg, indicator=dataclasses.replace(cfg.indicator, unseen=rule))
+
+
+def site_states(cfg, run_dir: Path) -> dict[str, dict]:
+    return {
+        site: torch.load(run_dir / "sites" / site / "state_r0002.pt", weights_only=False)
+        for site in cfg.data.federation
+    }
+
+
+CS_WEIGHT, CS_BIAS = "channel_selection.1.fc.weight", "channel_selection.1.fc.bias"
+"""The tiny network's channel selection (stage 1): W [C, C + D] on [GAP(F*), xi], b [C]."""
+
+
+def test_with_onehot_indicators_each_site_folds_its_own_indicator_column_before_averaging(
+    fedst_two_rounds,
+):
+    cfg, run_dir, _, _ = fedst_two_rounds
+    assert cfg.method.indicator == "onehot" and cfg.unseen_indicator_rule() == "fold"  # auto
+    states = site_states(cfg, run_dir)
+    counts = {site: float(state["num_examples"]) for site, state in states.items()}
+    total = sum(counts.values())
+    order = method_of(cfg).site_order()
+    model = averaged_model(cfg, run_dir, torch.device("cpu")).state_dict()
+    channels = states["A"]["personal"][CS_BIAS].numel()
+    # by hand: xi_k = e_{id(k)}, so W^xi_k xi_k is column C + id(k) of W_k
+    expected_bias = sum(
+        counts[s]
+        / total
+        * (
+            st["personal"][CS_BIAS].double()
+            + st["personal"][CS_WEIGHT][:, channels + order.index(s)].double()
+        )
+        for s, st in states.items()
+    )
+    expected_feature_part = sum(
+        counts[s] / total * st["personal"][CS_WEIGHT][:, :channels].double()
+        for s, st in states.items()
+    )
+    torch.testing.assert_close(model[CS_BIAS].double(), expected_bias, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        model[CS_WEIGHT][:, :channels].double(), expected_feature_part, rtol=0, atol=1e-6
+    )
+    assert model[CS_WEIGHT][:, channels:].abs().sum() == 0  # the average reads no indicator
+    # everything else is the plain sample-weighted average
+    plain = averaged_model(with_unseen_rule(cfg, "own"), run_dir, torch.device("cpu")).state_dict()
+    for key, value in plain.items():
+        if key not in (CS_WEIGHT, CS_BIAS):
+            torch.testing.assert_close(model[key], value, rtol=0, atol=1e-6)
+
+
+def test_the_mean_rule_runs_the_average_at_the_sample_weighted_mean_indicator(fedst_two_rounds):
+    cfg, run_dir, _, _ = fedst_two_rounds
+    states = site_states(cfg, run_dir)
+    counts = {site: float(state["num_examples"]) for site, state in states.items()}
+    total = sum(counts.values())
+    order = method_of(cfg).site_order()
+    plain = averaged_model(with_unseen_rule(cfg, "own"), run_dir, torch.device("cpu")).state_dict()
+    model = averaged_model(with_unseen_rule(cfg, "mean"), run_dir, torch.device("cpu")).state_dict()
+    channels = plain[CS_BIAS].numel()
+    # by hand: xi_bar = sum_k n_k / n e_{id(k)}, so W_bar xi_bar weighs W_bar's site columns
+    expected_bias = plain[CS_BIAS].double() + sum(
+        counts[s] / total * plain[CS_WEIGHT][:, channels + order.index(s)].double() for s in states
+    )
+    torch.testing.assert_close(model[CS_BIAS].double(), expected_bias, rtol=0, atol=1e-6)
+    assert model[CS_WEIGHT][:, channels:].abs().sum() == 0
 
 
 def test_returned_model_global_scores_gamma_g_with_each_sites_rho_k(tiny_root, tmp_path):

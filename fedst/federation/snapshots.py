@@ -115,5 +115,8 @@ def snapshot_outfed_model(
 ) -> FedSTNet:
     """The n_k-weighted average of every training site's returned model at validation round
     ``server_round`` (fedst/outfed.py's out-of-federation model, at that round)."""
-    states = [_site_snapshot(run_dir, site, server_round) for site in cfg.data.federation]
+    states = [
+        {**_site_snapshot(run_dir, site, server_round), "site": site}
+        for site in cfg.data.federation
+    ]
     return averaged_site_model(cfg, states, _global_shared(cfg, run_dir, server_round), device)

@@ -13,14 +13,28 @@ broadcast over space in Eq. 8.
 * :class:`SiteChannelSelection` (the FedDP baseline, ``NetworkConfig.channel_selection_kind =
   "feddp"``): FedDP's public release's personalized channel selection, with average *and* max
   pooling and an embedded site vector (see the class).
+
+:func:`fold_indicator` folds a frozen indicator into the bias of the layers that read it
+(b' = b + W^xi xi, W^xi = 0): the out-of-federation model's rule for a site whose indicator no
+site trained with (fedst/federation/returned.py, docs/methods.md).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
-__all__ = ["ChannelSelection", "PromptBias", "SiteChannelSelection", "expand_indicator"]
+__all__ = [
+    "ChannelSelection",
+    "IndicatorFoldError",
+    "PromptBias",
+    "SiteChannelSelection",
+    "expand_indicator",
+    "fold_indicator",
+]
 
 
 def expand_indicator(indicator: torch.Tensor, batch: int) -> torch.Tensor:
@@ -116,3 +130,63 @@ class SiteChannelSelection(nn.Module):
     def forward(self, feat: torch.Tensor, indicator: torch.Tensor) -> torch.Tensor:
         """F' = F + F * gate; feat [B, C, h, w], indicator [D] | [B, D] -> [B, C, h, w]."""
         return feat + feat * self.gate(feat, indicator)[:, :, None, None]
+
+
+INDICATOR_LAYERS = re.compile(
+    r"^(?P<module>(?:channel_selection\.\d+\.fc|prompt\.\d+\.proj))\.weight$"
+)
+"""State-dict keys of the weights that read the indicator linearly, with a bias beside them:
+ChannelSelection's ``fc`` (W = [W^F | W^xi] on [GAP(F*), xi]) and PromptBias's ``proj`` (W^xi)."""
+NONLINEAR_INDICATOR_LAYERS = re.compile(r"^channel_selection\.\d+\.embed\.")
+"""FedDP's site embedding: the indicator passes a ReLU before a bias-free layer (cannot fold)."""
+
+
+class IndicatorFoldError(ValueError):
+    """A state whose indicator path cannot be folded into a bias (the message says why)."""
+
+
+def fold_indicator(
+    state: Mapping[str, torch.Tensor], indicator: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """``state`` with the frozen indicator xi [D] folded into each indicator-fed layer's bias.
+
+    For every ``channel_selection.<s>.fc`` (Eq. 7, W [C, C+D] on [GAP(F*), xi]) and
+    ``prompt.<s>.proj`` (W [C, D] on xi): b' = b + W^xi xi and W^xi := 0, with W^xi the last D
+    columns. The layer then gives at any indicator what it gave at xi, so the folded network needs
+    no indicator input. Other keys are returned unchanged (a partial state works: a site's rho_k).
+    Arithmetic in fp64, results in each tensor's dtype.
+    """
+    if indicator.dim() != 1:
+        raise IndicatorFoldError(
+            f"fold_indicator: indicator must be [D], got {tuple(indicator.shape)}"
+        )
+    nonlinear = sorted(k for k in state if NONLINEAR_INDICATOR_LAYERS.match(k))
+    if nonlinear:
+        raise IndicatorFoldError(
+            f"{nonlinear[0]}: FedDP's channel selection embeds the indicator through a ReLU and "
+            f"bias-free layers, so it cannot be folded into a bias; use indicator.unseen=own"
+        )
+    folded = dict(state)
+    dim = indicator.numel()
+    for key, weight in state.items():
+        match = INDICATOR_LAYERS.match(key)
+        if match is None:
+            continue
+        bias_key = f"{match['module']}.bias"
+        if bias_key not in state:
+            raise IndicatorFoldError(
+                f"{key} is in the state but {bias_key} is not: the fold needs both in one part"
+            )
+        if weight.shape[-1] < dim:
+            raise IndicatorFoldError(
+                f"{key} has {weight.shape[-1]} input columns, fewer than the indicator's {dim}"
+            )
+        w_xi = weight[:, -dim:].double()  # [C, D]
+        bias = state[bias_key]
+        folded[bias_key] = (bias.double() + w_xi @ indicator.double().to(w_xi.device)).to(
+            bias.dtype
+        )
+        new_weight = weight.clone()
+        new_weight[:, -dim:] = 0
+        folded[key] = new_weight
+    return folded
