@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export FLWR_TELEMETRY_ENABLED := 0
 
-.PHONY: venv test lint format demo bench clean-venv
+.PHONY: venv test lint format demo bench gpu-wheels clean-venv
 
 venv: $(STAMP)
 
@@ -35,6 +35,11 @@ demo: venv
 bench: venv
 	$(BIN)/python -m bench.model
 	$(BIN)/python bench/demo.py
+
+# The wheels the GPU machine of `bash bench/gpu_check.sh` lacks (Python 3.12, manylinux x86-64),
+# pinned to this .venv's versions, into .whl/ (git-ignored); docs/paper-scale.md, "The GPU check".
+gpu-wheels: venv
+	$(BIN)/python -m bench.gpu_check wheels
 
 clean-venv:
 	rm -rf $(VENV)

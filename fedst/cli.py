@@ -120,10 +120,15 @@ RESUME_SAFE_KEYS = (
     "train.checkpoint_every",
     "serq.bank_storage",
     "network.encoder_grad_checkpointing",
+    "train.compile",
+    "train.channels_last",
+    "train.deterministic",
+    "train.require_gpu",
 )
 """Experiment keys a resumed run accepts from the command line: they change when and where it
 computes (evaluation cadence, device, loader workers, checkpoint cadence, where SERQ's working
-bank lives, activation recomputation), not what it learns. The runtime keys
+bank lives, activation recomputation, compile mode, memory layout, deterministic kernels), not
+what it learns. The runtime keys
 (progress, engine, regenerate) are always accepted; anything else is refused on resume."""
 
 

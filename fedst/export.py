@@ -25,6 +25,7 @@ Needs the ``export`` extra (onnx, onnxscript, onnxruntime).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import sys
@@ -40,7 +41,7 @@ from fedst.data.base import CLASS_NAMES
 from fedst.data.clips import IMAGENET_MEAN, IMAGENET_STD, FrameHistory
 from fedst.model.network import FedSTNet
 
-__all__ = ["ExportConfig", "OnnxStreamer", "StreamingStep", "export_onnx", "main"]
+__all__ = ["ExportConfig", "OnnxStreamer", "StreamingStep", "cpu_copy", "export_onnx", "main"]
 
 log = logging.getLogger("fedst.export")
 
@@ -88,6 +89,19 @@ class StreamingStep(nn.Module):
         return (frame, torch.zeros(earlier, dtype=torch.bool), *context)
 
 
+def cpu_copy(net: nn.Module) -> nn.Module:
+    """A copy of ``net`` whose parameters and buffers are on the CPU, made without a second copy
+    on ``net``'s own device (each tensor is copied to the host once); ``net`` is left as it is."""
+    memo: dict[int, Any] = {}
+    for parameter in net.parameters():
+        memo[id(parameter)] = nn.Parameter(
+            parameter.detach().to("cpu", copy=True), requires_grad=parameter.requires_grad
+        )
+    for buffer in net.buffers():
+        memo[id(buffer)] = buffer.detach().to("cpu", copy=True)
+    return copy.deepcopy(net, memo)
+
+
 def export_onnx(
     net: FedSTNet,
     indicator: torch.Tensor | None,
@@ -96,8 +110,11 @@ def export_onnx(
     out_path: Path,
     opset: int = DEFAULT_OPSET,
 ) -> Path:
-    """Write ``net``'s streaming step as ONNX to ``out_path`` (+ ``.json`` sidecar); return it."""
-    step = StreamingStep(net.cpu(), indicator).eval()
+    """Write ``net``'s streaming step as ONNX to ``out_path`` (+ ``.json`` sidecar); return it.
+
+    The graph is traced on the CPU from a copy of ``net`` (:func:`cpu_copy`): the caller's model
+    keeps its device and its training mode."""
+    step = StreamingStep(cpu_copy(net), indicator.cpu() if indicator is not None else None).eval()
     inputs = step.example_inputs(image_size)
     context_names = [f"context_s{s}" for s in step.stages]
     feature_names = [f"features_s{s}" for s in step.stages]

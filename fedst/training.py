@@ -7,10 +7,12 @@ out-of-federation evaluation -> final.json, tables and plots.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +21,20 @@ from flwr.app import Context, RecordDict
 from omegaconf import OmegaConf
 
 from fedst import plots, report, results, units
+from fedst.accel import DeviceFacts, configure_device, device_facts, resolve_precision
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import make_client_app, release_sites
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.nodes import site_node_config
+from fedst.app.ray_affinity import site_affinity
 from fedst.app.server_app import make_server_app
-from fedst.data.clips import usable_cpu_count
+from fedst.data.clips import resolve_num_workers, usable_cpu_count
 from fedst.data.procedural import SITES, generate
 from fedst.data.site_checks import validate_experiment_data
 from fedst.experiment import (
     ExperimentConfig,
     RayConfig,
-    resolve_device,
+    run_device,
     site_state_dir,
 )
 from fedst.federation.evaluation import evaluate_model
@@ -73,7 +77,11 @@ def prepare_run(
     """Every engine's start: the resolved config and the benchmark record in the run directory,
     data in place, and every site the run uses validated before anything trains.
     ``federated_data=False`` (the deployed server): the federated sites' data is at the
-    hospitals, each site validates its own; the server validates only what it reads itself."""
+    hospitals, each site validates its own; the server validates only what it reads itself.
+    Before anything is written, the server's device is resolved (a GPU-sized config that finds no
+    GPU stops here, fedst.experiment.run_device) and set up, and its facts logged and appended to
+    ``device.jsonl`` (:func:`record_device`)."""
+    record_device(cfg, run_dir)
     save_config(cfg, run_dir)
     record = prepare_data(cfg, progress, regenerate)
     if record is not None:
@@ -82,6 +90,31 @@ def prepare_run(
     if iid is not None:
         atomic_write_text(json.dumps(iid, indent=1, sort_keys=True), run_dir / "iid_partition.json")
     validate_data(cfg, federated=federated_data)
+
+
+DEVICE_LOG = "device.jsonl"
+"""In a run directory: one row per start (and resume) of the server process, the
+:class:`fedst.accel.DeviceFacts` it computed with, with the time it started."""
+
+
+def record_device(cfg: ExperimentConfig, run_dir: Path) -> DeviceFacts:
+    """Resolve and set up this process's device for ``cfg`` (fedst.accel.configure_device),
+    log its facts in one line and append them to ``<run_dir>/device.jsonl``; returns them."""
+    device = run_device(cfg)
+    train = cfg.train
+    configure_device(
+        device,
+        tf32=train.tf32,
+        cudnn_benchmark=train.cudnn_benchmark,
+        deterministic=train.deterministic,
+    )
+    facts = device_facts(device, resolve_precision(train.amp_dtype, device), train.compile)
+    log.info("run %s: %s", run_dir.name, facts.line())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    row = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "role": "server"}
+    with open(run_dir / DEVICE_LOG, "a") as rows:
+        rows.write(json.dumps({**row, **dataclasses.asdict(facts)}, sort_keys=True) + "\n")
+    return facts
 
 
 def ray_client_resources(
@@ -146,14 +179,23 @@ def run_training(
             raise RuntimeError(
                 "engine=ray needs Flower's simulation extra: .venv/bin/pip install -e '.[simulation]'"
             ) from err
-        resources = ray_client_resources(ray or RayConfig(), num_sites)
-        log.info("Ray: each of %d site actors reserves %s", num_sites, resources)
-        run_simulation(
-            server_app=server_app,
-            client_app=make_client_app(nodes),
-            num_supernodes=num_sites,
-            backend_config={"client_resources": resources},
+        ray = ray or RayConfig()
+        resources = ray_client_resources(ray, num_sites)
+        if cfg.train.num_workers == "auto":  # actors load at once: each gets its CPU share
+            workers = resolve_num_workers("auto", cpu_count=int(resources["num_cpus"]))
+            nodes = [{**node, "num-workers": workers} for node in nodes]
+        log.info(
+            "Ray: each site actor reserves %s and keeps %s built site(s) (ray.sites_per_actor)",
+            resources,
+            ray.sites_per_actor,
         )
+        with site_affinity(ray.site_affinity):
+            run_simulation(
+                server_app=server_app,
+                client_app=make_client_app(nodes, sites_per_actor=ray.site_limit),
+                num_supernodes=num_sites,
+                backend_config={"client_resources": resources},
+            )
     else:
         raise ValueError(f"engine={engine!r}; choose one of {ENGINES}")
     return finalize_run(cfg, run_dir, progress=progress)
@@ -214,7 +256,7 @@ def finalize_run(
     ``site_data=False`` (deployment): the server holds no federated site's data, so qualitative
     examples come from the out-of-federation sites only.
     """
-    device = resolve_device(cfg.train.device)
+    device = run_device(cfg)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     last_round = max((r["round"] for r in metrics), default=0)
     sites = {
@@ -259,6 +301,8 @@ def finalize_run(
         "sites": sites,
         "out_of_federation": outfed,
         **_outfed_average(cfg, run_dir),
+        # which indicator the out-of-federation model gave its sites (indicator.unseen resolved)
+        "unseen_indicator": cfg.unseen_indicator_rule() if outfed else None,
         # per site and round, parameter values only (fp32), as in the paper's Table IX; MB =
         # 10^6 bytes, MiB = 2^20 bytes (the unit the paper's figures appear to use, fedst/units.py)
         **_sizes_per_round("upload", rounds, "upload_param_bytes"),
@@ -275,6 +319,9 @@ def finalize_run(
             "test": record["test"][rule],
         }
     final["code"] = code_version()  # which code the numbers come from
+    starts = read_jsonl(run_dir / DEVICE_LOG)  # [] for a run older than the device log
+    if starts:  # which device, card and precision the numbers come from (the latest start)
+        final["device"] = {k: v for k, v in starts[-1].items() if k not in ("started", "role")}
     if (run_dir / "benchmark.json").is_file():  # which procedural benchmark the numbers are on
         final["benchmark"] = json.loads((run_dir / "benchmark.json").read_text())
     atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / "final.json")

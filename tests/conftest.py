@@ -11,6 +11,7 @@ a horizontal instrument entering from the left: shaft, wrist and jaw rectangles 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -164,6 +165,23 @@ def record_reads(patch: pytest.MonkeyPatch) -> list[Path]:
 def write_site(tmp_path: Path) -> Callable[..., WrittenSite]:
     """:func:`write_generic_site` at ``tmp_path``: ``write_site("D", videos={"v1": 6})``."""
     return partial(write_generic_site, tmp_path)
+
+
+TEST_DEVICE_ENV = "FEDST_TEST_DEVICE"
+"""Environment variable naming the device of the tests that take the ``test_device`` fixture
+(default cpu; ``bash bench/gpu_check.sh`` sets cuda on a GPU machine)."""
+
+
+@pytest.fixture(scope="session")
+def test_device():
+    """The torch device named by $FEDST_TEST_DEVICE (default cpu). A device this machine lacks is
+    an error, not a skip, so a GPU check cannot pass on the CPU by accident."""
+    import torch
+
+    device = torch.device(os.environ.get(TEST_DEVICE_ENV, "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        pytest.fail(f"{TEST_DEVICE_ENV}={device} but CUDA is not available here; unset it")
+    return device
 
 
 @pytest.fixture(autouse=True, scope="session")

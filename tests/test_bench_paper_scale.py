@@ -3,9 +3,11 @@ paper's round (300 x 100) extrapolated from per-unit costs, checked against hand
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from bench.paper_scale import PaperJob, extrapolate, round_costs
+from bench.paper_scale import GpuSampler, PaperJob, extrapolate, round_costs, summarise
 
 MB = 1e6
 
@@ -84,3 +86,45 @@ def test_a_checkpoint_every_k_rounds_writes_server_pt_once_and_the_bank_s_change
         paper = extrapolate(costs, pretrain_seconds_per_iter=0.0, job=PaperJob(checkpoint_every=k))
         assert paper.checkpoint_bytes == pytest.approx(per_round)
         assert paper.checkpoint == pytest.approx(per_round * 3.0 / (108 * MB))
+
+
+def test_the_gpu_busy_fraction_averages_only_the_samples_inside_the_steady_rounds():
+    gpu = GpuSampler(Path("unused.jsonl"))
+    # rounds end at 10 s (round 0: pre-training), 20 s (round 1) and 30 s (round 2)
+    gpu.round_ends = {0: 10.0, 1: 20.0, 2: 30.0}
+    gpu.samples = [(5.0, 0.0, 100.0), (15.0, 50.0, 200.0), (25.0, 80.0, 300.0),
+                   (29.0, 100.0, 400.0), (35.0, 0.0, 500.0)]  # fmt: skip
+    # round 2 alone: the samples at 25 and 29 s, (80 + 100) / 2 = 90 %
+    assert gpu.busy_fraction([2]) == pytest.approx(0.90)
+    # rounds 1 and 2: 15, 25 and 29 s, (50 + 80 + 100) / 3
+    assert gpu.busy_fraction([1, 2]) == pytest.approx(230 / 300)
+    assert gpu.busy_fraction([3]) is None  # a round that never ended has no window
+    assert gpu.peak_memory_mib() == 500.0
+
+
+def test_the_summary_reports_the_evaluation_s_share_and_the_device_facts():
+    costs = round_costs(
+        _rows(2, site_seconds=10.0, loader=1.0, eval_frames=16)
+        + _rows(3, site_seconds=10.0, loader=1.0, eval_frames=0),
+        serq_batches=4,
+    )
+    paper = extrapolate(costs, pretrain_seconds_per_iter=3.0, job=PaperJob(checkpoint_every=1))
+    gpu = GpuSampler(Path("unused.jsonl"))
+    config = {"train": {"device": "cpu", "amp_dtype": "auto", "tf32": True, "compile": "none"}}
+    summary = summarise(costs, costs, paper, gpu, config, peak_rss_bytes=2.5e9)
+    # by hand: round 2 evaluates for 8 s of its 60 s; the steady rounds (2 and 3) are 120 s, of
+    # which SERQ 2 x 8 s and the loader 2 x 4 s
+    assert summary["measured_shares"]["evaluation (its rounds)"] == pytest.approx(8 / 60)
+    assert summary["measured_shares"]["SERQ (EQ + SC)"] == pytest.approx(16 / 120)
+    assert summary["measured_shares"]["loader wait"] == pytest.approx(8 / 120)
+    assert summary["ms_per_site_step"] == pytest.approx(1e3 * 72 / 32)  # 2 x 36 s, 2 x 16 iters
+    # the paper's round (test above): evaluation 0.5 s x 3718 frames / 10 of the round
+    assert summary["paper_round_shares"]["evaluation (amortised)"] == pytest.approx(
+        185.9 / paper.wall
+    )
+    assert summary["paper_run_hours"] == pytest.approx(paper.run_hours)
+    assert summary["gpu_busy_fraction"] is None  # no samples without nvidia-smi
+    facts = summary["device_facts"]
+    # on the CPU autocast and TF32 do nothing: fp32, TF32 off, whatever the config asks
+    assert (facts["device"], facts["dtype"], facts["tf32"]) == ("cpu", "fp32", False)
+    assert facts["compile"] == "none"

@@ -90,6 +90,8 @@ def test_the_server_keeps_the_previous_checkpoint(run_copy):
 def test_a_damaged_server_checkpoint_is_named_and_the_run_resumes_from_the_previous_round(
     run_copy, caplog
 ):
+    """Device: train.device=auto (CUDA where present) with the tiny experiment's
+    train.deterministic=true, so the equality holds bit for bit on the CPU and on one GPU."""
     cfg, run_dir, final = run_copy
     truncate(run_dir / SERVER_CHECKPOINT)
     with caplog.at_level(logging.WARNING):

@@ -268,6 +268,8 @@ def test_the_latency_settings_reach_the_flower_processes_the_executor_and_the_se
 
 
 def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tiny_root, tmp_path):
+    """Device: train.device=auto (CUDA where present) with the tiny experiment's
+    train.deterministic=true, so the match holds bit for bit on the CPU and on one GPU."""
     overrides = ["train.eval_every=2", "data.out_of_federation=[E]"]
     loop = Loopback(tmp_path / "loop", tiny_root, ["A", "D"], overrides)
     deploy.make_site_key(tmp_path / "rogue", "A")  # a key the server never registered
@@ -398,7 +400,9 @@ def test_a_restarted_server_resumes_after_its_last_completed_round_and_matches_i
     tiny_root, tmp_path
 ):
     """Two sites, three rounds; the server (train_fed.py, SuperLink, ServerApp) is SIGKILLed once
-    round 1 is complete and restarted with ``resume=<run dir>``; the sites keep running."""
+    round 1 is complete and restarted with ``resume=<run dir>``; the sites keep running.
+    Device: train.device=auto (CUDA where present) with the tiny experiment's
+    train.deterministic=true, so the match holds bit for bit on the CPU and on one GPU."""
     overrides = ["train.total_iters=6", "train.eval_every=3", "data.out_of_federation=[]"]
     loop = Loopback(tmp_path / "loop", tiny_root, ["A", "D"], overrides)
     server_log = loop.run_dir / "log.txt"

@@ -74,10 +74,12 @@ def test_cpu_device_settings_change_nothing_and_fuse_nothing():
 
 def test_compile_is_in_place_and_only_when_asked(monkeypatch):
     calls = []
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: calls.append(self))
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: calls.append((self, k)))
     model = torch.nn.Linear(2, 2)
-    assert accel.maybe_compile(model, enabled=False) is model and calls == []
-    assert accel.maybe_compile(model, enabled=True) is model and calls == [model]
+    assert accel.maybe_compile(model, "none") is model and calls == []
+    assert accel.maybe_compile(model, "default") is model and calls == [
+        (model, {"mode": "default"})
+    ]
     assert list(model.state_dict()) == ["weight", "bias"]  # no _orig_mod. prefix
 
 
@@ -167,8 +169,8 @@ def test_the_ray_engine_passes_the_resolved_shares_to_flower(monkeypatch, tmp_pa
 # -- loader workers --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("cores", "workers"), [(1, 0), (2, 1), (3, 2), (8, 4), (64, 4)])
-def test_auto_workers_leave_one_core_and_stop_at_four(monkeypatch, cores, workers):
+@pytest.mark.parametrize(("cores", "workers"), [(1, 0), (2, 1), (3, 2), (8, 7), (64, 63)])
+def test_auto_workers_of_a_lone_loader_leave_one_core(monkeypatch, cores, workers):
     monkeypatch.setattr(clips.loaders, "usable_cpu_count", lambda: cores)
     assert clips.resolve_num_workers("auto") == workers
     assert clips.resolve_num_workers(3) == 3

@@ -162,10 +162,11 @@ def _centred_tiny_net(dataset):
     return net, INDICATOR
 
 
-def _per_sample_reference(net, dataset, indicator):
-    """The evaluation before batching, written out: for every sample the full clip forward, the
-    logits upsampled to the native label, the argmax scored frame by frame."""
-    from fedst.metrics import SegmentationMeter
+def _per_sample_reference(net, dataset, indicator, distances: bool = True):
+    """The evaluation before batching and before the pixel counts, written out: for every sample
+    the full clip forward, the logits upsampled to the native label, the argmax scored frame by
+    frame on the host by MONAI (fedst.metrics.reference_batch_metrics)."""
+    from fedst.metrics import SegmentationMeter, reference_batch_metrics
 
     meter = SegmentationMeter()
     for index in range(len(dataset)):
@@ -176,7 +177,8 @@ def _per_sample_reference(net, dataset, indicator):
         native = torch.nn.functional.interpolate(
             logits, size=tuple(label.shape), mode="bilinear", align_corners=False
         )
-        meter.update(native.argmax(1), label[None], [sample_id])
+        scores = reference_batch_metrics(native.argmax(1), label[None], distances=distances)
+        meter.add_scores(scores, [sample_id])
     return meter.summary()
 
 
@@ -227,6 +229,87 @@ def test_without_distances_the_overlap_scores_are_unchanged_and_distances_absent
     assert overlap["dice"] == full["dice"] and overlap["iou"] == full["iou"]
     assert overlap["hd95"] is None and overlap["assd"] is None
     assert full["hd95"] is not None
+
+
+# -- scoring on the device -------------------------------------------------------------------------
+
+
+def _small_site(write_site):
+    from fedst.data.clips import ClipConfig, ClipDataset
+    from fedst.data.generic import GenericLayoutSource
+
+    write_site("P", videos={"v1": 7, "v2": 6}, size=(48, 64), fps=12, label_every=2)
+    dataset = ClipDataset(
+        GenericLayoutSource(write_site.args[0], "P"), "test", ClipConfig(image_size=(32, 40))
+    )
+    return dataset, *_centred_tiny_net(dataset)
+
+
+def test_counts_reach_the_host_once_per_flush_and_distances_only_when_asked(
+    write_site, monkeypatch
+):
+    """7 labelled frames, counts flushed every 3: 3 copies to the host (3 + 3 + 1 frames), the
+    MONAI reference's Dice / IoU; without distances no class map is scored for distances."""
+    from fedst.federation import evaluation
+
+    dataset, net, indicator = _small_site(write_site)
+    copies: list[int] = []
+    real_scores = evaluation.overlap_scores
+
+    def counting_scores(counts, sample_ids=None):
+        copies.append(len(counts))
+        return real_scores(counts, sample_ids)
+
+    def no_distances(*args, **kwargs):
+        raise AssertionError("distance_metrics called in an evaluation without distances")
+
+    monkeypatch.setattr(evaluation, "COUNT_FLUSH_FRAMES", 3)
+    monkeypatch.setattr(evaluation, "overlap_scores", counting_scores)
+    monkeypatch.setattr(evaluation, "distance_metrics", no_distances)
+    summary = evaluation.evaluate_model(
+        net, dataset, indicator, torch.device("cpu"), batch_size=4, distances=False
+    ).summary
+    assert summary["num_frames"] == len(dataset) == 7
+    assert copies == [3, 3, 1]
+    expected = _per_sample_reference(net, dataset, indicator, distances=False)
+    assert summary["dice"] == pytest.approx(expected["dice"], abs=1e-5)
+    assert summary["iou"] == pytest.approx(expected["iou"], abs=1e-5)
+    assert summary["hd95"] is None
+
+
+def test_evaluation_forward_runs_under_autocast_and_scoring_outside_it(write_site, monkeypatch):
+    """amp_dtype reaches fedst.accel.resolve_precision; the network's passes run under its
+    autocast (bf16 autocast exists on the CPU too, so the logits come out bf16 here), while the
+    consumer of the predictions (upsampling, counts) runs outside it."""
+    from fedst import accel
+    from fedst.federation import evaluation
+
+    dataset, net, indicator = _small_site(write_site)
+    asked: list[tuple[str, str]] = []
+
+    def cpu_bf16(amp_dtype, device, bf16_supported=None):
+        asked.append((amp_dtype, device.type))
+        return accel.Precision("cpu", torch.bfloat16)
+
+    monkeypatch.setattr(evaluation, "resolve_precision", cpu_bf16)
+    predictions = evaluation.predict_test_frames(
+        net, dataset, indicator, torch.device("cpu"), batch_size=2, amp_dtype="bf16"
+    )
+    for prediction in predictions:
+        assert prediction.logits.dtype == torch.bfloat16
+        assert not torch.is_autocast_enabled("cpu")
+    assert asked == [("bf16", "cpu")]
+    summary = evaluation.evaluate_model(
+        net, dataset, indicator, torch.device("cpu"), amp_dtype="fp16", distances=False
+    ).summary
+    assert asked[-1] == ("fp16", "cpu") and summary["dice"] is not None
+
+
+def test_the_config_passes_its_amp_dtype_to_evaluation():
+    from fedst.experiment.config import TrainConfig
+
+    assert TrainConfig(amp_dtype="bf16").evaluation_options(1)["amp_dtype"] == "bf16"
+    assert TrainConfig(amp_dtype="none").evaluation_options()["amp_dtype"] == "none"
 
 
 # -- the network's class count ---------------------------------------------------------------------

@@ -2,7 +2,9 @@
 no bank; each save writes only the entries changed since the previous one; resuming restores the
 bank of server.pt's round exactly, also after a crash between the bank's write and server.pt's,
 and after a fall back to server.prev.pt. Each holds for both working banks (serq.bank_storage:
-a dict in memory, or the scratch file of DiskFeatureBank), and both give the same SERQ."""
+a dict in memory, or the scratch file of DiskFeatureBank), and both give the same SERQ.
+Device: the CPU (every server here is built on torch.device("cpu")), where the bit-for-bit
+comparisons hold without deterministic switches."""
 
 from __future__ import annotations
 

@@ -437,6 +437,8 @@ def run_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> None
 
 
 def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_root, tmp_path):
+    """Device: the tiny experiment's train.device=auto (CUDA where present) with its
+    train.deterministic=true, so the equality holds bit for bit on the CPU and on one GPU."""
     cfg = experiment(tiny_root, "serq.pretrain_iters=1", "train.eval_every=2")
     uninterrupted = run_training(cfg, tmp_path / "whole", progress=False)
 
@@ -456,7 +458,9 @@ def test_a_run_checkpointed_every_3_rounds_resumes_after_its_last_checkpoint_as_
     """train.checkpoint_every=3 over 5 rounds: the server saves after rounds 3 and 5 only; a run
     killed in round 5 restarts after round 3, whose states its sites kept although they had saved
     rounds 4 and 5 since, and ends with the uninterrupted run's metrics. SERQ's working bank is
-    in its scratch file (serq.bank_storage=disk, as paper.yaml), refilled from round 3's bank."""
+    in its scratch file (serq.bank_storage=disk, as paper.yaml), refilled from round 3's bank.
+    Device: train.device=auto (CUDA where present) with the tiny experiment's
+    train.deterministic=true, so the equality holds bit for bit on the CPU and on one GPU."""
     cfg = experiment(
         tiny_root,
         "serq.pretrain_iters=1",

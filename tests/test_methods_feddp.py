@@ -270,6 +270,8 @@ def test_a_run_interrupted_in_stage_two_resumes_into_it_and_finishes_once(
     tiny_root,  # noqa: F811 (fixture)
     tmp_path,
 ):
+    """Device: train.device=auto (CUDA where present) with the tiny experiment's
+    train.deterministic=true, so the equality holds bit for bit on the CPU and on one GPU."""
     cfg = experiment(
         tiny_root,
         "method=feddp",

@@ -1,7 +1,9 @@
 """Specification of SERQ's data path: a round is planned, then streamed batch by batch, with the
 very samples, augmentations, statistics and models of the round that materialised all its
 batches up front; the server's synthetic images are read once (1-frame clips), as the network
-without its temporal module reads only a clip's current frame."""
+without its temporal module reads only a clip's current frame. Device: the CPU (the servers
+are built on torch.device("cpu")), where the bit-for-bit comparisons hold without
+deterministic switches."""
 
 from __future__ import annotations
 

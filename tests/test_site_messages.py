@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -311,7 +312,10 @@ def test_two_nodes_claiming_the_same_site_stop_the_run(tiny_root, tmp_path):
 def test_a_cached_site_whose_handler_raised_is_dropped_so_the_next_message_rebuilds_it():
     from fedst.app import client_app as module
 
-    kept, failed = object(), object()
+    def cached(name: str) -> SimpleNamespace:  # what release_sites needs of a Site
+        return SimpleNamespace(name=name, stream=SimpleNamespace(close=lambda: None))
+
+    kept, failed = cached("A"), cached("B")
     module._SITES.update({("run/A", "A", "f"): kept, ("run/B", "B", "f"): failed})
     try:
         with module._forget_on_error(kept):

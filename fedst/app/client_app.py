@@ -20,17 +20,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
+import time
+from collections import OrderedDict
 from collections.abc import Iterator
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedst.accel import release_free_memory
+from fedst.accel import PhasePeaks, release_free_memory
 from fedst.experiment import (
     ExperimentConfig,
     SiteNodeConfig,
     experiment_from_json,
-    resolve_device,
+    run_device,
 )
 from fedst.federation import privacy, transport
 from fedst.federation.aggregation import UNIFORM_WEIGHT_KEY
@@ -43,17 +46,66 @@ log = logging.getLogger(__name__)
 
 app = ClientApp()
 
-_SITES: dict[tuple[str, str, str], Site] = {}
+_SITES: OrderedDict[tuple[str, str, str], Site] = OrderedDict()
 """Live Site objects of this process, by (state dir, which names the run; site; config
-fingerprint): the model, data and optimizer are built once per process, not once per message (a
-deployed site runs every message in one process, fedst.app.site_executor). State on disk stays
-authoritative: a Site restores from it whenever its in-memory round is not the one asked for, and
-a Site whose handler raised is dropped, so the next message rebuilds it from disk."""
+fingerprint), least recently used first: the model, data and optimizer are built once per process,
+not once per message (a deployed site runs every message in one process,
+fedst.app.site_executor; the in-process engine runs every site in this process). State on disk
+stays authoritative: a Site restores from it whenever its in-memory round is not the one asked
+for, and a Site whose handler raised is dropped, so the next message rebuilds it from disk."""
+
+_SITE_LIMIT: int | None = None
+"""At most this many live Sites in this process (None: every site it has seen). Flower's Ray
+engine sets it in each actor to ``ray.sites_per_actor`` (:func:`make_client_app`): an actor runs
+whichever site's message comes next, so without a bound every actor would end up holding every
+site."""
+
+_PAUSE_IDLE_LOADERS = False
+"""Stop the loader workers of this process's other Sites when one runs (Ray actors: a site that
+comes back usually restores its data order from disk, which restarts its workers anyway)."""
 
 
 def release_sites() -> None:
     """Drop this process's live Site objects (the in-process engine calls it when a run ends)."""
-    _SITES.clear()
+    while _SITES:
+        _close(_SITES.popitem(last=False)[1])
+
+
+def keep_live_sites(limit: int | None, pause_idle_loaders: bool = False) -> None:
+    """Keep at most ``limit`` live Sites in this process (None: all), least recently used evicted
+    first; an evicted site is rebuilt from its state on disk if it comes back. With
+    ``pause_idle_loaders`` only the Site that runs a message keeps its loader workers."""
+    global _SITE_LIMIT, _PAUSE_IDLE_LOADERS
+    if limit is not None and limit < 1:
+        raise ValueError(f"keep_live_sites: limit={limit}, need at least 1 (or None: all)")
+    _SITE_LIMIT, _PAUSE_IDLE_LOADERS = limit, pause_idle_loaders
+    _evict(keep=limit)
+
+
+def _close(site: Site) -> None:
+    """Stop ``site``'s loader workers now (its model and optimizer go with the last reference)."""
+    site.stream.close()
+
+
+def _evict(keep: int | None) -> None:
+    """Drop the least recently used Sites until at most ``keep`` remain (None: none dropped)."""
+    if keep is None or len(_SITES) <= keep:
+        return
+    while len(_SITES) > keep:
+        _, site = _SITES.popitem(last=False)
+        log.info("site %s: released from process %d (ray.sites_per_actor)", site.name, os.getpid())
+        _close(site)
+    release_free_memory()
+
+
+def _pause_other_loaders(active: Site) -> None:
+    """In a Ray actor: stop the loader workers of this process's other live Sites.
+    A site that comes back to this actor after another actor trained it restores its data order
+    from disk, which restarts its workers anyway; so an actor keeps one site's workers, not one
+    set per site it holds."""
+    for site in _SITES.values():
+        if site is not active:
+            site.stream.close()
 
 
 def _node(context: Context) -> SiteNodeConfig:
@@ -82,11 +134,23 @@ def _site_for(message: Message, context: Context) -> tuple[Site, ConfigRecord]:
     cfg = node.local_experiment(view, name)
     state_dir = node.private_state_dir(str(config["run-name"]), name)
     key = (str(state_dir), name, cfg.fingerprint())
-    if key not in _SITES:
-        _SITES[key] = Site(
-            name, cfg, state_dir, resolve_device(cfg.train.device), progress=node.progress
+    site = _SITES.get(key)
+    if site is None:
+        _evict(keep=None if _SITE_LIMIT is None else _SITE_LIMIT - 1)  # room before building
+        started = time.perf_counter()
+        site = Site(name, cfg, state_dir, run_device(cfg), progress=node.progress)
+        log.info(
+            "site %s: built in process %d in %.2f s (%d live site(s) here)",
+            name,
+            os.getpid(),
+            time.perf_counter() - started,
+            len(_SITES) + 1,
         )
-    return _SITES[key], config
+        _SITES[key] = site
+    _SITES.move_to_end(key)
+    if _PAUSE_IDLE_LOADERS:
+        _pause_other_loaders(site)
+    return site, config
 
 
 @contextlib.contextmanager
@@ -145,8 +209,10 @@ def train(message: Message, context: Context) -> Message:
 
 
 def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, MetricRecord]:
-    """gamma_k after this round's local training, and the reply's metrics."""
-    with _forget_on_error(site):
+    """gamma_k after this round's local training, and the reply's metrics (with the GPU's peak
+    allocated / reserved bytes during it, where the site computes on CUDA)."""
+    peaks = PhasePeaks(rss=False)  # in-process the resident size is the whole job's: not sent
+    with _forget_on_error(site), peaks.phase("train"):
         result = site.train_round(
             received,
             int(config["server-round"]),
@@ -161,6 +227,7 @@ def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, Metr
             "train-loss": result.mean_loss,
             "seconds": result.seconds,
             "loader-seconds": result.loader_seconds,
+            **peaks.reply_metrics("train"),
             **result.metrics,
         }
     )
@@ -288,13 +355,22 @@ def final_stage(message: Message, context: Context) -> Message:
     return Message(RecordDict({"metrics": metrics, "site": _site_record(site)}), reply_to=message)
 
 
-def make_client_app(local_nodes: list[dict]) -> ClientApp:
+def make_client_app(local_nodes: list[dict], sites_per_actor: int | None = None) -> ClientApp:
     """The same handlers for Flower's Ray simulation, whose virtual nodes only carry
-    ``partition-id``: each gets the node config of its site (``local_nodes[partition-id]``)."""
+    ``partition-id``: each gets the node config of its site (``local_nodes[partition-id]``).
+
+    Flower's Ray backend hands each message to whichever actor is idle
+    (flwr/simulation/ray_transport/ray_actor.py, ``BasicActorPool.submit``), so a site keeps an
+    actor only with ``ray.site_affinity`` (fedst/app/ray_affinity.py). Each actor keeps the last
+    ``sites_per_actor`` sites it ran (None: all it has seen; ``ray.sites_per_actor``), and only
+    the loader workers of the site it runs now: a site that comes back to an actor that holds it
+    is not rebuilt, only restored from disk when another actor trained it since; one it does not
+    hold is built (timed in the log)."""
     simulated = ClientApp()
 
     def with_node(handler):
         def call(message: Message, context: Context) -> Message:
+            keep_live_sites(sites_per_actor, pause_idle_loaders=True)  # in the actor
             node = local_nodes[int(context.node_config["partition-id"])]
             context.node_config = {**context.node_config, **node}
             return handler(message, context)

@@ -10,6 +10,7 @@ from typing import Any
 
 from flwr.app import Message
 
+from fedst.accel import REPLY_MEMORY_KEYS
 from fedst.app.messaging import _site_of
 from fedst.federation import transport
 from fedst.federation.evaluation import METRICS_RECORD, scored_site
@@ -56,6 +57,8 @@ def _log_training_reply(
                 else {}
             ),
             "update_norm": update_norm,
+            # the site's GPU peaks during its round (absent: it computed on the CPU)
+            **{row: int(metrics[key]) for key, row in REPLY_MEMORY_KEYS.items() if key in metrics},
         },
     )
 

@@ -42,7 +42,7 @@ from fedst.app.messaging import (
     _wait_for_nodes,
 )
 from fedst.app.reply_logs import _log_training_reply, _metrics_rows
-from fedst.experiment import ExperimentConfig, RoundPolicy, resolve_device, site_view
+from fedst.experiment import ExperimentConfig, RoundPolicy, run_device, site_view
 from fedst.federation import privacy, transport
 from fedst.federation.run_io import RunLog
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
@@ -114,7 +114,7 @@ def run_federation(
 ) -> dict[str, Any]:
     """Run (or resume) the federation described by ``cfg``; returns the last per-site test metrics."""
     policy = policy or RoundPolicy()
-    device = resolve_device(cfg.train.device)
+    device = run_device(cfg)
     server = FederationServer(cfg, run_dir, device, progress=progress)
     runlog = RunLog(run_dir)
     audit = RunLog(run_dir, tensorboard=False) if policy.audit else None

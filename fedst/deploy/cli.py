@@ -25,7 +25,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_local = commands.add_parser(
         "local", help=local_help, description=f"A whole deployment on this machine: {local_help}."
     )
-    run_local.add_argument("--sites", nargs="+", default=["A", "B", "C", "D"])
+    run_local.add_argument(
+        "--sites",
+        nargs="+",
+        default=["A", "B", "C", "D"],
+        help="the federated sites (default: A B C D); overrides may follow them",
+    )
     run_local.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
     run_local.add_argument("overrides", nargs="*", help="train_fed.py overrides (experiment=tiny)")
     certs_help = "a throw-away CA and server certificate"
@@ -51,5 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = make_site_key(args.out, args.site)
         print(f"written: {path} (keep it at the site) and {path}.pub (send it to the server)")
         return 0
+    sites, overrides = split_overrides(args.sites)
+    if not sites:
+        parser.error(f"local --sites {' '.join(args.sites)}: name at least one site")
     with terminate_on_signal():
-        return local(args.sites, args.overrides, args.workdir)
+        return local(sites, [*overrides, *args.overrides], args.workdir)
+
+
+def split_overrides(values: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(site names, train_fed.py overrides) of what ``--sites`` took: its ``nargs="+"`` also
+    takes the overrides written after it (``--sites A B C D experiment=tiny``), and a Hydra
+    override is never a site name (``key=value``, ``+key=value``, ``~key``)."""
+    overrides = [v for v in values if "=" in v or v.startswith(("+", "~"))]
+    return [v for v in values if v not in overrides], overrides

@@ -1,9 +1,11 @@
 """A whole deployment on one machine (``python -m fedst.deploy local``): throw-away certificates
-and keys, the server and one process per site on 127.0.0.1, one federation, every process stopped
-at the end (also on Ctrl-C and on failure)."""
+and keys, the server and one process per site on 127.0.0.1, each site on its own GPU when several
+are visible, one federation, every process stopped at the end (also on Ctrl-C and on failure)."""
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -13,11 +15,43 @@ from pathlib import Path
 from fedst.deploy.credentials import make_certificates, make_site_key
 from fedst.deploy.processes import APP_DIR, free_port, process_env, start, stop
 
+log = logging.getLogger("fedst.deploy")
+
+
+def visible_gpus(device_count: int | None = None, visible: str | None = None) -> list[str]:
+    """The GPUs this process may hand out, as CUDA_VISIBLE_DEVICES entries: those of an existing
+    ``CUDA_VISIBLE_DEVICES`` list (``visible``, default the environment's; indices or UUIDs,
+    kept as written; "" or "-1": none), else "0".."n-1" for ``device_count`` GPUs (default
+    ``torch.cuda.device_count()``)."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+        # CUDA stops at the first invalid entry; "-1" is the usual way of hiding every GPU
+        return entries[: entries.index("-1")] if "-1" in entries else entries
+    if device_count is None:
+        import torch
+
+        device_count = torch.cuda.device_count()
+    return [str(index) for index in range(device_count)]
+
+
+def site_gpus(sites: Sequence[str], gpus: Sequence[str]) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES of each site process: the visible GPUs ``gpus`` round-robin over
+    ``sites`` in order, so each site has a GPU of its own while there are enough (a site's
+    ``cuda`` is then its own card); empty (every process sees the same GPUs) with fewer than
+    two GPUs."""
+    if len(gpus) < 2:
+        return {}
+    return {site: gpus[index % len(gpus)] for index, site in enumerate(sites)}
+
 
 def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None = None) -> int:
-    """Throw-away certificates and keys, the server and one process per site on 127.0.0.1, one
-    federation, every process stopped at the end (also on Ctrl-C and on failure)."""
+    """Throw-away certificates and keys, the server and one process per site on 127.0.0.1 (each
+    site on its own GPU when several are visible: :func:`site_gpus`), one federation, every
+    process stopped at the end (also on Ctrl-C and on failure)."""
     from fedst.cli import compose_experiment
+    from fedst.data.clips import resolve_num_workers
     from fedst.training import prepare_data
 
     work = workdir or Path(tempfile.mkdtemp(prefix="fedst_local_"))
@@ -27,6 +61,11 @@ def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None =
     for site in sites:
         make_site_key(work / "keys", site)
     port = free_port()
+    if cfg.train.num_workers == "auto":  # the sites load at once here: each its share of cores
+        workers = resolve_num_workers("auto", parallel_loaders=len(sites))
+        overrides = [o for o in overrides if not o.startswith("train.num_workers=")]
+        overrides = [*overrides, f"train.num_workers={workers}"]
+        log.info("each of %d site processes loads with %d worker(s)", len(sites), workers)
     common = [
         f"deploy.certs={certs}",
         f"deploy.keys={work / 'keys'}",
@@ -40,6 +79,18 @@ def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None =
     server_cmd += [f"deploy.port={port}", f"hydra.run.dir={run_dir}", *common]
     processes: list[subprocess.Popen] = []
     env = process_env()
+    gpus = visible_gpus()
+    assigned = site_gpus(sites, gpus)
+    if assigned:
+        log.info(
+            "%d GPUs for %d sites: %s (CUDA_VISIBLE_DEVICES of each site process; the server "
+            "sees them all)",
+            len(gpus),
+            len(sites),
+            ", ".join(f"site {site} -> GPU {gpu}" for site, gpu in assigned.items()),
+        )
+    elif gpus:
+        log.info("one GPU (%s): the server and every site share it", gpus[0])
     try:
         server = start(server_cmd, work / "server.out", env)
         processes.append(server)
@@ -48,7 +99,8 @@ def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None =
             command += [f"deploy.server=127.0.0.1:{port}", f"deploy.site_port={free_port()}"]
             command += [f"deploy.state_dir={work / 'sites' / site}"]
             command += [f"hydra.run.dir={work / 'sites' / site / 'hydra'}", *common]
-            processes.append(start(command, work / f"site_{site}.out", env))
+            site_env = {**env, "CUDA_VISIBLE_DEVICES": assigned[site]} if site in assigned else env
+            processes.append(start(command, work / f"site_{site}.out", site_env))
         print(f"server and sites {', '.join(sites)} on 127.0.0.1:{port}; logs in {work}")
         code = server.wait()
         print((work / "server.out").read_text()[-3000:])

@@ -22,6 +22,7 @@ from fedst.experiment.config import (
     RETURNED_MODELS,
     SELECTION_RULES,
     SERQ_MODES,
+    UNSEEN_INDICATOR_RULES,
     CommConfig,
     ExperimentConfig,
     IndicatorConfig,
@@ -34,6 +35,7 @@ from fedst.experiment.config import (
     experiment_from_dict,
     experiment_from_json,
     resolve_device,
+    run_device,
     site_state_dir,
 )
 from fedst.experiment.runtime import (
@@ -48,6 +50,7 @@ from fedst.experiment.site_view import (
     NODE_LOCAL_FIELDS,
     SITE_VIEW_UNSET,
     SiteNodeConfig,
+    legacy_state_fingerprints,
     site_view,
     state_fingerprint,
 )
@@ -65,6 +68,7 @@ __all__ = [
     "SELECTION_RULES",
     "SERQ_MODES",
     "SITE_VIEW_UNSET",
+    "UNSEEN_INDICATOR_RULES",
     "CommConfig",
     "DeployConfig",
     "ExperimentConfig",
@@ -81,7 +85,9 @@ __all__ = [
     "default_eval_timeout",
     "experiment_from_dict",
     "experiment_from_json",
+    "legacy_state_fingerprints",
     "resolve_device",
+    "run_device",
     "site_state_dir",
     "site_view",
     "state_fingerprint",

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fedst.accel import AMP_DTYPES
+from fedst.accel import AMP_DTYPES, compile_mode, cuda_unavailable_reason
 from fedst.config import ConfigError, build, require_at_least, require_positive, to_dict
 from fedst.data.clips import AugmentConfig, ClipConfig
 from fedst.data.sites import DataConfig
@@ -30,6 +30,8 @@ AGGREGATION_WEIGHTS = ("uniform", "samples", "fisher")
 INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 RETURNED_MODELS = ("own", "global")
 """method.returned_model: a site's own gamma_k^T, or gamma_g as the site adopts it (MethodConfig)."""
+UNSEEN_INDICATOR_RULES = ("auto", "own", "fold", "mean")
+"""indicator.unseen: how the out-of-federation model treats a site outside the federation."""
 
 
 @dataclass(frozen=True)
@@ -164,17 +166,32 @@ class TrainConfig:
     (fedst/selection.py). None: no validation (selection.rule must be last)."""
     num_workers: int | str = "auto"
     """DataLoader worker processes per site (training and evaluation loaders): a number, or
-    "auto" = min(4, usable CPU cores - 1) (fedst.data.clips.resolve_num_workers). Workers decode,
-    resize and augment; they send uint8 clips, normalised on the device."""
+    "auto" = the usable CPU cores divided among the loaders that run at once, less one core for
+    the training process (fedst.data.clips.resolve_num_workers): in-process cores - 1 (sites
+    train in turn), under Ray the actor's CPU share - 1. Workers decode, resize and augment;
+    they send uint8 clips, normalised on the device; training loaders keep them (persistent)."""
     device: str = "auto"
-    """auto | cpu | cuda | cuda:N."""
+    """auto (the first CUDA device when present, else the CPU; see ``require_gpu``) | cpu |
+    cuda | cuda:N (an error where CUDA is unavailable)."""
+    require_gpu: bool = False
+    """The config is sized for a GPU (configs/experiment/paper.yaml): ``device=auto`` that finds
+    no CUDA device stops the run with the reason instead of training for weeks on the CPU; an
+    explicit ``train.device=cpu`` still runs it there (:func:`resolve_device`)."""
     amp_dtype: str = "auto"
     """Mixed precision of forward passes on CUDA (fedst/accel.py; CPU always runs fp32): auto
     (bf16 where the GPU supports it, else fp16) | bf16 (autocast bfloat16) | fp16 (autocast
     float16 with a GradScaler) | none (fp32). Replaces ``train.amp`` (true = bf16, false = none)."""
-    compile: bool = False
-    """``torch.compile`` the network's training forward (in place, fedst.accel.maybe_compile):
-    faster steps on a GPU after a slower first round; needs a C++ compiler for CPU."""
+    compile: str | bool = "none"
+    """``torch.compile`` mode of the training steps (fedst.accel.maybe_compile): a site's step
+    (forward and loss) and SERQ's passes (v_pre's and the global model's forwards and losses
+    in EQ and SC, the bank's F_g). none (eager) | default | reduce-overhead (CUDA graphs: the
+    steps' shapes are fixed, every batch is full) | max-autotune. The former true / false read
+    as default / none (fedst.accel.compile_mode). Faster steps on a GPU after slower first
+    steps; CPU compiling needs a C++ compiler."""
+    channels_last: bool = False
+    """CUDA only: the site's and SERQ's models and their input frames in ``torch.channels_last``
+    memory order (NHWC convolutions in cuDNN; fedst.accel.use_channels_last). A no-op on the
+    CPU, whose results stay those of NCHW."""
     tf32: bool = True
     """CUDA only: fp32 matmuls and convolutions on TF32 tensor cores (Ampere and later)."""
     cudnn_benchmark: bool = True
@@ -182,6 +199,12 @@ class TrainConfig:
     per run, so it is measured once)."""
     max_grad_norm: float | None = None
     """Gradient clipping norm (None: off)."""
+    deterministic: bool = False
+    """CUDA only: deterministic algorithms (``torch.use_deterministic_algorithms(True,
+    warn_only=True)``: an op without a deterministic kernel warns), cuDNN without autotuning
+    (overrides ``cudnn_benchmark``) and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` where unset
+    (fedst.accel.configure_device), so a resumed run or another engine repeats a run's numbers
+    bit for bit on the same GPU; slower. CPU runs are deterministic without it."""
 
     def __post_init__(self) -> None:
         require_at_least("train.local_iters", self.local_iters, 1)
@@ -206,6 +229,10 @@ class TrainConfig:
         check_num_workers("train.num_workers", self.num_workers)
         if self.amp_dtype not in AMP_DTYPES:
             raise ConfigError(f"train.amp_dtype={self.amp_dtype!r}; choose one of {AMP_DTYPES}")
+        try:  # a mode string from here on (the former boolean is mapped)
+            object.__setattr__(self, "compile", compile_mode(self.compile))
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
         require_positive("train.max_grad_norm", self.max_grad_norm, "or null for no clipping")
 
     @property
@@ -217,12 +244,13 @@ class TrainConfig:
     def evaluation_options(self, server_round: int | None = None) -> dict[str, Any]:
         """Keyword arguments of fedst.federation.evaluation.evaluate_model for the evaluation of
         ``server_round`` (None: a final evaluation, distances included): frame cap, batch size,
-        loader workers and whether HD95 / ASSD are computed."""
+        loader workers, whether HD95 / ASSD are computed and the autocast dtype."""
         return {
             "max_frames": self.eval_max_frames,
             "batch_size": self.eval_batch_size,
             "num_workers": self.num_workers,
             "distances": server_round is None or self.distances_at(server_round),
+            "amp_dtype": self.amp_dtype,
         }
 
     def distances_at(self, server_round: int) -> bool:
@@ -392,6 +420,21 @@ class IndicatorConfig:
     """Where text embeddings are cached (computed once)."""
     dim: int = 512
     """Indicator dimension (CLIP ViT-B-32 text embedding: 512)."""
+    unseen: str = "auto"
+    """The indicator of the out-of-federation model at a site outside the federation
+    (:data:`UNSEEN_INDICATOR_RULES`; docs/methods.md): own (the site's own indicator: its prompt's
+    CLIP embedding, the paper's Sec. IV-B2) | fold (each site's frozen xi_k folded into its own
+    channel-selection bias, b'_k = b_k + W^xi_k xi_k, before the sample-weighted average; the
+    average reads no indicator) | mean (the averaged model run at the sample-weighted mean of the
+    federated sites' xi_k) | auto (own for clip, whose unseen prompt shares the sites' template;
+    fold for onehot, gaussian and random, whose unseen vector meets weights no site trained;
+    own for FedDP's channel selection, which cannot fold)."""
+
+    def __post_init__(self) -> None:
+        if self.unseen not in UNSEEN_INDICATOR_RULES:
+            raise ConfigError(
+                f"indicator.unseen={self.unseen!r}; choose one of {UNSEEN_INDICATOR_RULES}"
+            )
 
 
 @dataclass(frozen=True)
@@ -412,6 +455,7 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         require_at_least("seed", self.seed, 0, "seeds are non-negative integers")
+        self.unseen_indicator_rule()  # a rule the network cannot apply is a ConfigError now
         if self.selection.rule != "last" and self.train.val_every is None:
             raise ConfigError(
                 f"selection.rule={self.selection.rule} selects on validation scores: set "
@@ -458,6 +502,26 @@ class ExperimentConfig:
     def uses_indicator(self) -> bool:
         return self.method.prompt or self.method.channel_selection
 
+    def unseen_indicator_rule(self) -> str | None:
+        """``indicator.unseen`` resolved: own | fold | mean for the out-of-federation model (None
+        when the network reads no indicator). auto: own for clip and for FedDP's channel
+        selection (no bias to fold into), fold otherwise."""
+        if not self.uses_indicator():
+            return None
+        rule = self.indicator.unseen
+        feddp = self.method.channel_selection and (
+            self.method.algorithm == "feddp" or self.network.channel_selection_kind == "feddp"
+        )  # fedst/methods/feddp.py builds FedDP's channel selection whatever network.* says
+        if rule == "auto":
+            return "own" if self.method.indicator == "clip" or feddp else "fold"
+        if feddp and rule != "own":
+            raise ConfigError(
+                f"indicator.unseen={rule}: FedDP's channel selection embeds the indicator through "
+                f"a ReLU and bias-free layers, so it cannot be folded or averaged into a bias; "
+                f"use indicator.unseen=own"
+            )
+        return rule
+
     def to_json(self) -> str:
         return json.dumps(to_dict(self), sort_keys=True)
 
@@ -502,16 +566,35 @@ def experiment_from_json(text: str) -> ExperimentConfig:
     return experiment_from_dict(values)
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> the first CUDA device when available, else CPU."""
+def resolve_device(name: str, require_gpu: bool = False, experiment: str = "") -> torch.device:
+    """``train.device`` -> the torch device: ``auto`` -> the first CUDA device when available,
+    else the CPU, unless ``require_gpu`` (``train.require_gpu``: the config named ``experiment``
+    is sized for a GPU), which makes a CPU fallback a ConfigError with the reason and the fix;
+    ``cuda``/``cuda:N`` where CUDA is unavailable is an error."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if require_gpu:
+            raise ConfigError(
+                f"train.device=auto found no CUDA device (torch {torch.__version__}, CUDA build "
+                f"{torch.version.cuda}: {cuda_unavailable_reason()}); experiment={experiment} is "
+                f"sized for a GPU (train.require_gpu=true): fix the driver/install, or pass "
+                f"train.device=cpu to run it on the CPU anyway"
+            )
+        return torch.device("cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
-            f"train.device={name!r} but CUDA is not available; use device=auto or cpu"
+            f"train.device={name!r} but CUDA is not available ({cuda_unavailable_reason()}); "
+            f"use device=auto or cpu"
         )
     return device
+
+
+def run_device(cfg: ExperimentConfig) -> torch.device:
+    """The device a run trains on (:func:`resolve_device` of ``train.device`` with
+    ``train.require_gpu``): where a server or a site sets up."""
+    return resolve_device(cfg.train.device, cfg.train.require_gpu, cfg.name)
 
 
 def site_state_dir(run_dir: Path, site: str) -> Path:

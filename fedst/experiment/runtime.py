@@ -61,15 +61,32 @@ class RoundPolicy:
 @dataclass(frozen=True)
 class RayConfig:
     """``ray.*`` of train_fed.py with ``engine=ray``: what Flower's simulation engine reserves for
-    each site's actor (fedst.training.ray_client_resources). Ray starts as many actors as these
-    shares fit in the machine, and hides the GPUs from an actor that reserved none."""
+    each site actor (fedst.training.ray_client_resources: Flower's backend config
+    ``client_resources``) and how many sites an actor keeps built. Ray starts as many actors as
+    these shares fit in the machine, and hides the GPUs from an actor that reserved none.
+
+    Flower hands each message to whichever actor is idle; ``site_affinity`` makes it the actor
+    that ran the site last when that one is idle. An actor that gets a site builds it unless it
+    holds it already (``sites_per_actor``), and restores its private state from disk when
+    another actor trained it since (docs/paper-scale.md, "Several GPUs: Ray and deployment")."""
 
     num_cpus_per_site: float | str = "auto"
     """CPU cores per site actor; "auto" = max(1, CPU cores // number of sites), so at most one
-    actor per site (each actor builds its own copy of the sites it runs)."""
+    actor per site runs at a time."""
     num_gpus_per_site: float | str = "auto"
-    """GPU share per site actor (0.25: four sites share one GPU); "auto" = min(1, GPUs / number
-    of sites) from torch.cuda.device_count() (0 without CUDA: sites train on the CPU)."""
+    """GPU share per site actor (0.25: four actors share one GPU; Flower's
+    ``client_resources["num_gpus"]``); "auto" = min(1, GPUs / number of sites) from
+    torch.cuda.device_count() (0 without CUDA: Ray hides the GPUs and sites train on the CPU)."""
+    sites_per_actor: int | str = "all"
+    """Built sites (model, optimizer, data) an actor keeps, least recently used released first;
+    "all": every site it has run. Only the site an actor runs keeps its loader workers. A site
+    an actor does not hold is rebuilt (seconds: the model, data index and state from disk); 1
+    bounds each actor's memory (GPU: one site's model and optimizer) at one rebuild per move."""
+    site_affinity: bool = True
+    """Send each site's message to the actor that ran that site last when it is idle (with as
+    many actors as sites: always, from round 2 on), so the site keeps its actor, its built model
+    and its loader workers; false: Flower's own choice, the last idle actor
+    (fedst/app/ray_affinity.py replaces Flower 1.41's pool class to do it)."""
 
     def __post_init__(self) -> None:
         for name in ("num_cpus_per_site", "num_gpus_per_site"):
@@ -81,6 +98,18 @@ class RayConfig:
                 require_at_least(f"ray.{name}", value, 0, 'or "auto"')
         if self.num_cpus_per_site == 0:
             raise ConfigError("ray.num_cpus_per_site=0: each site actor needs a CPU share > 0")
+        if isinstance(self.sites_per_actor, str):
+            if self.sites_per_actor != "all":
+                raise ConfigError(
+                    f'ray.sites_per_actor={self.sites_per_actor!r}: a count >= 1 or "all"'
+                )
+        else:
+            require_at_least("ray.sites_per_actor", self.sites_per_actor, 1, 'or "all"')
+
+    @property
+    def site_limit(self) -> int | None:
+        """``sites_per_actor`` as fedst.app.client_app.keep_live_sites takes it (None: all)."""
+        return None if self.sites_per_actor == "all" else int(self.sites_per_actor)
 
 
 @dataclass(frozen=True)

@@ -63,15 +63,44 @@ def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
     )
 
 
+EXECUTION_FIELDS = ("compile", "channels_last", "deterministic", "require_gpu")
+"""Train fields that change how a step executes on the device, not what a site learns (left out
+of the state fingerprint, so a run may be resumed with another compile mode or memory layout)."""
+
+
 def state_fingerprint(view: ExperimentConfig) -> str:
     """Fingerprint of what produces a site's private state: the site view without the
-    evaluation settings (:data:`EVALUATION_FIELDS`, the selection rule, method.returned_model)."""
+    evaluation settings (:data:`EVALUATION_FIELDS`, the selection rule, method.returned_model,
+    indicator.unseen) and the execution settings (:data:`EXECUTION_FIELDS`)."""
+    values = _fingerprinted_values(view)
+    for key in EXECUTION_FIELDS:
+        values["train"].pop(key)
+    return _digest(values)
+
+
+def legacy_state_fingerprints(view: ExperimentConfig) -> tuple[str, ...]:
+    """The fingerprints that runs from before the execution fields existed recorded for the same
+    configuration (``train.compile`` was a bool then): a resumed old run is still recognised."""
+    values = _fingerprinted_values(view)
+    compiled = values["train"]["compile"] not in (False, "none")
+    for key in EXECUTION_FIELDS:
+        values["train"].pop(key)
+    values["train"]["compile"] = compiled
+    return (_digest(values),)
+
+
+def _fingerprinted_values(view: ExperimentConfig) -> dict:
     values = json.loads(view.to_json())
     for key in EVALUATION_FIELDS:
         values["train"].pop(key)
     for key in ("rule", "metric"):  # which round is reported, not what a site learns
         values["selection"].pop(key)
     values["method"].pop("returned_model")  # which model is scored, not what a site learns
+    values["indicator"].pop("unseen")  # what an unseen site is given, not what a site learns
+    return values
+
+
+def _digest(values: dict) -> str:
     return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -9,10 +9,14 @@ predictions equal ``model(clip)`` on each test clip (tests/test_infer.py).
 Batched (:func:`predict_test_frames`): loader workers decode and resize the needed frames
 (:class:`fedst.data.clips.FrameDataset`) and read each label once, at native resolution; they send
 uint8 frames, normalised on the device; ``batch_size`` consecutive frames of a video share one
-encoder pass (:meth:`fedst.model.network.StreamingState.step_frames`). Upsampling and argmax run
-on the device; only uint8 class maps come back to the host for the metrics. HD95 / ASSD can be
-left out of an evaluation (``distances=False``; ``train.distance_metrics_every``): they are most
-of the metric cost at native resolution.
+encoder pass (:meth:`fedst.model.network.StreamingState.step_frames`), under autocast at
+``train.amp_dtype`` (:func:`fedst.accel.resolve_precision`; fp32 off CUDA).
+
+On the device (:func:`evaluate_model`): the upsampling, the argmax and the per-class pixel counts
+of Dice / IoU (:func:`fedst.metrics.overlap_counts`); the counts of up to
+:data:`COUNT_FLUSH_FRAMES` frames reach the host in one copy. HD95 / ASSD (distance transforms,
+on the host) are computed only when asked for (``distances=True``; ``train.distance_metrics_every``),
+and only then does each class map come to the host.
 
 Scores are measured at each frame's **native label resolution**, as in the paper: the logits
 [C, h, w] at the network's input size are upsampled bilinearly to the label's size [H0, W0]
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedst.accel import resolve_precision
 from fedst.data.clips import (
     ClipDataset,
     FrameDataset,
@@ -40,7 +45,14 @@ from fedst.data.clips import (
     frame_loader,
     normalize_clips,
 )
-from fedst.metrics import SegmentationMeter
+from fedst.metrics import (
+    OverlapCounts,
+    SegmentationMeter,
+    distance_metrics,
+    merge_distances,
+    overlap_counts,
+    overlap_scores,
+)
 from fedst.model.network import FedSTNet
 from fedst.progress import progress_bar
 
@@ -51,6 +63,10 @@ METRICS_RECORD = "metrics"
 """Name of the MetricRecord of an evaluate reply that scores the party's own test split; the
 split of another site ``S`` (a party scored on several sites, e.g. the upper bound's pool) is
 scored in the record ``"metrics@S"``."""
+
+
+COUNT_FLUSH_FRAMES = 256
+"""Frames whose pixel counts (a few kB each) wait on the device before one copy to the host."""
 
 
 def metrics_record(scored: str, party: str) -> str:
@@ -122,16 +138,19 @@ def predict_test_frames(
     max_frames: int | None = None,
     batch_size: int = 1,
     num_workers: int | str = 0,
+    amp_dtype: str = "none",
 ) -> Iterator[FramePrediction]:
     """Predictions of the first ``max_frames`` samples of ``dataset``, in dataset order, by
     streaming each video's needed frames (:func:`evaluation_plan`) in batches of up to
-    ``batch_size`` consecutive frames of one video, loaded by ``num_workers`` workers.
+    ``batch_size`` consecutive frames of one video, loaded by ``num_workers`` workers, the
+    network under autocast at ``amp_dtype`` (``train.amp_dtype``; "none": fp32).
 
     Sparse labels (e.g. 1 fps labels in a 25 fps video) cost 4 encoder passes per label at most,
     dense labels 1.
     """
     if batch_size < 1:
         raise ValueError(f"evaluation batch_size must be >= 1, got {batch_size}")
+    precision = resolve_precision(amp_dtype, device)
     model.eval()
     temporal = model.uses_temporal(dataset.clip_length)
     plan = evaluation_plan(dataset, max_frames, temporal)
@@ -152,11 +171,12 @@ def predict_test_frames(
                 current_video = video_index
             video = dataset.videos[video_index]
             run = [plan[i] for i in indices[start:end]]
-            logits = state.step_frames(
-                normalized[start:end],
-                [video.times[position] for _, position, _ in run],
-                [labelled for _, _, labelled in run],
-            )  # [M, K, H, W] of the labelled frames of the run
+            with precision.autocast():  # not around the yield: autocast is thread-global
+                logits = state.step_frames(
+                    normalized[start:end],
+                    [video.times[position] for _, position, _ in run],
+                    [labelled for _, _, labelled in run],
+                )  # [M, K, H, W] of the labelled frames of the run
             labelled_rows = [start + j for j, (_, _, labelled) in enumerate(run) if labelled]
             for k, row in enumerate(labelled_rows):
                 position = plan[indices[row]][1]
@@ -195,6 +215,50 @@ def native_class_map(logits: torch.Tensor, size: tuple[int, int]) -> torch.Tenso
     return native[0].argmax(0).to(torch.uint8)
 
 
+def label_on_device(label: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host label map on ``device``; on CUDA through pinned memory, so the copy is queued
+    without waiting for the device (a copy from pageable memory first syncs the stream)."""
+    if device.type == "cuda":
+        return label.pin_memory().to(device, non_blocking=True)
+    return label.to(device)
+
+
+class _DeviceScoring:
+    """Feeds a :class:`SegmentationMeter` from pixel counts kept on the device: each frame adds
+    its :class:`OverlapCounts` (and its distances, when computed); every
+    :data:`COUNT_FLUSH_FRAMES` frames and at the end, one copy brings the counts to the host."""
+
+    def __init__(self, meter: SegmentationMeter) -> None:
+        self.meter = meter
+        self._counts: list[OverlapCounts] = []
+        self._ids: list[str] = []
+        self._distances: list[dict[int, dict[str, float]]] = []
+
+    def add(
+        self,
+        counts: OverlapCounts,
+        sample_id: str,
+        distances: dict[int, dict[str, float]] | None,
+    ) -> None:
+        """One frame's counts [1, C - 1, 3] and, when scored, its HD95 / ASSD per class."""
+        self._counts.append(counts)
+        self._ids.append(sample_id)
+        if distances is not None:
+            self._distances.append(distances)
+        if len(self._counts) >= COUNT_FLUSH_FRAMES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Score the pending frames on the host and add them to the meter."""
+        if not self._counts:
+            return
+        scores = overlap_scores(OverlapCounts.cat(self._counts), self._ids)
+        if self._distances:
+            scores = merge_distances(scores, self._distances)
+        self.meter.add_scores(scores, self._ids)
+        self._counts, self._ids, self._distances = [], [], []
+
+
 @torch.no_grad()
 def evaluate_model(
     model: FedSTNet,
@@ -208,39 +272,57 @@ def evaluate_model(
     batch_size: int = 1,
     num_workers: int | str = 0,
     distances: bool = True,
+    amp_dtype: str = "none",
 ) -> EvaluationResult:
     """Predict every test clip's current frame (:func:`predict_test_frames`: ``batch_size``
-    frames per pass, ``num_workers`` loader workers; callers pass ``train.eval_batch_size`` and
-    ``train.num_workers``) and score it against its label at native resolution: the logits
-    upsampled to the label's size and the argmax on the device (:func:`native_class_map`), the
-    uint8 map scored on the host. ``distances=False``: Dice / IoU only (HD95 / ASSD ``None``).
+    frames per pass, ``num_workers`` loader workers, autocast at ``amp_dtype``; callers pass
+    ``train.evaluation_options()``) and score it against its label at native resolution: the
+    logits upsampled to the label's size, the argmax and the pixel counts of Dice / IoU on the
+    device (:func:`native_class_map`, :func:`fedst.metrics.overlap_counts`), only the counts
+    copied to the host. ``distances=False``: Dice / IoU only (HD95 / ASSD ``None``); with
+    distances, each class map is also copied to the host for its distance transforms.
 
     The class count is the network's (its logits' channels). For a binary site (GraSP) every
     predicted part class counts as instrument (paper Sec. IV-D1).
     """
-    meter: SegmentationMeter | None = None
+    scoring: _DeviceScoring | None = None
     examples: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
     ind = indicator.to(device) if indicator is not None else None
     total = len(dataset) if max_frames is None else min(max_frames, len(dataset))
     predictions = predict_test_frames(
-        model, dataset, ind, device, max_frames, batch_size, num_workers
+        model, dataset, ind, device, max_frames, batch_size, num_workers, amp_dtype
     )
     for prediction in progress_bar(
         predictions, total=total, desc=f"eval {dataset.site_name}", enabled=progress, leave=False
     ):
-        if meter is None:
-            meter = SegmentationMeter(
-                num_classes=prediction.logits.shape[0],
-                binary_target=dataset.binary,
-                distances=distances,
+        num_classes = prediction.logits.shape[0]
+        if scoring is None:
+            scoring = _DeviceScoring(
+                SegmentationMeter(
+                    num_classes=num_classes, binary_target=dataset.binary, distances=distances
+                )
             )
-        label = prediction.label  # uint8 [H0, W0]
-        pred = native_class_map(prediction.logits, tuple(label.shape)).cpu()  # uint8 [H0, W0]
-        meter.update(pred[None], label[None], [prediction.sample_id])
+        label = prediction.label  # uint8 [H0, W0], host
+        pred = native_class_map(prediction.logits, tuple(label.shape))  # uint8 [H0, W0], device
+        counts = overlap_counts(
+            pred[None],
+            label_on_device(label, pred.device)[None],
+            num_classes,
+            binary_target=dataset.binary,
+        )
+        frame_distances = None
+        if distances:
+            frame_distances = distance_metrics(
+                pred.cpu()[None], label[None], num_classes, binary_target=dataset.binary
+            )[0]
+        scoring.add(counts, prediction.sample_id, frame_distances)
         if len(examples) < keep_examples:
             rgb = prediction.frame.permute(1, 2, 0).numpy()  # [H, W, 3] uint8
             mask = dataset.resize_label(label.numpy()).astype(np.int64)  # [H, W]
             small = prediction.logits.argmax(0).cpu().numpy()  # [H, W], network input size
             examples.append((prediction.sample_id, rgb, mask, small))
-    assert meter is not None  # a ClipDataset has at least one sample
-    return EvaluationResult(summary=meter.summary(), examples=examples, binary=dataset.binary)
+    assert scoring is not None  # a ClipDataset has at least one sample
+    scoring.flush()
+    return EvaluationResult(
+        summary=scoring.meter.summary(), examples=examples, binary=dataset.binary
+    )

@@ -28,7 +28,9 @@ The cost is one small file per synthetic sample (3600 for SISVSE), well within a
 The working bank (``serq.bank_storage``). Between checkpoints SERQ reads and updates the bank in
 a mapping: a dict in memory (``memory``), or a :class:`DiskFeatureBank` (``disk``), whose entries
 live in one scratch file of fixed-size slots (``serq_bank.work`` in the run directory) and are
-read and written one batch at a time, with only the id -> slot index in memory. It takes the
+read and written one batch at a time (:func:`read_entries` / :func:`write_entries`: one buffer
+per batch, one system call per run of consecutive slots), with only the id -> slot index in
+memory. It takes the
 bank's size (2.35 GB for SISVSE at 512x640) out of the server's resident memory for a 2 x 640 KiB
 read and a 640 KiB write per sample visit (the operating system's page cache keeps recent slots,
 and can drop them under memory pressure, unlike a process's heap). The scratch file is not a
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -158,28 +160,64 @@ class DiskFeatureBank(MutableMapping[str, torch.Tensor]):
             raise ValueError(f"DiskFeatureBank {self.path} is closed")
         return self._fd
 
-    def __setitem__(self, sample_id: str, entry: torch.Tensor) -> None:
+    def _check_entry(self, sample_id: str, shape: torch.Size, dtype: torch.dtype) -> None:
+        """Take the first entry's shape and dtype; refuse any other afterwards."""
         if self._shape is None:
-            self._shape, self._dtype = entry.shape, entry.dtype
-            self._slot_bytes = entry.numel() * entry.element_size()
-        elif (entry.shape, entry.dtype) != (self._shape, self._dtype):
+            self._shape, self._dtype = shape, dtype
+            self._slot_bytes = shape.numel() * dtype.itemsize
+        elif (shape, dtype) != (self._shape, self._dtype):
             raise ValueError(
-                f"feature bank entry {sample_id!r} is {tuple(entry.shape)} {entry.dtype}; the "
+                f"feature bank entry {sample_id!r} is {tuple(shape)} {dtype}; the "
                 f"bank holds {tuple(self._shape)} {self._dtype} entries"
             )
-        slot = self._slots.setdefault(sample_id, len(self._slots))
-        data = entry.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
-        written = os.pwrite(self._file(), data, slot * self._slot_bytes)
-        if written != len(data):
-            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+
+    def __setitem__(self, sample_id: str, entry: torch.Tensor) -> None:
+        self.write_many([sample_id], entry[None])
 
     def __getitem__(self, sample_id: str) -> torch.Tensor:
-        slot = self._slots[sample_id]  # KeyError for an id never written, as a dict
-        data = os.pread(self._file(), self._slot_bytes, slot * self._slot_bytes)
-        if len(data) != self._slot_bytes:
-            raise OSError(f"short read from {self.path}: {len(data)} of {self._slot_bytes} bytes")
-        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        return flat.view(self._dtype).view(self._shape)
+        return self.read_many([sample_id])[0]
+
+    def write_many(self, sample_ids: Sequence[str], entries: torch.Tensor) -> None:
+        """``bank[sample_ids[i]] = entries[i]`` for a batch ``entries`` [N, *entry shape] at once:
+        one host copy, one write per run of consecutive slots. An id given twice keeps its
+        last entry."""
+        if len(sample_ids) != len(entries):
+            raise ValueError(f"write_many: {len(sample_ids)} sample ids for {len(entries)} entries")
+        if not sample_ids:
+            return
+        for sample_id in sample_ids:
+            self._check_entry(sample_id, entries.shape[1:], entries.dtype)
+        host = entries.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
+        data, size = memoryview(host), self._slot_bytes
+        slots = [self._slots.setdefault(sample_id, len(self._slots)) for sample_id in sample_ids]
+        for first, count, slot in _runs(slots):
+            chunk = data[first * size : (first + count) * size]
+            written = os.pwrite(self._file(), chunk, slot * size)
+            if written != len(chunk):
+                raise OSError(f"short write to {self.path}: {written} of {len(chunk)} bytes")
+
+    def read_many(self, sample_ids: Sequence[str], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The entries of ``sample_ids`` as one tensor [N, *entry shape], read into ``out``
+        (e.g. pinned memory for a copy to the GPU without a host wait; None: a new tensor),
+        one read per run of consecutive slots. KeyError for an id never written, as a dict."""
+        slots = [self._slots[sample_id] for sample_id in sample_ids]
+        if self._shape is None:  # only an empty batch reads an empty bank
+            return torch.empty(0) if out is None else out
+        shape = (len(slots), *self._shape)
+        if out is None:
+            out = torch.empty(shape, dtype=self._dtype)
+        elif tuple(out.shape) != shape or out.dtype != self._dtype or not out.is_contiguous():
+            raise ValueError(
+                f"read_many: out is {tuple(out.shape)} {out.dtype}, needs a contiguous {shape} "
+                f"{self._dtype} CPU tensor"
+            )
+        data, size = memoryview(out.view(-1).view(torch.uint8).numpy()), self._slot_bytes
+        for first, count, slot in _runs(slots):
+            chunk = data[first * size : (first + count) * size]
+            read = os.preadv(self._file(), [chunk], slot * size)
+            if read != len(chunk):
+                raise OSError(f"short read from {self.path}: {read} of {len(chunk)} bytes")
+        return out
 
     def __delitem__(self, sample_id: str) -> None:
         raise TypeError("SERQ's feature bank never drops a single entry; use clear()")
@@ -205,3 +243,37 @@ class DiskFeatureBank(MutableMapping[str, torch.Tensor]):
             os.close(self._fd)
             self._fd = None
             self.path.unlink(missing_ok=True)
+
+
+def _runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+    """Runs of consecutive slots in ``slots``: (first position, length, first slot)."""
+    start = 0
+    for position in range(1, len(slots) + 1):
+        if position == len(slots) or slots[position] != slots[position - 1] + 1:
+            yield start, position - start, slots[start]
+            start = position
+
+
+def read_entries(
+    bank: MutableMapping[str, torch.Tensor],
+    sample_ids: Sequence[str],
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The entries of ``sample_ids`` in SERQ's working bank (a dict or a
+    :class:`DiskFeatureBank`) as one tensor [N, c, h, w], into ``out`` when given (e.g. pinned
+    memory); every id must be in the bank (KeyError otherwise)."""
+    if isinstance(bank, DiskFeatureBank):
+        return bank.read_many(sample_ids, out)
+    return torch.stack([bank[sample_id] for sample_id in sample_ids], out=out)
+
+
+def write_entries(
+    bank: MutableMapping[str, torch.Tensor], sample_ids: Sequence[str], entries: torch.Tensor
+) -> None:
+    """``bank[sample_ids[i]] = entries[i]`` for a batch ``entries`` [N, c, h, w] on the CPU
+    (a dict keeps a copy of each row, not a view of the batch)."""
+    if isinstance(bank, DiskFeatureBank):
+        bank.write_many(sample_ids, entries)
+        return
+    for sample_id, entry in zip(sample_ids, entries, strict=True):
+        bank[sample_id] = entry.clone()

@@ -13,7 +13,15 @@ train.jsonl                 per-round training rows (site, loss, seconds, loader
                             that evaluate), round_seconds (the whole round), rss_bytes and
                             peak_rss_bytes (the server process; in-process: the whole job) and
                             <phase>_peak_rss_bytes, its peak during each phase of the round
-                            (train, server_step, evaluation, checkpoint; Linux)
+                            (train, server_step, evaluation, checkpoint; Linux); where the
+                            server computes on CUDA also cuda_allocated_bytes,
+                            cuda_reserved_bytes, cuda_peak_bytes (allocated),
+                            cuda_peak_reserved_bytes and per phase
+                            <phase>_cuda_peak_allocated_bytes / _reserved_bytes; a site's row
+                            has cuda_peak_allocated_bytes / cuda_peak_reserved_bytes of its
+                            round where it computes on CUDA (absent on the CPU, never zero)
+device.jsonl                per start or resume of the server: the device, card, autocast dtype,
+                            TF32, cudnn.benchmark, deterministic and compile it ran with
 comm.jsonl                  parameter bytes uploaded / downloaded per site per round
 participation.jsonl         per round: the sites whose training replies were aggregated, and the missing
 wire.jsonl                  (deploy.audit) record names, keys and shapes of every message

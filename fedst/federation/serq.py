@@ -50,7 +50,18 @@ Data path. A round first draws its plan, the (sample index, augmentation seed) p
 ``next_batch`` calls would); EQ then reads the plan's canonical views and SC its augmented views
 batch by batch through the stream's loader workers, so one batch (plus the workers' prefetch) is
 in memory at a time instead of the round's 2 x ``batches_per_round`` batches. Synthetic images
-are read as 1-frame clips (server.py): SERQ's forward passes use only the current frame.
+are read as 1-frame clips (server.py): SERQ's forward passes use only the current frame. The
+stream keeps one loader per dataset with persistent workers (fedst/data/clips/loaders.py), so
+both passes reuse the same workers every round, and SC's pass starts loading while EQ runs.
+
+On the device (design note). The EQ loop makes no blocking copy between host and device: a
+batch's bank entries are read at once (:func:`~fedst.federation.feature_bank.read_entries`, into
+pinned memory on CUDA) and copied to the device without a host wait; Eq. 10's update runs on the
+device, and the round's new entries stay there (a later batch of the round that draws the sample
+again reads them there) until one copy to the host and one batched write after the loop. The
+forward passes and losses of EQ, SC and the bank's F_g are the functions ``train.compile``
+compiles (fedst.accel.maybe_compile; CUDA graphs with reduce-overhead), and with
+``train.channels_last`` the models and images are in channels_last order on CUDA.
 
 Server fine-tuning (``serq.mode=finetune``; the blue line of Fig. 5, Sec. IV-C5: "the
 synthetic data is directly utilized to fine-tune the averaged global model on the server side").
@@ -78,10 +89,27 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedst.accel import LossLog, Precision, fused_optimizer_options, optimizer_step
+from fedst.accel import (
+    LossLog,
+    Precision,
+    begin_step,
+    clips_channels_last,
+    fused_optimizer_options,
+    kept,
+    match_parameter_layouts,
+    maybe_compile,
+    optimizer_step,
+    use_channels_last,
+    uses_cuda_graphs,
+)
 from fedst.data.clips import BatchStream, ClipDataset, PlannedBatches
 from fedst.experiment import SerqConfig
-from fedst.federation.feature_bank import BankWrite, FeatureBankStore
+from fedst.federation.feature_bank import (
+    BankWrite,
+    FeatureBankStore,
+    read_entries,
+    write_entries,
+)
 from fedst.federation.pretraining import pretrain_on_synthetic
 from fedst.model.losses import SegmentationLoss
 
@@ -131,11 +159,15 @@ class Serq:
         feature_stage: int,
         precision: Precision | None = None,
         feature_bank: MutableMapping[str, torch.Tensor] | None = None,
+        compile_mode: str = "none",
+        channels_last: bool = False,
     ) -> None:
         """``precision``: the server's mixed precision (fedst.accel.resolve_precision of
         ``train.amp_dtype``; None: fp32) for every forward pass of SERQ. ``feature_bank``: the
         empty mapping that holds F_hat_g (``serq.bank_storage``: a dict, or a
-        :class:`~fedst.federation.feature_bank.DiskFeatureBank`; None: a dict)."""
+        :class:`~fedst.federation.feature_bank.DiskFeatureBank`; None: a dict).
+        ``compile_mode``: ``train.compile`` of SERQ's passes; ``channels_last``:
+        ``train.channels_last`` (CUDA only; v_pre here, the global model at each step)."""
         self.cfg = cfg
         self.precision = precision or Precision(device.type)
         self.pre_scaler = self.precision.grad_scaler()
@@ -145,6 +177,13 @@ class Serq:
         self.feature_stage = feature_stage
         """Encoder stage of F (``SerqConfig.feature_stage`` resolved; see the module docstring)."""
         self.synthetic_model = synthetic_model
+        self.channels_last = use_channels_last(synthetic_model, device, channels_last)
+        """Whether the models and images of SERQ's passes are in channels_last order."""
+        self.cuda_graphs = uses_cuda_graphs(compile_mode, device)
+        """Whether the compiled passes replay CUDA graphs (outputs kept are then copies)."""
+        self._eq_pass = maybe_compile(self._eq_objective, compile_mode)
+        self._sc_pass = maybe_compile(self._sc_objective, compile_mode)
+        self._bank_pass = maybe_compile(self._features, compile_mode)
         self.stream = stream
         self.reference = reference
         """The synthetic set without augmentation: the canonical view of each sample (EQ, bank)."""
@@ -244,23 +283,78 @@ class Serq:
     def update_feature_bank(
         self, global_model: nn.Module, images: torch.Tensor, ids: list[str]
     ) -> torch.Tensor:
-        """F_hat_g <- (1 - mu) F_hat_g + mu F_g for the batch's samples (Eq. 10); returns F_hat_g.
+        """F_hat_g <- (1 - mu) F_hat_g + mu F_g for the batch's samples (Eq. 10), written to the
+        bank at once; returns F_hat_g [B, c, h, w] float32 on the device.
 
         ``images`` must be the canonical views of ``ids`` (:meth:`canonical_view`).
         """
+        updated: dict[str, torch.Tensor] = {}
+        rows = self._refreshed_rows(global_model, images, list(ids), updated)
+        self._write_bank(updated)
+        return rows
+
+    @torch.no_grad()
+    def _refreshed_rows(
+        self,
+        global_model: nn.Module,
+        images: torch.Tensor,
+        ids: list[str],
+        updated: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """Eq. 10 for one batch on the device: images [B, T, 3, H, W] (canonical views of
+        ``ids``) -> F_hat_g^{t+1} [B, c, h, w] float32. The new entries (float16 [c, h, w], as
+        the bank stores them) go to ``updated`` (sample id -> entry on the device), which also
+        holds the entries of the round's earlier batches: those are read from it, the others
+        from the bank, one batched read. A sample twice in the batch is updated twice, in order.
+        """
         global_model.eval()
-        feat_global = self._features(global_model, images)
+        fresh = self._bank_pass(global_model, images).to(torch.float16)  # F_g [B, c, h, w]
         mu = self.cfg.ema_mu
-        rows = []
-        for i, sample_id in enumerate(ids):
-            new = feat_global[i].to("cpu", torch.float16)
-            old = self.feature_bank.get(sample_id)
-            self.feature_bank[sample_id] = (
-                new if old is None else ((1 - mu) * old.float() + mu * new.float()).half()
-            )
-            self._bank_changed.add(sample_id)
-            rows.append(self.feature_bank[sample_id])
-        return torch.stack(rows).to(self.device, torch.float32)
+        rows: list[torch.Tensor | None] = [None] * len(ids)
+        for wave in _occurrences(ids):  # one wave unless a sample repeats in the batch
+            wave_ids = [ids[i] for i in wave]
+            new = fresh if len(wave) == len(ids) else torch.stack([fresh[i] for i in wave])
+            stored = [i for i in wave_ids if i not in updated and i in self.feature_bank]
+            loaded = dict(zip(stored, self._read_bank(stored), strict=True))
+            olds = [updated.get(i, loaded.get(i)) for i in wave_ids]  # None: a first visit
+            if all(old is None for old in olds):
+                entries = new
+            else:
+                old = torch.stack([n if o is None else o for o, n in zip(olds, new, strict=True)])
+                entries = ((1 - mu) * old.float() + mu * new.float()).half()
+                if any(old is None for old in olds):
+                    visited = [old is not None for old in olds]
+                    mask = self._to_device(torch.tensor(visited)).view(-1, 1, 1, 1)
+                    entries = torch.where(mask, entries, new)
+            for position, sample_id, entry in zip(wave, wave_ids, entries, strict=True):
+                updated[sample_id] = entry
+                rows[position] = entry
+        return torch.stack(rows).float()  # type: ignore[arg-type]
+
+    def _read_bank(self, ids: list[str]) -> torch.Tensor:
+        """Bank entries of ``ids`` [N, c, h, w] float16 on the device: one read on the host
+        (into pinned memory on CUDA) and a copy without a host wait."""
+        if not ids:
+            return torch.empty(0, device=self.device)
+        shape = (len(ids), *self.domain_descriptor.shape)
+        pinned = self.device.type == "cuda"
+        host = torch.empty(shape, dtype=torch.float16, pin_memory=pinned)
+        return self._to_device(read_entries(self.feature_bank, ids, out=host))
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device without a host wait (pinned first on CUDA)."""
+        if self.device.type == "cuda" and not tensor.is_pinned():
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
+    def _write_bank(self, updated: dict[str, torch.Tensor]) -> None:
+        """Write the entries of ``updated`` (on the device) to the bank: one copy to the host,
+        one batched write."""
+        if not updated:
+            return
+        ids = list(updated)
+        write_entries(self.feature_bank, ids, torch.stack([updated[i] for i in ids]).cpu())
+        self._bank_changed.update(ids)
 
     def explicit_quantification(
         self, global_model: nn.Module, batches
@@ -272,13 +366,14 @@ class Serq:
         ``batches``: canonical views (:meth:`canonical_view`), the view the bank holds.
         """
         self.synthetic_model.train()
+        self._prepare(global_model)
         losses, gaps, syn_squares, bank_squares = LossLog(), LossLog(), LossLog(), LossLog()
+        updated: dict[str, torch.Tensor] = {}  # the round's new bank entries, on the device
         for images, masks, ids in batches:
-            images, masks = images.to(self.device), masks.to(self.device)
-            bank = self.update_feature_bank(global_model, images, list(ids))  # F_hat_g^{t+1}
-            logits, feat_syn = self._forward(self.synthetic_model, images)  # [B, c, h, w]
-            gap = (feat_syn - self.domain_descriptor - bank).pow(2).mean()
-            loss = self.loss_fn(logits, masks) + self.cfg.lambda_eq * gap
+            begin_step(self.cuda_graphs)
+            images, masks = self._inputs(images, masks)
+            bank = self._refreshed_rows(global_model, images, list(ids), updated)  # F_hat_g^{t+1}
+            loss, gap, syn_square = self._eq_pass(images, masks, bank)
             # one backward, then v_pre's Adam and D_sy's SGD each step once
             optimizer_step(
                 loss,
@@ -286,14 +381,60 @@ class Serq:
                 self.pre_scaler,
                 [*self.synthetic_model.parameters(), self.domain_descriptor],
             )
-            losses.append(loss)  # on the device; read once after the loop
-            gaps.append(gap)
-            syn_squares.append(feat_syn.detach().pow(2).mean())
+            losses.append(kept(loss, self.cuda_graphs))  # on the device; read after the loop
+            gaps.append(kept(gap, self.cuda_graphs))
+            syn_squares.append(kept(syn_square, self.cuda_graphs))
             bank_squares.append(bank.pow(2).mean())
+        self._write_bank(updated)
         n = len(batches)
         total, gap_total = _sum(losses), _sum(gaps)
         syn_square, bank_square = _sum(syn_squares), _sum(bank_squares)
         return total / n, gap_total / n, (syn_square / n) ** 0.5, (bank_square / n) ** 0.5
+
+    def _eq_objective(
+        self, images: torch.Tensor, masks: torch.Tensor, bank: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """EQ's forward pass and loss on one batch (what ``train.compile`` compiles): images
+        [B, T, 3, H, W], masks [B, H, W], F_hat_g [B, c, h, w] -> (L_pre of Eq. 11, the feature
+        gap, mean F_sy^2)."""
+        logits, feat_syn = self._forward(self.synthetic_model, images)  # [B, c, h, w]
+        gap = (feat_syn - self.domain_descriptor - bank).pow(2).mean()
+        loss = self.loss_fn(logits, masks) + self.cfg.lambda_eq * gap
+        return loss, gap, feat_syn.detach().pow(2).mean()
+
+    def _sc_objective(
+        self, global_model: nn.Module, images: torch.Tensor, masks: torch.Tensor, feature_term: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """SC's forward passes and loss on one batch (what ``train.compile`` compiles): images
+        [B, T, 3, H, W], masks [B, H, W] -> (L_g of Eq. 12, or L_seg without the feature term;
+        the feature gap or None; mean F_g^2)."""
+        logits, feat_global = self._forward(global_model, images)  # F_g [B, c, h, w]
+        loss = self.loss_fn(logits, masks)
+        gap = None
+        if feature_term:
+            with torch.no_grad():
+                feat_syn = self._features(self.synthetic_model, images)
+                instrument_repr = feat_syn - self.domain_descriptor  # I_sy [B, c, h, w]
+            gap = (feat_global - instrument_repr).pow(2).mean()
+            loss = loss + self.cfg.lambda_sc * gap
+        return loss, gap, feat_global.detach().pow(2).mean()
+
+    def _prepare(self, global_model: nn.Module) -> None:
+        """The global model in channels_last order when asked (in place; once, then a no-op)."""
+        if self.channels_last:
+            global_model.to(memory_format=torch.channels_last)
+            if self.global_optimizer is not None:  # moments of an NCHW model (a checkpoint)
+                match_parameter_layouts(self.global_optimizer)
+
+    def _inputs(
+        self, images: torch.Tensor, masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch on the device (copied without a host wait; a no-op for the stream's
+        batches), images in channels_last order when asked."""
+        images = images.to(self.device, non_blocking=True)
+        if self.channels_last:
+            images = clips_channels_last(images)
+        return images, masks.to(self.device, non_blocking=True)
 
     # -- Eq. 12 --------------------------------------------------------------------------------
     def synchronize_convergence(
@@ -308,23 +449,19 @@ class Serq:
             self.global_optimizer = self._global_adam(global_model)
         self.synthetic_model.eval()
         global_model.train()
+        self._prepare(global_model)
         losses, gaps, global_squares = LossLog(), LossLog(), LossLog()
         for images, masks, _ in batches:
-            images, masks = images.to(self.device), masks.to(self.device)
-            logits, feat_global = self._forward(global_model, images)  # F_g [B, c, h, w]
-            loss = self.loss_fn(logits, masks)
-            if feature_term:
-                with torch.no_grad():
-                    feat_syn = self._features(self.synthetic_model, images)
-                    instrument_repr = feat_syn - self.domain_descriptor  # I_sy [B, c, h, w]
-                gap = (feat_global - instrument_repr).pow(2).mean()
-                loss = loss + self.cfg.lambda_sc * gap
-                gaps.append(gap)
+            begin_step(self.cuda_graphs)
+            images, masks = self._inputs(images, masks)
+            loss, gap, global_square = self._sc_pass(global_model, images, masks, feature_term)
+            if gap is not None:
+                gaps.append(kept(gap, self.cuda_graphs))
             optimizer_step(
                 loss, self.global_optimizer, self.global_scaler, global_model.parameters()
             )
-            losses.append(loss)  # on the device; read once after the loop
-            global_squares.append(feat_global.detach().pow(2).mean())
+            losses.append(kept(loss, self.cuda_graphs))  # on the device; read after the loop
+            global_squares.append(kept(global_square, self.cuda_graphs))
         n = len(batches)
         total, global_square = _sum(losses), _sum(global_squares)
         gap = _sum(gaps) / n if feature_term else None
@@ -343,13 +480,11 @@ class Serq:
             return self.finetune_step(global_model)
         started = time.perf_counter()
         plan = self._draw_plan()
-        eq_loss, eq_gap, syn_rms, bank_rms = self.explicit_quantification(
-            global_model, self.canonical_batches(plan)
-        )
+        canonical = self.canonical_batches(plan).start()
+        augmented = self.augmented_batches(plan).start()  # SC's batches load while EQ runs
+        eq_loss, eq_gap, syn_rms, bank_rms = self.explicit_quantification(global_model, canonical)
         eq_done = time.perf_counter()
-        sc_loss, sc_gap, global_rms = self.synchronize_convergence(
-            global_model, self.augmented_batches(plan)
-        )
+        sc_loss, sc_gap, global_rms = self.synchronize_convergence(global_model, augmented)
         descriptor = self.domain_descriptor.detach()
         return SerqRoundStats(
             eq_loss,
@@ -435,6 +570,8 @@ class Serq:
             self.feature_bank.update(state["feature_bank"])
             self._bank_changed, self._bank_on_disk = set(), False
         self.pre_optimizer.load_state_dict(state["pre_optimizer"])
+        if self.channels_last:
+            match_parameter_layouts(self.pre_optimizer)
         self.descriptor_optimizer.load_state_dict(state["descriptor_optimizer"])
         if state["global_optimizer"] is not None:
             self.global_optimizer = self._global_adam(global_model)
@@ -450,3 +587,17 @@ class Serq:
 def _sum(log: LossLog) -> float:
     """The sum of a round's per-batch scalars, in batch order (one host sync)."""
     return sum(log.values(), 0.0)
+
+
+def _occurrences(ids: list[str]) -> list[list[int]]:
+    """Positions of ``ids`` in waves: the first occurrence of every id, then the second ones,
+    and so on (one wave when no id repeats)."""
+    seen: dict[str, int] = {}
+    waves: list[list[int]] = []
+    for position, sample_id in enumerate(ids):
+        k = seen.get(sample_id, 0)
+        seen[sample_id] = k + 1
+        if k == len(waves):
+            waves.append([])
+        waves[k].append(position)
+    return waves

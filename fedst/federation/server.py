@@ -92,7 +92,12 @@ class FederationServer:
         self.device = device
         self.progress = progress
         self.method = method_of(cfg)
-        configure_device(device, tf32=cfg.train.tf32, cudnn_benchmark=cfg.train.cudnn_benchmark)
+        configure_device(
+            device,
+            tf32=cfg.train.tf32,
+            cudnn_benchmark=cfg.train.cudnn_benchmark,
+            deterministic=cfg.train.deterministic,
+        )
         self.precision = resolve_precision(cfg.train.amp_dtype, device)
         """Mixed precision of the server's training (synthetic pre-training, SERQ)."""
         self.global_model = self.method.build_model().to(device)
@@ -152,6 +157,8 @@ class FederationServer:
                 if self.cfg.serq.bank_storage == "disk"
                 else {}
             ),
+            compile_mode=self.cfg.train.compile,
+            channels_last=self.cfg.train.channels_last,
         )
 
     def serq_feature_stage(self) -> int:

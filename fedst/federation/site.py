@@ -23,17 +23,29 @@ import torch
 
 from fedst.accel import (
     LossLog,
+    begin_step,
+    clips_channels_last,
     configure_device,
+    device_facts,
     first_non_finite,
     fused_optimizer_options,
+    kept,
+    match_parameter_layouts,
     maybe_compile,
     optimizer_step,
     resolve_precision,
+    use_channels_last,
+    uses_cuda_graphs,
 )
 from fedst.config import ConfigError, to_dict
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.data.splits import validation_dataset
-from fedst.experiment import ExperimentConfig, site_view, state_fingerprint
+from fedst.experiment import (
+    ExperimentConfig,
+    legacy_state_fingerprints,
+    site_view,
+    state_fingerprint,
+)
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
 from fedst.federation.run_io import (
     CheckpointError,
@@ -82,6 +94,8 @@ def claim_state_dir(state_dir: Path, site: str, cfg: ExperimentConfig) -> str:
     path = state_dir / STATE_FINGERPRINT
     if path.exists():
         recorded = json.loads(path.read_text())
+        if recorded["fingerprint"] in legacy_state_fingerprints(view):
+            return fingerprint  # written before the execution fields existed: the same config
         if recorded["fingerprint"] != fingerprint:
             differences = _differences(recorded["config"], to_dict(view))
             raise StateMismatchError(
@@ -142,10 +156,23 @@ class Site:
         self.method = method_of(cfg)
         self.index = self.method.training_sites().index(name)
         self.data = open_party_data(cfg, self.method, name)
-        configure_device(device, tf32=cfg.train.tf32, cudnn_benchmark=cfg.train.cudnn_benchmark)
-        # compiled in place: state-dict keys stay those of the eager model (no "_orig_mod.")
-        self.model = maybe_compile(self.method.build_model().to(device), cfg.train.compile)
+        configure_device(
+            device,
+            tf32=cfg.train.tf32,
+            cudnn_benchmark=cfg.train.cudnn_benchmark,
+            deterministic=cfg.train.deterministic,
+        )
+        self.model = self.method.build_model().to(device)
+        self.channels_last = use_channels_last(self.model, device, cfg.train.channels_last)
+        """Whether the model and its input clips are in channels_last order (CUDA only)."""
         self.precision = resolve_precision(cfg.train.amp_dtype, device)
+        self.cuda_graphs = uses_cuda_graphs(cfg.train.compile, device)
+        """Whether the compiled step replays CUDA graphs (its outputs are then copied to keep)."""
+        self._step_loss = maybe_compile(self._forward_loss, cfg.train.compile)
+        """The training step's forward and loss (:meth:`_forward_loss`), compiled per
+        ``train.compile``; the model itself stays eager (evaluation, export)."""
+        facts = device_facts(device, self.precision, cfg.train.compile)
+        log.info("site %s: %s", name, facts.line())  # what this site really computes with
         self.scaler = self.precision.grad_scaler()
         """fp16 loss scaling (None in bf16 / fp32); saved with the optimizer."""
         self.partition = self.method.partition(self.model)
@@ -245,16 +272,18 @@ class Site:
         try:
             for _ in iterations:
                 # on the device, normalised: [B, T, 3, H, W] float32, [B, H, W] int64
+                begin_step(self.cuda_graphs)
                 waited = time.perf_counter()
                 clips, masks, _ = self.stream.next_batch()
                 self.loader_seconds += time.perf_counter() - waited
-                with self.precision.autocast():
-                    logits = self.model(clips, indicator)  # [B, C, H, W]
-                    loss = (
-                        loss_of(clips, logits.float(), masks)
-                        if loss_of is not None
-                        else self.method.local_loss(self, logits.float(), masks)
-                    )
+                if self.channels_last:
+                    clips = clips_channels_last(clips)
+                if loss_of is None:
+                    loss = self._step_loss(clips, indicator, masks)
+                else:  # a final stage's own loss: eager
+                    with self.precision.autocast():
+                        logits = self.model(clips, indicator)  # [B, C, H, W]
+                        loss = loss_of(clips, logits.float(), masks)
                 optimizer_step(
                     loss,
                     optimizer,
@@ -262,7 +291,8 @@ class Site:
                     self.model.parameters(),
                     self.cfg.train.max_grad_norm,
                 )
-                losses.append(loss)  # stays on the device: no host sync per step
+                # stays on the device: no host sync per step
+                losses.append(kept(loss, self.cuda_graphs))
         finally:
             for parameter in frozen:
                 parameter.requires_grad_(True)
@@ -276,6 +306,15 @@ class Site:
                 f"train.max_grad_norm."
             )
         return values
+
+    def _forward_loss(
+        self, clips: torch.Tensor, indicator: torch.Tensor | None, masks: torch.Tensor
+    ) -> torch.Tensor:
+        """The method's local loss L of one batch under the mixed precision: clips
+        [B, T, 3, H, W], masks [B, H, W] -> scalar (what ``train.compile`` compiles)."""
+        with self.precision.autocast():
+            logits = self.model(clips, indicator)  # [B, C, H, W]
+            return self.method.local_loss(self, logits.float(), masks)
 
     def final_stage(
         self,
@@ -440,6 +479,8 @@ class Site:
         self.method.load_site_state(self, state.get("method", {}))
         self.owns_whole_model = bool(state.get("whole_model", False))
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.channels_last:
+            match_parameter_layouts(self.optimizer)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["stream"])

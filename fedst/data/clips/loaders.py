@@ -2,14 +2,26 @@
 the sample order and augmentation seeds of an epoch drawn from ``(seed, epoch)`` only (so the
 batches do not depend on the number of workers), :func:`make_loader` (epochs of a dataset) and
 :class:`BatchStream` (an endless, resumable stream of full batches for fixed-iteration training,
-uint8 from the workers and normalised on the device; :class:`PlannedBatches` replays a plan)."""
+uint8 from the workers and normalised on the device; :class:`PlannedBatches` replays a plan).
+
+Feeding a GPU (design note). ``num_workers="auto"`` gives a loader the cores it can use alone:
+the usable cores divided among the loaders that run at the same time, one core of each share kept
+for the process that trains (:func:`resolve_num_workers`). In the in-process engine the sites
+train in turn and the server's SERQ runs between them, so one loader runs at a time and may use
+every core but one; an engine that runs several sites at once on one machine (Ray, ``deploy
+local``) passes how many. A :class:`BatchStream` keeps one DataLoader per dataset it reads, with
+persistent workers: the training stream, SERQ's augmented and canonical passes and a resumed
+position reuse the same worker processes, round after round (their sample order comes from the
+stream's plan, never from the workers' seeds). Batches are pinned when the stream's device is a
+CUDA device and copied with ``non_blocking=True``."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import cv2
@@ -25,9 +37,10 @@ from fedst.data.clips.augmentation import AUG_SEED_HIGH
 from fedst.data.clips.dataset import ClipDataset
 from fedst.data.clips.normalization import normalize_clips
 
-AUTO_MAX_WORKERS = 4
-"""``num_workers="auto"``: at most this many loader workers per loader (one core kept for the
-process that trains)."""
+PREFETCH_FACTOR = 4
+"""Batches each worker of a :class:`BatchStream` loads ahead (DataLoader ``prefetch_factor``; its
+default is 2): a GPU step of the paper's batch of 2 takes milliseconds, a 1080p clip's decoding
+tens, so every worker keeps several batches ready."""
 
 WORKER_START_METHOD = "forkserver"
 """How DataLoader workers start. Not "fork": a worker forked from a process whose OpenCV thread
@@ -47,11 +60,21 @@ def usable_cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_num_workers(value: int | str) -> int:
-    """``train.num_workers`` as a worker count: a number as given; "auto" =
-    ``min(AUTO_MAX_WORKERS, usable cores - 1)`` (0 on a single core: load in this process)."""
+def resolve_num_workers(
+    value: int | str, parallel_loaders: int = 1, cpu_count: int | None = None
+) -> int:
+    """``train.num_workers`` as a worker count: a number as given; "auto" = the cores of one
+    loader's share, ``cpu_count // parallel_loaders``, less the core of the process that trains
+    (0 where the share is one core: load in that process).
+
+    ``parallel_loaders``: how many loaders of this machine load at the same time (the in-process
+    engine: 1, its sites train in turn; Ray / ``deploy local``: the sites that train at once).
+    ``cpu_count``: the usable cores (default: :func:`usable_cpu_count`)."""
+    if isinstance(parallel_loaders, bool) or parallel_loaders < 1:
+        raise ValueError(f"parallel_loaders={parallel_loaders!r}: at least 1 loader")
     if value == "auto":
-        return max(0, min(AUTO_MAX_WORKERS, usable_cpu_count() - 1))
+        cores = usable_cpu_count() if cpu_count is None else cpu_count
+        return max(0, cores // parallel_loaders - 1)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f'num_workers={value!r}: a number of workers >= 0 or "auto"')
     return value
@@ -134,20 +157,24 @@ def make_loader(
 
 
 class _ResumableBatchSampler:
-    """Endless batches of ``(index, aug_seed)`` from (epoch, position) on; batches span epochs."""
+    """Endless batches of ``(index, aug_seed)`` of a stream's epochs (``_epoch_plan`` of
+    ``seed``, shuffled) from (epoch, position) on; batches span epochs."""
 
-    def __init__(self, stream: BatchStream, epoch: int, position: int) -> None:
-        self.stream, self.epoch, self.position = stream, epoch, position
+    def __init__(
+        self, num_samples: int, seed: int, batch_size: int, epoch: int, position: int
+    ) -> None:
+        self.num_samples, self.seed, self.batch_size = num_samples, seed, batch_size
+        self.epoch, self.position = epoch, position
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         epoch, position = self.epoch, self.position
-        order, aug_seeds = self.stream.epoch_plan(epoch)
+        order, aug_seeds = _epoch_plan(self.num_samples, self.seed, epoch, shuffle=True)
         while True:
             batch = []
-            while len(batch) < self.stream.batch_size:
+            while len(batch) < self.batch_size:
                 if position == len(order):
                     epoch, position = epoch + 1, 0
-                    order, aug_seeds = self.stream.epoch_plan(epoch)
+                    order, aug_seeds = _epoch_plan(self.num_samples, self.seed, epoch, True)
                 batch.append((int(order[position]), int(aug_seeds[position])))
                 position += 1
             yield batch
@@ -166,6 +193,42 @@ class _RawClips(Dataset):
         return self.dataset.load_raw(item)
 
 
+class _BatchSource:
+    """The batch sampler of a persistent DataLoader: a pass over the loader yields the batches
+    set for it just before, so one loader (and its workers) serves every pass."""
+
+    def __init__(self) -> None:
+        self.batches: Iterable[list[tuple[int, int]]] = ()
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        return iter(self.batches)
+
+
+@dataclass
+class _Loader:
+    """A stream's DataLoader of one dataset, kept for the stream's life."""
+
+    dataset: ClipDataset
+    loader: DataLoader
+    source: _BatchSource
+    passes: int = 0
+    """Passes started over ``loader``; a pass is stale once a later one has started (the
+    workers then load the later pass's batches)."""
+
+
+@dataclass
+class _Pass:
+    """One pass over a :class:`_Loader`: its number and the loader's iterator."""
+
+    owner: _Loader
+    number: int
+    batches: Iterator[Batch]
+
+    @property
+    def current(self) -> bool:
+        return self.owner.passes == self.number
+
+
 class BatchStream:
     """An endless, seeded, resumable stream of shuffled batches for fixed-iteration training.
 
@@ -173,8 +236,10 @@ class BatchStream:
     holds ``(epoch, position)`` of the next sample; loading it continues the same sequence of
     samples and augmentations.
 
-    Workers send uint8 clips and masks (pinned when CUDA is present); :meth:`next_batch` copies
-    them to ``device`` and normalises there, so the batches equal the dataset's items.
+    Workers send uint8 clips and masks (pinned when ``device`` is a CUDA device);
+    :meth:`next_batch` copies them to ``device`` without blocking and normalises there, so the
+    batches equal the dataset's items. The stream keeps one DataLoader per dataset it reads (its
+    own; :meth:`load_plan`'s), whose workers persist until :meth:`close`.
     """
 
     def __init__(
@@ -185,19 +250,26 @@ class BatchStream:
         num_workers: int | str = 0,
         device: torch.device | str | None = None,
         num_classes: int | None = None,
+        prefetch_factor: int = PREFETCH_FACTOR,
     ) -> None:
         """``num_workers``: a count or "auto" (:func:`resolve_num_workers`); ``device``: where
         batches are normalised and returned (None: the CPU); ``num_classes``: the network's,
         against which every batch's labels are checked on the CPU, before the copy (None: not
-        checked here; the loss then checks labels that are on the CPU)."""
+        checked here; the loss then checks labels that are on the CPU); ``prefetch_factor``:
+        batches each worker loads ahead."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be >= 1, got {prefetch_factor}")
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
         self.num_workers = resolve_num_workers(num_workers)
+        self.prefetch_factor = prefetch_factor
         self.device = torch.device(device if device is not None else "cpu")
         self.num_classes = num_classes
         self.epoch, self.position = 0, 0
-        self._batches: Iterator[Batch] | None = None
+        self._loaders: list[_Loader] = []
+        self._training: _Pass | None = None
+        """The pass :meth:`next_batch` reads (None: start one at (epoch, position))."""
 
     def epoch_plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(sample order, augmentation seeds) of ``epoch``."""
@@ -206,11 +278,12 @@ class BatchStream:
     def next_batch(self) -> Batch:
         """``(clips [B, T, 3, H, W] float32 normalised, masks [B, H, W] int64, sample_ids)``, on
         the stream's device."""
-        if self._batches is None:
-            self._batches = iter(
-                self._loader(self.dataset, _ResumableBatchSampler(self, self.epoch, self.position))
+        if self._training is None or not self._training.current:
+            sampler = _ResumableBatchSampler(
+                len(self.dataset), self.seed, self.batch_size, self.epoch, self.position
             )
-        batch = next(self._batches)  # uint8 [B, T, 3, H, W], uint8 [B, H, W], ids
+            self._training = self._start(self.dataset, sampler)
+        batch = next(self._training.batches)  # uint8 [B, T, 3, H, W], uint8 [B, H, W], ids
         self._advance(1)
         return self._to_device(*batch)
 
@@ -221,9 +294,12 @@ class BatchStream:
         Load them with :meth:`load_plan`."""
         if num_batches < 0:
             raise ValueError(f"num_batches must be >= 0, got {num_batches}")
-        batches = iter(_ResumableBatchSampler(self, self.epoch, self.position))
+        sampler = _ResumableBatchSampler(
+            len(self.dataset), self.seed, self.batch_size, self.epoch, self.position
+        )
+        batches = iter(sampler)
         plan = [next(batches) for _ in range(num_batches)]
-        self.close()  # a live loader would continue from the old position
+        self._training = None  # a live pass would continue from the old position
         self._advance(num_batches)
         return plan
 
@@ -232,21 +308,40 @@ class BatchStream:
     ) -> PlannedBatches:
         """The batches of ``plan`` (from :meth:`next_plan`) read from ``dataset`` (default: the
         stream's; e.g. the same samples without augmentation), as :meth:`next_batch` returns
-        them, loaded by the stream's workers one batch at a time (plus their prefetch)."""
+        them, loaded by the stream's persistent workers of that dataset one batch at a time
+        (plus their prefetch)."""
         return PlannedBatches(self, dataset if dataset is not None else self.dataset, plan)
 
-    def _loader(self, dataset: ClipDataset, batch_sampler: Any) -> DataLoader:
-        """uint8 batches of ``dataset`` in ``batch_sampler``'s order, by the stream's workers."""
-        return DataLoader(
+    def _loader_of(self, dataset: ClipDataset) -> _Loader:
+        """The stream's DataLoader of ``dataset`` (uint8 batches), created at its first pass."""
+        for entry in self._loaders:
+            if entry.dataset is dataset:
+                return entry
+        source = _BatchSource()
+        workers = self.num_workers
+        loader = DataLoader(
             _RawClips(dataset),
-            batch_sampler=batch_sampler,
-            num_workers=self.num_workers,
-            multiprocessing_context=_worker_context(self.num_workers),
+            batch_sampler=source,
+            num_workers=workers,
+            multiprocessing_context=_worker_context(workers),
             collate_fn=collate_clips,
-            pin_memory=torch.cuda.is_available(),
+            pin_memory=self.device.type == "cuda",
             worker_init_fn=_seed_worker,
             generator=torch.Generator().manual_seed(self.seed),
+            persistent_workers=workers > 0,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
         )
+        entry = _Loader(dataset, loader, source)
+        self._loaders.append(entry)
+        return entry
+
+    def _start(self, dataset: ClipDataset, batches: Iterable[list[tuple[int, int]]]) -> _Pass:
+        """Begin a pass over ``batches`` of ``dataset``: its workers start loading now. An
+        earlier pass over the same dataset becomes stale."""
+        entry = self._loader_of(dataset)
+        entry.passes += 1
+        entry.source.batches = batches
+        return _Pass(entry, entry.passes, iter(entry.loader))
 
     def _advance(self, num_batches: int) -> None:
         """Move (epoch, position) past ``num_batches`` batches (batches span epochs)."""
@@ -256,7 +351,7 @@ class BatchStream:
 
     def _to_device(self, clips: torch.Tensor, masks: torch.Tensor, sample_ids: list[str]) -> Batch:
         """A loader's uint8 batch -> :meth:`next_batch`'s: labels checked on the CPU, then copied
-        to the device and normalised there."""
+        to the device (from pinned memory on CUDA: no host wait) and normalised there."""
         if self.num_classes is not None:
             check_label_values(masks, self.num_classes, IGNORE_INDEX, f"batch {sample_ids}")
         clips = clips.to(self.device, non_blocking=True)
@@ -267,33 +362,60 @@ class BatchStream:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``; its seed must match this stream's."""
+        """Continue from ``state``; its seed must match this stream's (the workers stay)."""
         if state["seed"] != self.seed:
             raise ValueError(f"BatchStream state has seed {state['seed']}, stream has {self.seed}")
-        self.close()
+        self._training = None
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     def close(self) -> None:
-        """Stop the worker processes (if any); the next ``next_batch`` restarts them."""
-        self._batches = None
+        """Stop the worker processes (if any) and drop the DataLoaders; the next pass starts
+        new ones."""
+        self._training = None
+        for entry in self._loaders:
+            # DataLoader has no public call that ends persistent workers; this is what its
+            # iterator's __del__ runs (a reference held elsewhere would otherwise keep them)
+            iterator = getattr(entry.loader, "_iterator", None)
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+        self._loaders = []
 
 
 class PlannedBatches:
     """The batches of a plan (:meth:`BatchStream.next_plan`) read from one dataset; each pass
-    loads them again, in order, through the stream's workers (one batch in memory at a time
-    plus the workers' prefetch), as :meth:`BatchStream.next_batch` returns them."""
+    loads them again, in order, through the stream's persistent workers of that dataset (one
+    batch in memory at a time plus the workers' prefetch), as :meth:`BatchStream.next_batch`
+    returns them. :meth:`start` lets the workers begin before the pass is read."""
 
     def __init__(
         self, stream: BatchStream, dataset: ClipDataset, plan: Sequence[Sequence[tuple[int, int]]]
     ) -> None:
         self.stream, self.dataset = stream, dataset
         self.plan = [list(batch) for batch in plan]
+        self._started: _Pass | None = None
 
     def __len__(self) -> int:
         return len(self.plan)
 
+    def start(self) -> PlannedBatches:
+        """Start the next pass now (the workers load its first batches ahead); returns self."""
+        if self._started is None and self.plan:
+            self._started = self.stream._start(self.dataset, self.plan)
+        return self
+
     def __iter__(self) -> Iterator[Batch]:
         if not self.plan:
             return
-        for batch in self.stream._loader(self.dataset, self.plan):
+        self.start()
+        started, self._started = self._started, None
+        while True:
+            if not started.current:
+                raise RuntimeError(
+                    "a pass over planned batches went stale: another pass over the same dataset "
+                    "of the stream started before it ended; read one pass at a time per dataset"
+                )
+            try:
+                batch = next(started.batches)
+            except StopIteration:
+                return
             yield self.stream._to_device(*batch)

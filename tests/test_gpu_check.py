@@ -1,0 +1,229 @@
+"""Specification of the prepared GPU check (bench/gpu_check.py, bench/gpu_check.sh): the wheels it
+carries, its report written after every step, its time limits, and the whole script on the CPU.
+The device tests compare ``test_device`` ($FEDST_TEST_DEVICE, cuda in the GPU check) with the CPU;
+on the CPU alone they are skipped."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import gpu_check
+from fedst.experiment.config import TrainConfig
+from fedst.model.losses import SegmentationLoss
+from fedst.model.network import NetworkConfig, build_network
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = NetworkConfig(indicator_dim=8, decoder_dim=32, drop_path_rate=0.0)
+NEEDS_A_GPU = "compares the test device with the CPU: run with FEDST_TEST_DEVICE=cuda on a GPU"
+
+
+# -- on the test device (cuda in the GPU check) ----------------------------------------------------
+
+
+def _fp32_exact(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+
+
+def test_a_training_step_on_the_test_device_gives_the_cpu_s_loss_and_gradients(test_device):
+    if test_device.type == "cpu":
+        pytest.skip(NEEDS_A_GPU)
+    _fp32_exact(test_device)
+    torch.manual_seed(0)
+    net = build_network(SMALL).train()
+    clips = torch.randn(2, net.cfg.num_frames, 3, 64, 80)
+    target = torch.randint(0, net.cfg.num_classes, (2, 64, 80))
+    indicator = torch.randn(8)
+    results = []
+    for device in (torch.device("cpu"), test_device):
+        model = build_network(SMALL).train().to(device)
+        model.load_state_dict(net.state_dict())
+        loss = SegmentationLoss(num_classes=net.cfg.num_classes)(
+            model(clips.to(device), indicator.to(device)), target.to(device)
+        )
+        loss.backward()
+        grads = torch.cat(
+            [p.grad.flatten().cpu() for p in model.parameters() if p.grad is not None]
+        )
+        results.append((loss.item(), grads))
+    (cpu_loss, cpu_grads), (dev_loss, dev_grads) = results
+    assert dev_loss == pytest.approx(cpu_loss, rel=1e-4)
+    assert torch.allclose(dev_grads, cpu_grads, rtol=1e-3, atol=1e-5)
+
+
+def test_streaming_on_the_test_device_gives_the_cpu_s_logits(test_device):
+    if test_device.type == "cpu":
+        pytest.skip(NEEDS_A_GPU)
+    _fp32_exact(test_device)
+    torch.manual_seed(0)
+    net = build_network(SMALL).eval()
+    frames, indicator = torch.randn(6, 1, 3, 64, 80), torch.randn(8)
+    on_device = build_network(SMALL).eval().to(test_device)
+    on_device.load_state_dict(net.state_dict())
+    cpu_stream = net.stream(indicator, interval_s=0.2)
+    device_stream = on_device.stream(indicator.to(test_device), interval_s=0.2)
+    for index, frame in enumerate(frames):
+        expected = cpu_stream.step(frame, index * 0.1)
+        got = device_stream.step(frame.to(test_device), index * 0.1).cpu()
+        assert torch.allclose(got, expected, atol=1e-4), f"frame {index}"
+
+
+# -- the wheels ------------------------------------------------------------------------------------
+
+
+def test_the_wheel_plan_descends_only_into_packages_the_gpu_machine_lacks():
+    # hydra-core 1.3.8 needs omegaconf, antlr4-python3-runtime 4.9.* and packaging; omegaconf
+    # needs antlr4 and PyYAML (their METADATA): with packaging and PyYAML on the machine, the
+    # three others travel, and protobuf always does (gpu_check.CARRIED_ANYWAY)
+    plan = gpu_check.wheel_plan(["hydra-core==1.3.8"], present=frozenset({"packaging", "pyyaml"}))
+    assert set(plan) == {"hydra-core", "omegaconf", "antlr4-python3-runtime", "protobuf"}
+    assert plan["hydra-core"] == "1.3.8" and plan["antlr4-python3-runtime"].startswith("4.9.")
+    # a package the machine has is not expanded: omegaconf's own needs do not travel either
+    plan = gpu_check.wheel_plan(["hydra-core==1.3.8"], present=frozenset({"omegaconf"}))
+    assert "pyyaml" not in plan and "antlr4-python3-runtime" in plan  # hydra's own need
+
+
+def test_fedst_s_wheel_plan_holds_what_the_gpu_machine_lacks_and_never_torch():
+    try:
+        metadata.requires("fedst")
+    except metadata.PackageNotFoundError:
+        pytest.skip(
+            "reads fedst's installed metadata (make venv); the GPU check puts it on PYTHONPATH"
+        )
+    plan = gpu_check.wheel_plan()
+    for needed in ("flwr", "hydra-core", "omegaconf", "monai", "albumentations", "open-clip-torch"):
+        assert needed in plan
+    for present in ("torch", "torchvision", "numpy", "timm", "onnxruntime", "pytest", "fedst"):
+        assert present not in plan
+    assert plan["flwr"] == "1.41.0"
+
+
+@pytest.mark.parametrize(
+    ("wheel", "installable"),
+    [
+        ("a-1.0-py3-none-any.whl", True),
+        ("b-1.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", True),
+        ("c-1.0-cp311-abi3-manylinux_2_34_x86_64.whl", True),  # the stable ABI, from 3.11 on
+        ("d-1.0-cp311-cp311-manylinux_2_17_x86_64.whl", False),  # another Python
+        ("e-1.0-cp312-cp312-macosx_11_0_arm64.whl", False),  # another platform
+        ("f-1.0-cp312-cp312-manylinux_2_17_aarch64.whl", False),  # another processor
+    ],
+)
+def test_only_wheels_for_cpython_3_12_on_x86_64_linux_pass_the_gpu_machine_check(
+    wheel, installable
+):
+    assert gpu_check.incompatible_wheels([Path(wheel)]) == ([] if installable else [wheel])
+
+
+# -- the driver ------------------------------------------------------------------------------------
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_the_report_is_written_after_every_step_and_a_hung_step_is_cut_off(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    report = out / "gpu_check.json"
+    # step 2 succeeds only if step 1's result is already in the report when step 2 starts
+    reads_report = (
+        f"import json, sys; steps = json.load(open({str(report)!r}))['steps']; "
+        "sys.exit(0 if [s['status'] for s in steps] == ['ok'] else 1)"
+    )
+    steps = [
+        gpu_check.Step("first", "first", 30, [_python("pass")], collect=lambda: {"x": 1}),
+        gpu_check.Step("second", "reads the report", 30, [_python(reads_report)]),
+        gpu_check.Step("hangs", "sleeps", 2, [_python("import time; time.sleep(60)")]),
+        gpu_check.Step("last", "after the hung one", 30, [_python("pass")]),
+    ]
+    monkeypatch.setattr(gpu_check, "plan_steps", lambda *args: steps)
+    results = gpu_check.run_check(cpu=True, out=out, budget_s=60)
+    assert [r.status for r in results] == ["ok", "ok", "timeout", "ok"]
+    assert results[2].seconds < 10
+    written = json.loads(report.read_text())
+    assert [s["status"] for s in written["steps"]] == ["ok", "ok", "timeout", "ok"]
+    assert written["steps"][0]["metrics"] == {"x": 1}
+    assert "| hangs | timeout |" in (out / "gpu_check.md").read_text()
+
+
+def test_a_step_past_the_overall_budget_is_not_run(tmp_path, monkeypatch):
+    steps = [
+        gpu_check.Step("slow", "slow", 30, [_python("import time; time.sleep(3)")]),
+        gpu_check.Step("late", "late", 30, [_python("pass")]),
+    ]
+    monkeypatch.setattr(gpu_check, "plan_steps", lambda *args: steps)
+    results = gpu_check.run_check(cpu=True, out=tmp_path, budget_s=6)
+    assert [r.status for r in results] == ["ok", "not run"]
+
+
+def test_an_option_this_checkout_lacks_makes_its_step_unsupported(tmp_path, monkeypatch):
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    fields.pop("channels_last", None)
+    monkeypatch.setattr(gpu_check, "_config_fields", lambda: fields)
+    steps = {s.name: s for s in gpu_check.plan_steps("cpu", gpu_check.CPU_SIZES, tmp_path)}
+    assert "channels_last" in (steps["paper_scale_options"].unsupported or "")
+    assert steps["paper_scale_baseline"].unsupported is None  # the baseline just leaves it out
+    assert not any("channels_last" in a for a in steps["paper_scale_baseline"].commands[0])
+    fields["channels_last"] = False
+    monkeypatch.setattr(gpu_check, "_config_fields", lambda: fields)
+    steps = {s.name: s for s in gpu_check.plan_steps("cpu", gpu_check.CPU_SIZES, tmp_path)}
+    assert steps["paper_scale_options"].unsupported is None
+
+
+# -- the whole script ------------------------------------------------------------------------------
+
+
+def test_the_gpu_check_script_on_the_cpu_reports_every_step_ok(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "OMP_NUM_THREADS": "1"}
+    env.pop("FEDST_TEST_DEVICE", None)
+    done = subprocess.run(
+        ["bash", "bench/gpu_check.sh", "--cpu"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1700,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    statuses = {s["name"]: (s["status"], s["note"]) for s in report["steps"]}
+    expected = {
+        "facts",
+        "federation",
+        "paper_scale",
+        "step",
+        "stream",
+        "tests",
+        "paper_scale_baseline",
+        "paper_scale_options",
+    }
+    assert set(statuses) == expected
+    has_channels_last = "channels_last" in {f.name for f in dataclasses.fields(TrainConfig)}
+    for name, (status, note) in statuses.items():
+        if name == "paper_scale_options" and not has_channels_last:
+            assert status == "unsupported", note
+        else:
+            assert status == "ok", f"{name}: {status} {note}"
+    markdown = (out / "gpu_check.md").read_text()
+    assert all(f"| {name} | " in markdown for name in expected)
+    steps = {s["name"]: s["metrics"] for s in report["steps"]}
+    assert steps["facts"]["device"] == "cpu"
+    assert steps["federation"]["train.device"] == "cpu" and steps["federation"]["infer_frames"] >= 1
+    assert steps["paper_scale"]["device_facts"]["device"] == "cpu"
+    assert "evaluation (its rounds)" in steps["paper_scale"]["measured_shares"]
+    assert (
+        steps["step"]["variants"]["baseline: fp32, no TF32, eager, contiguous"]["ms_per_step"] > 0
+    )
+    assert any(v.get("fps", 0) > 0 for v in steps["stream"]["variants"].values())

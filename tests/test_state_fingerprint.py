@@ -1,0 +1,65 @@
+"""Specification of which settings own a site's private state (fedst/experiment/site_view.py).
+
+* execution settings (compile mode, channels_last, deterministic kernels, require_gpu) and the
+  unseen-site indicator rule do not change the state fingerprint: a run resumes with others;
+* a state folder written before those fields existed (``train.compile`` a bool, no
+  channels_last, deterministic, require_gpu or indicator.unseen) is still claimed by the same
+  configuration;
+* a setting that changes what a site learns (the learning rate) is still refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import pytest
+
+from fedst.experiment import site_view, state_fingerprint
+from fedst.federation.site import STATE_FINGERPRINT, StateMismatchError, claim_state_dir
+from tests.test_federation import experiment
+
+
+def _train(cfg, **changes):
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **changes))
+
+
+def old_format_fingerprint(cfg) -> str:
+    """The fingerprint as runs recorded it before issue 33 and 37 (by the rule of that code)."""
+    values = json.loads(site_view(cfg).to_json())
+    for key in ("eval_every", "eval_max_frames", "val_every", "eval_batch_size"):
+        values["train"].pop(key)
+    for key in ("distance_metrics_every", "checkpoint_every"):
+        values["train"].pop(key)
+    for key in ("rule", "metric"):
+        values["selection"].pop(key)
+    values["method"].pop("returned_model")
+    for key in ("channels_last", "deterministic", "require_gpu"):
+        values["train"].pop(key)
+    values["train"]["compile"] = False
+    values["indicator"].pop("unseen")
+    return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def test_execution_settings_and_the_unseen_rule_leave_the_fingerprint_as_it_is(tmp_path):
+    cfg = experiment(tmp_path)
+    changed = _train(cfg, compile="reduce-overhead", channels_last=True, deterministic=False)
+    changed = dataclasses.replace(
+        changed, indicator=dataclasses.replace(changed.indicator, unseen="mean")
+    )
+    assert state_fingerprint(site_view(changed)) == state_fingerprint(site_view(cfg))
+    assert state_fingerprint(site_view(_train(cfg, lr=cfg.train.lr * 2))) != state_fingerprint(
+        site_view(cfg)
+    )
+
+
+def test_a_state_folder_from_before_the_execution_fields_is_claimed_by_the_same_config(tmp_path):
+    cfg = _train(experiment(tmp_path), compile="none")
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    record = {"fingerprint": old_format_fingerprint(cfg), "site": "A", "config": {}}
+    (state_dir / STATE_FINGERPRINT).write_text(json.dumps(record))
+    claim_state_dir(state_dir, "A", cfg)  # no StateMismatchError
+    with pytest.raises(StateMismatchError, match="site A"):
+        claim_state_dir(state_dir, "A", _train(cfg, lr=cfg.train.lr * 2))
