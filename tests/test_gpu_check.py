@@ -183,6 +183,7 @@ def test_an_option_this_checkout_lacks_makes_its_step_unsupported(tmp_path, monk
 # -- the whole script ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 3 minutes on 2 cores: `pytest -m slow tests/test_gpu_check.py`
 def test_the_gpu_check_script_on_the_cpu_reports_every_step_ok(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "OMP_NUM_THREADS": "1"}
