@@ -20,7 +20,8 @@ that counts the pixel confusion matrix. Rows (docs/results.md, "Why FedST falls 
 * ``fold, gate = sites' mean``: every channel-selection gate fixed to the constant
   sum_k n_k / n mean gate that v_k gives on site k's own test split.
 
-With ``--fedavg``: that run's out-of-federation model as one more row, and the pixel confusion
+``--only-returned``: the run's out-of-federation model alone (a control's row). With
+``--fedavg``: that run's out-of-federation model as one more row, and the pixel confusion
 matrices (rows: true class, columns: predicted, % of the row) of FedST's rule-own and rule-fold
 models and FedAvg's on each site. Writes ``<out>/diagnostic.json`` and ``<out>/diagnostic.md``
 (default out: ``RUN/diagnostic``) and prints the markdown.
@@ -283,6 +284,11 @@ def main(argv: list[str] | None = None) -> None:
         "--sites", nargs="*", default=None, help="default: the run's out-of-federation sites"
     )
     parser.add_argument("--out", type=Path, default=None, help="default: RUN/diagnostic")
+    parser.add_argument(
+        "--only-returned",
+        action="store_true",
+        help="only the run's out-of-federation model under its own rule (a control's one row)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -294,7 +300,11 @@ def main(argv: list[str] | None = None) -> None:
     num_classes = cfg.network.num_classes
     data = {s: open_site_data(cfg, s, ("test",)).test for s in sites}
     rows: dict[str, dict[str, dict]] = {}
-    for probe in fedst_probes(cfg, args.run, device):
+    probes = fedst_probes(cfg, args.run, device)
+    if args.only_returned:
+        rule = cfg.unseen_indicator_rule() or "none"
+        probes = iter([Probe(f"average, rule {rule}", averaged_model(cfg, args.run, device), None)])
+    for probe in probes:
         rows[probe.label] = {
             s: score(probe, s, data[s], indicators.get(s), device, num_classes) for s in sites
         }
