@@ -22,28 +22,17 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from fedst.accel import device_name
 from fedst.metrics import FrameScores, overlap_counts, overlap_scores, reference_batch_metrics
 
 HEIGHT, WIDTH, NUM_CLASSES, IGNORE = 1080, 1920, 4, 255
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (else the platform's processor string)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def _ellipse(rows: torch.Tensor, cols: torch.Tensor, centre, radii, angle: float) -> torch.Tensor:
@@ -138,7 +127,9 @@ def main() -> int:
         args.repeats,
     )
     median = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
-    print(f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    print(
+        f"CPU: {device_name(torch.device('cpu'))}; torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    )
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"frame {HEIGHT}x{WIDTH}, {NUM_CLASSES} classes, {args.repeats} repeats, ms per frame")
     for name, label_text in (("old", "MONAI one-hot (old)"), ("new", "pixel counts (new)")):
