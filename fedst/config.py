@@ -13,10 +13,12 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from fedst.errors import UserError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value or key that cannot be used; the message names the section and the key."""
 
 

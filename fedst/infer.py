@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from fedst.config import ConfigError, build
 from fedst.data.clips import normalize_frames, resize_frame
+from fedst.errors import UserError
 from fedst.experiment import ExperimentConfig, resolve_device
 from fedst.federation.run_io import load_config
 from fedst.methods import method_of
@@ -73,7 +74,7 @@ VIDEO_FOURCC = "mp4v"
 TIMING_COLUMNS = ("frame", "time_s", "read_ms", "network_ms", "write_ms", "total_ms")
 
 
-class InferenceError(ValueError):
+class InferenceError(UserError, ValueError):
     """Bad input for inference or export: the message names the file or key and the fix."""
 
 

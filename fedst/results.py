@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from fedst.errors import UserError
 from fedst.federation.run_io import read_jsonl
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ HIGHER_IS_BETTER: dict[str, bool] = {"dice": True, "iou": True, "hd95": False, "
 DIGITS = 2
 
 
-class RunError(ValueError):
+class RunError(UserError, ValueError):
     """A run directory that cannot be read; the message names the directory and the file."""
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from fedst.config import ConfigError
+from fedst.errors import UserError
 from fedst.experiment import ExperimentConfig
 from fedst.federation.evaluation import evaluate_model
 from fedst.federation.run_io import atomic_write_text, read_jsonl
@@ -59,7 +60,7 @@ OUTFED_MODEL = "outfed"
 """``model`` of a metrics row scoring the out-of-federation model."""
 
 
-class SelectionError(ValueError):
+class SelectionError(UserError, ValueError):
     """No round can be chosen (no validation rows, or a rule's inputs are missing)."""
 
 

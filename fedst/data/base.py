@@ -19,13 +19,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedst.errors import UserError
+
 CLASS_NAMES: tuple[str, ...] = ("background", "shaft", "wrist", "jaw")
 NUM_CLASSES = len(CLASS_NAMES)
 IGNORE_INDEX = 255
 SPLITS = ("train", "val", "test")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad input on disk. The message names the file, the value found and what to do."""
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fedst.errors import UserError
 from fedst.experiment import DeployConfig
 
 log = logging.getLogger("fedst.deploy")  # the package's name, as before the split
@@ -28,7 +29,7 @@ APP_DIR = Path(__file__).resolve().parents[2]  # fedst/deploy/processes.py -> th
 BIN = Path(sys.executable).parent
 
 
-class DeploymentError(RuntimeError):
+class DeploymentError(UserError, RuntimeError):
     """A deployment problem with a one-line explanation that names the fix."""
 
 

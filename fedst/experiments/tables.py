@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedst.cli import CONFIG_DIR
+from fedst.errors import UserError
 from fedst.experiment import ExperimentConfig
 
 DEFAULT_SEEDS = (0, 1, 2)
@@ -15,7 +16,7 @@ RUNNER_KEYS = ("seeds", "rows")
 REFUSED_KEYS = ("seed", "resume", "site", "method", "ablation")
 
 
-class RunnerError(ValueError):
+class RunnerError(UserError, ValueError):
     """A runner request that cannot be carried out; the message names the key or file and the fix."""
 
 

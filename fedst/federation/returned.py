@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from fedst.errors import UserError
 from fedst.experiment import ExperimentConfig
 from fedst.methods import method_of
 from fedst.model.channel_selection import fold_indicator
@@ -45,7 +46,7 @@ SiteState = Mapping[str, object]
 the out-of-federation average under ``indicator.unseen`` fold or mean reads "site"."""
 
 
-class ReturnedModelError(FileNotFoundError):
+class ReturnedModelError(UserError, FileNotFoundError):
     """A site state lacks the own gamma_k that method.returned_model=own needs."""
 
 

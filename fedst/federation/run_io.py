@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from fedst.errors import UserError
 from fedst.experiment import ExperimentConfig, experiment_from_json
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ TMP_PATTERN = ".*.tmp"
 """Temporary files of :func:`atomic_torch_save` / :func:`atomic_write_text` (``.<name>.<random>.tmp``)."""
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint or state file that cannot be read; the message names the file."""
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedst.config import ConfigError, require_at_least, require_positive
+from fedst.errors import UserError
 from fedst.federation.snapshots import SELECTION_DIR
 from fedst.model.network import FedSTNet
 
@@ -27,7 +28,7 @@ STUDENT_RULE, TEACHER_RULE = "mixed", "cbe"
 PERSONAL, OUTFED = "personal", "outfed"
 
 
-class GuardError(ValueError):
+class GuardError(UserError, ValueError):
     """DAD cannot run on this run or site, or its correction file is missing; one line with the fix."""
 
 

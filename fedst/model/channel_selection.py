@@ -27,6 +27,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from fedst.errors import UserError
+
 __all__ = [
     "ChannelSelection",
     "IndicatorFoldError",
@@ -141,7 +143,7 @@ NONLINEAR_INDICATOR_LAYERS = re.compile(r"^channel_selection\.\d+\.embed\.")
 """FedDP's site embedding: the indicator passes a ReLU before a bias-free layer (cannot fold)."""
 
 
-class IndicatorFoldError(ValueError):
+class IndicatorFoldError(UserError, ValueError):
     """A state whose indicator path cannot be folded into a bias (the message says why)."""
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from fedst.errors import UserError
 from models.pvt.weights import weights_directory
 
 __all__ = [
@@ -70,7 +71,7 @@ HUB_PROBE_TIMEOUT_S = 3.0
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
-class IndicatorUnavailableError(RuntimeError):
+class IndicatorUnavailableError(UserError, RuntimeError):
     """The requested site indicator cannot be computed here; the message says how to fix it."""
 
 
