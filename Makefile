@@ -1,11 +1,12 @@
-# FedST: `make demo` runs the main job, `make test` runs the checks. Both set up .venv when missing.
+# FedST: `make demo` runs the main job, `make test` runs the checks (`make test-slow`: the scenarios
+# of several minutes that `make test` leaves out). All set up .venv when missing.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export FLWR_TELEMETRY_ENABLED := 0
 
-.PHONY: venv test lint format demo bench gpu-wheels clean-venv
+.PHONY: venv test test-slow lint format demo bench gpu-wheels clean-venv
 
 venv: $(STAMP)
 
@@ -28,6 +29,12 @@ format: venv
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The tests marked slow (pyproject.toml; `make test` deselects them): the loopback deployments of a
+# site killed during a round, a restarted server and `flwr run` with an empty run-dir, and the GPU
+# check at its CPU size. About 8 minutes on 2 cores; CI (.ci/run) runs them after `make test`.
+test-slow: venv
+	$(BIN)/python -m pytest -q -m slow
 
 demo: venv
 	$(BIN)/python -m fedst.demo

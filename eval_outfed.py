@@ -11,6 +11,10 @@ the comparison table. With site_root: writes only <run>/external/<site_name>.jso
 line. With guard=dad: the out-of-federation model corrected by GEN-Guard's DAD at the held-out
 site, on ``sites`` (default: the run's out-of-federation sites); writes only
 <run>/outfed_dad_<sites>.json. The model: fedst/outfed.py (fedst/guard.py with guard=dad).
+
+It writes nothing else: no Hydra folder or log file (configs/eval_outfed.yaml), and nothing at
+all when ``run`` is not a run directory. A mistake ends in one line and exit status 2
+(FEDST_DEBUG=1: with its traceback).
 """
 
 from __future__ import annotations
@@ -18,108 +22,168 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from fedst import report
-from fedst.cli import register_resolvers, setup_logging
-from fedst.config import ConfigError
-from fedst.experiment import ExperimentConfig, resolve_device
-from fedst.federation.run_io import load_config
-from fedst.metrics import format_score
-from fedst.outfed import (
-    evaluate_new_site,
-    evaluate_out_of_federation,
-    open_new_site,
-    write_new_site_result,
+from fedst.cli import (
+    existing_run,
+    hydra_job,
+    register_resolvers,
+    run_hydra_entry_point,
+    setup_logging,
+    unknown_key_error,
 )
-from fedst.training import finalize_run
+from fedst.config import ConfigError, build
+from fedst.experiment import UNSEEN_INDICATOR_RULES, ExperimentConfig, resolve_device
+from fedst.federation.run_io import load_config
 
 register_resolvers()
 log = logging.getLogger("eval_outfed")
 
 
+@dataclass(frozen=True)
+class EvalOptions:
+    """The options of eval_outfed.py, typed once; their defaults and meaning are in
+    configs/eval_outfed.yaml (a key it lacks, ``+max_frame=5``, is refused here)."""
+
+    run: str
+    sites: tuple[str, ...] | None
+    site_root: str | None
+    site_name: str | None
+    surgery_type: str | None
+    max_frames: int | None
+    unseen_indicator: str | None
+    qualitative: int
+    progress: bool
+    guard: str | None
+
+
+KEYS_LISTED = "every key: python eval_outfed.py --help"
+TEXT_KEYS = ("run", "site_root", "site_name", "surgery_type")
+
+
+def eval_options(cfg: DictConfig) -> EvalOptions:
+    """The command line's options, checked before anything is read or written: ``run`` given,
+    every key known, every value of its type, ``unseen_indicator`` a rule."""
+    if OmegaConf.is_missing(cfg, "run"):
+        raise ConfigError(
+            "run=RUN_DIR is missing: python eval_outfed.py run=<a run directory train_fed.py "
+            "wrote, runs/<experiment>/<method>_s<seed>_<time>>"
+        )
+    values = OmegaConf.to_container(cfg, resolve=True)
+    known = [item.name for item in dataclasses.fields(EvalOptions)]
+    unknown = [key for key in values if key not in known]  # appended: +max_frame=5
+    if unknown:
+        raise unknown_key_error(str(unknown[0]), known, KEYS_LISTED)
+    for key in TEXT_KEYS:  # a folder or a name, even when it reads as a number (site_name=2)
+        if values[key] is not None:
+            values[key] = str(values[key])
+    options = build(EvalOptions, values)
+    rule = options.unseen_indicator
+    if rule is not None and rule not in UNSEEN_INDICATOR_RULES:
+        raise ConfigError(
+            f"unseen_indicator={rule}: choose one of {', '.join(UNSEEN_INDICATOR_RULES)} (or null: "
+            "the run's indicator.unseen)"
+        )
+    return options
+
+
 @hydra.main(config_path="configs", config_name="eval_outfed", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_dir = Path(cfg.run)
+    with hydra_job():  # a failure is raised by run_hydra_entry_point, in one line
+        evaluate(cfg)
+
+
+def evaluate(cfg: DictConfig) -> None:
+    """Score the run's out-of-federation model as the options say (the module docstring)."""
+    options = eval_options(cfg)
+    run_dir = existing_run(options.run, "run")
+    # the evaluation's modules, imported once the command line is right (a mistake ends sooner)
+    from fedst import report
+    from fedst.outfed import (
+        evaluate_new_site,
+        evaluate_out_of_federation,
+        open_new_site,
+        write_new_site_result,
+    )
+    from fedst.training import finalize_run
+
     setup_logging()
     experiment = load_config(run_dir)
-    if cfg.unseen_indicator is not None:  # recorded in final.json / the new site's record
+    if options.unseen_indicator is not None:  # recorded in final.json / the new site's record
         experiment = dataclasses.replace(
             experiment,
-            indicator=dataclasses.replace(experiment.indicator, unseen=str(cfg.unseen_indicator)),
+            indicator=dataclasses.replace(experiment.indicator, unseen=options.unseen_indicator),
         )
         experiment.unseen_indicator_rule()  # a rule the run's network cannot apply: ConfigError
-    if cfg.max_frames is not None:
+    if options.max_frames is not None:
         experiment = dataclasses.replace(
             experiment,
-            train=dataclasses.replace(experiment.train, eval_max_frames=int(cfg.max_frames)),
+            train=dataclasses.replace(experiment.train, eval_max_frames=options.max_frames),
         )
-    if cfg.guard is not None:
-        if cfg.guard != "dad" or cfg.site_root is not None:
+    if options.guard is not None:
+        if options.guard != "dad" or options.site_root is not None:
             raise ConfigError(
-                f"guard={cfg.guard}: guard=dad scores configured sites (sites=[...]) with the "
+                f"guard={options.guard}: guard=dad scores configured sites (sites=[...]) with the "
                 "DAD-corrected out-of-federation model; a new site (site_root) has no correction"
             )
-        _evaluate_guarded(experiment, run_dir, cfg)
+        _evaluate_guarded(experiment, run_dir, options)
         return
-    if cfg.site_root is not None:
-        if cfg.sites is not None:
+    if options.site_root is not None:
+        if options.sites is not None:
             raise ConfigError(
-                f"sites={cfg.sites} and site_root={cfg.site_root}: score either configured sites "
-                "or one new site per call"
+                f"sites={list(options.sites)} and site_root={options.site_root}: score either "
+                "configured sites or one new site per call"
             )
         site = open_new_site(
             experiment,
-            Path(str(cfg.site_root)),
-            None if cfg.site_name is None else str(cfg.site_name),  # site_name=2 is a name
-            None if cfg.surgery_type is None else str(cfg.surgery_type),
+            Path(options.site_root),
+            options.site_name,
+            options.surgery_type,
         )
         _, record = evaluate_new_site(
-            experiment, run_dir, site, resolve_device(experiment.train.device), cfg.progress
+            experiment, run_dir, site, resolve_device(experiment.train.device), options.progress
         )
         path, line = write_new_site_result(run_dir, record)
         print(line)
         print(f"written: {path} and {path.parent / 'results.md'}")
         return
-    if cfg.site_name is not None or cfg.surgery_type is not None:
+    if options.site_name is not None or options.surgery_type is not None:
         raise ConfigError("site_name and surgery_type describe a new site: give site_root too")
-    if cfg.sites is None:
-        finalize_run(experiment, run_dir, progress=cfg.progress, qualitative=int(cfg.qualitative))
+    if options.sites is None:
+        finalize_run(
+            experiment, run_dir, progress=options.progress, qualitative=options.qualitative
+        )
         print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
         return
-    sites = tuple(OmegaConf.to_container(cfg.sites))
     results = evaluate_out_of_federation(
         experiment,
         run_dir,
         resolve_device(experiment.train.device),
-        sites=sites,
-        progress=cfg.progress,
+        sites=options.sites,
+        progress=options.progress,
     )
     summary = {site: result.summary for site, result in results.items()}
-    _write_summary(summary, run_dir / f"outfed_{'_'.join(sites)}.json")
+    _write_summary(summary, run_dir / f"outfed_{'_'.join(options.sites)}.json")
 
 
-def _evaluate_guarded(experiment: ExperimentConfig, run_dir: Path, cfg: DictConfig) -> None:
+def _evaluate_guarded(experiment: ExperimentConfig, run_dir: Path, options: EvalOptions) -> None:
     """guard=dad: the DAD-corrected out-of-federation model on the chosen sites."""
-    from fedst.guard import GuardError, evaluate_guarded_sites
+    from fedst.guard import evaluate_guarded_sites
 
-    if cfg.sites is None:
-        sites = tuple(experiment.data.out_of_federation)
-    else:
-        sites = tuple(OmegaConf.to_container(cfg.sites))
-    try:
-        summary = evaluate_guarded_sites(
-            experiment, run_dir, sites, resolve_device(experiment.train.device), cfg.progress
-        )
-    except GuardError as err:
-        raise SystemExit(f"eval_outfed.py: {err}") from err
+    sites = tuple(experiment.data.out_of_federation) if options.sites is None else options.sites
+    summary = evaluate_guarded_sites(
+        experiment, run_dir, sites, resolve_device(experiment.train.device), options.progress
+    )
     _write_summary(summary, run_dir / f"outfed_dad_{'_'.join(sites)}.json")
 
 
 def _write_summary(summary: dict, out: Path) -> None:
+    from fedst.metrics import format_score
+
     out.write_text(json.dumps(summary, indent=2, sort_keys=True, default=float))
     for site, values in summary.items():
         print(
@@ -130,4 +194,4 @@ def _write_summary(summary: dict, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_entry_point(main, "eval_outfed.py", "eval_outfed", KEYS_LISTED, groups=False)

@@ -28,6 +28,9 @@ deploy.join_timeout, deploy.reply_poll. Both: deploy.transfers_in_flight, deploy
 DeployConfig.
 
 Configs: configs/ (see configs/config.yaml). The run directory layout: fedst/federation/run_io.py.
+A mistake (an unknown key, a wrong value, a missing run) ends in one line and exit status 2
+(FEDST_DEBUG=1: with its traceback); a command that fails before its first round ended leaves
+no run directory behind (fedst/cli.py remove_unfinished_runs).
 """
 
 from __future__ import annotations
@@ -40,12 +43,20 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from fedst import report
-from fedst.cli import register_resolvers, resume_experiment, setup_logging, split_config
+from fedst.cli import (
+    TRAIN_KEYS_LISTED,
+    existing_run,
+    hydra_job,
+    register_resolvers,
+    remove_unfinished_runs,
+    resume_experiment,
+    run_hydra_entry_point,
+    setup_logging,
+    split_config,
+)
 from fedst.config import ConfigError, build
 from fedst.experiment import DeployConfig, RayConfig
 from fedst.federation.run_io import load_config
-from fedst.training import run_training
 
 register_resolvers()
 log = logging.getLogger("train_fed")
@@ -53,9 +64,20 @@ log = logging.getLogger("train_fed")
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    with hydra_job():  # a failure is raised by run_hydra_entry_point, in one line
+        train(cfg)
+
+
+def train(cfg: DictConfig) -> None:
+    """Train (or resume, or deploy) the experiment Hydra composed."""
     experiment, runtime = split_config(cfg)
+    # the engines, imported once the config is right (a mistake ends sooner)
+    from fedst import report
+    from fedst.training import check_resumable, run_training
+
     if runtime.get("resume"):
-        run_dir = Path(runtime["resume"])
+        run_dir = existing_run(runtime["resume"], "resume")  # before anything is written there
+        check_resumable(run_dir)  # a finished run: nothing to resume
         setup_logging(run_dir)
         # the interrupted run's own config, changed only by the overrides safe on resume
         overrides = list(HydraConfig.get().overrides.task)
@@ -75,6 +97,8 @@ def main(cfg: DictConfig) -> None:
         regenerate=runtime["regenerate"],
         ray=build(RayConfig, runtime.get("ray"), "ray"),
     )
+    if runtime.get("resume"):  # the resumed run wrote into its own folder, not Hydra's new one
+        remove_unfinished_runs()
     print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
     print(f"run directory: {run_dir}")
 
@@ -83,6 +107,7 @@ def deploy(experiment, run_dir: Path, site: str, runtime: dict) -> int:
     """site=server: the coordinating server; site=<name>: that hospital's SuperNode. Problems a
     user can fix (address, certificate, key, data folder) end in one line naming the fix."""
     from fedst import deploy as deployment
+    from fedst import report
 
     try:
         dcfg = build(DeployConfig, runtime.get("deploy"), "deploy")
@@ -101,4 +126,4 @@ def deploy(experiment, run_dir: Path, site: str, runtime: dict) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_entry_point(main, "train_fed.py", "config", TRAIN_KEYS_LISTED)

@@ -1,17 +1,26 @@
-"""Shared plumbing of the Hydra entry points (train_fed.py, eval_outfed.py)."""
+"""Shared plumbing of the Hydra entry points (train_fed.py, eval_outfed.py): the typed config,
+resume, logging, and their error boundary (Hydra's config errors in one line, no run directory
+left behind by a failed command)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import re
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, NoReturn
 
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fedst.config import ConfigError, to_dict
+from fedst.config import ConfigError, did_you_mean, to_dict
 from fedst.data.sites import DataConfig
+from fedst.errors import one_line, run_entry_point
 from fedst.experiment import DeployConfig, ExperimentConfig, RayConfig, experiment_from_dict
 from fedst.methods import method_of
 
@@ -99,15 +108,29 @@ def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, dict[str, Any]]:
     """Resolve the Hydra config into (typed experiment, runtime options)."""
     try:
         values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as err:
-        cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else err
-        raise ConfigError(f"config: {cause}") from err
+    except OmegaConfBaseException as err:  # e.g. a resolver's ConfigError, a key left at ???
+        raise ConfigError(f"config: {one_line(err)}") from err
     assert isinstance(values, dict)
     values.pop("hydra", None)
     runtime = {k: values.pop(k) for k in RUNTIME_KEYS if k in values}
     experiment = experiment_from_dict(values)
+    _check_rounds_follow_iterations(experiment)
     method_of(experiment)  # the method's own options and combinations, checked here once
     return experiment, runtime
+
+
+def _check_rounds_follow_iterations(experiment: ExperimentConfig) -> None:
+    """The configs derive train.rounds = total_iters // local_iters; a ``train.rounds=`` given
+    on its own would run that many rounds while the saved config kept the other total."""
+    train = experiment.train
+    derived = train.total_iters // train.local_iters
+    if train.rounds != derived:
+        raise ConfigError(
+            f"train.rounds={train.rounds} disagrees with train.total_iters // train.local_iters "
+            f"= {train.total_iters} // {train.local_iters} = {derived} (the configs derive the "
+            f"rounds from the iterations): set train.total_iters="
+            f"{train.rounds * train.local_iters} for {train.rounds} rounds"
+        )
 
 
 RESUME_SAFE_KEYS = (
@@ -187,6 +210,11 @@ def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def setup_logging(run_dir: Path | None = None) -> None:
+    """INFO and above to stderr and, with ``run_dir``, to its log.txt. Flower logs through its
+    own console handler (flwr.common.logger), which colours the level names with ANSI codes:
+    colour stays on a terminal only, so output piped or redirected to a file is plain text."""
+    from flwr.common.logger import console_handler, update_console_handler
+
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -199,16 +227,233 @@ def setup_logging(run_dir: Path | None = None) -> None:
     )
     logging.getLogger("flwr").propagate = False  # Flower logs through its own handler already
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Flower HTTP request
+    try:
+        terminal = console_handler.stream.isatty()
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        terminal = False
+    update_console_handler(colored=terminal)
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
+TRAIN_KEYS_LISTED = "every key and its default: python train_fed.py --cfg job"
+
+
 def compose_experiment(overrides: list[str]) -> tuple[ExperimentConfig, dict[str, Any]]:
-    """The experiment train_fed.py would run with these command-line overrides (no Hydra run dir)."""
+    """The experiment train_fed.py would run with these command-line overrides (no Hydra run dir).
+    A key or group option the config lacks is a ConfigError in one line, as train_fed.py's."""
+    from hydra import compose, initialize_config_dir
+
+    register_resolvers()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+    except ConfigCompositionException as err:
+        reworded = hydra_config_error(err, "config", TRAIN_KEYS_LISTED, groups=True)
+        if reworded is not None:
+            raise reworded from err
+        raise
+    return split_config(cfg)
+
+
+# -- the error boundary of the Hydra entry points -------------------------------------------------
+
+
+def existing_run(value: Any, key: str) -> Path:
+    """The run directory named on the command line (``eval_outfed.py run=``, ``train_fed.py
+    resume=``), checked before anything is created: an existing folder holding the config.json
+    train_fed.py writes when a run starts. Otherwise a ConfigError naming ``key``."""
+    run_dir = Path(str(value))
+    example = "runs/<experiment>/<method>_s<seed>_<time>"
+    if not run_dir.is_dir():
+        raise ConfigError(
+            f"{key}={value}: no such folder; give a run directory train_fed.py wrote ({example})"
+        )
+    if not (run_dir / "config.json").is_file():
+        raise ConfigError(
+            f"{key}={value}: not a run directory (it has no config.json); give a folder "
+            f"train_fed.py wrote ({example})"
+        )
+    return run_dir
+
+
+def config_keys(config_name: str) -> list[str]:
+    """Every key of ``configs/<config_name>.yaml`` composed with no overrides, dotted
+    (``train.total_iters``; also the sections, ``train``), Hydra's own excluded: what an unknown
+    key is compared with. Needs Hydra not to be running (after ``@hydra.main`` returned)."""
     from hydra import compose, initialize_config_dir
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    return split_config(cfg)
+        cfg = compose(config_name)
+    return sorted(_dotted_keys(OmegaConf.to_container(cfg, resolve=False)))
+
+
+def _dotted_keys(values: dict, prefix: str = "") -> Iterator[str]:
+    """Every key of nested dicts, sections included: ``train``, ``train.lr``, ..."""
+    for key, value in values.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        yield name
+        if isinstance(value, dict):
+            yield from _dotted_keys(value, name)
+
+
+def unknown_key_error(key: str, valid: list[str], keys_listed: str) -> ConfigError:
+    """``unknown key 'train.totl_iters' (did you mean 'train.total_iters'?); <keys_listed>``."""
+    return ConfigError(f"unknown key {key!r}{did_you_mean(key, valid)}; {keys_listed}")
+
+
+def hydra_config_error(
+    err: ConfigCompositionException, config_name: str, keys_listed: str, groups: bool
+) -> ConfigError | None:
+    """Hydra's composition error as one ConfigError line, or None to keep Hydra's own words.
+
+    * an override of a key the config lacks (``train.totl_iters=5``; Hydra suggests appending
+      it with ``+``, which the typed config then refuses): the unknown key, the closest valid one
+      (:func:`config_keys`) and ``keys_listed`` (where every key is listed);
+    * an option a config group lacks (``experiment=papr``): the options, the closest one first.
+
+    ``groups``: whether the config composes groups of configs/ (train_fed.py: ``+ablation=...``
+    appends the group Hydra names; eval_outfed.py has none, so ``experiment=...`` is a key it
+    does not know).
+    """
+    if isinstance(err, MissingConfigException) and err.options and err.missing_cfg_file:
+        group, _, option = str(err.missing_cfg_file).rpartition("/")
+        if group:
+            return ConfigError(
+                f"{group}={option}: no such option in configs/{group}/"
+                f"{did_you_mean(option, err.options)}; available: {', '.join(err.options)}"
+            )
+    found = re.match(r"Could not override '([^']+)'", str(err))
+    if found is None:
+        return None
+    key = found.group(1)
+    if groups and (CONFIG_DIR / key).is_dir():  # a group outside the defaults list: Hydra's words
+        return None
+    return unknown_key_error(key, config_keys(config_name), keys_listed)
+
+
+class NewRunDirectories(Callback):
+    """Hydra callback (configs/config.yaml ``hydra.callbacks``): notes the run directory
+    (``hydra.run.dir``) or the sweep directory (``hydra.sweep.dir``) this invocation is about to
+    create, i.e. one that does not exist when Hydra starts the run or the sweep, with the topmost
+    of its parents that does not exist either; :func:`remove_unfinished_runs` reads the notes.
+    A directory that exists before (``hydra.run.dir=<existing>``, a resumed run) is never noted."""
+
+    created: ClassVar[list[tuple[Path, Path, bool]]] = []
+    """(directory, its topmost new parent or itself, is a sweep) of this process."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._note(Path(str(config.hydra.run.dir)), sweep=False)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._note(Path(str(config.hydra.sweep.dir)), sweep=True)
+
+    @classmethod
+    def _note(cls, directory: Path, sweep: bool) -> None:
+        directory = directory.absolute()
+        if directory.exists():
+            return
+        top = directory
+        while not top.parent.exists():
+            top = top.parent
+        cls.created.append((directory, top, sweep))
+
+
+RUN_RESULTS = ("checkpoints", "metrics.jsonl", "train.jsonl", "final.json")
+"""What makes a run directory worth keeping after a failure: what fedst.training.run_training
+writes once a round has run (the server's training row, an evaluation row, the round's
+checkpoint) and at the end. Before the first round it writes only setup files (device.jsonl,
+config.json, benchmark.json, iid_partition.json, log.txt; Hydra its .hydra/ and job log)."""
+
+
+def has_results(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() for name in RUN_RESULTS)
+
+
+def remove_unfinished_runs() -> list[Path]:
+    """After a failed invocation, remove the run directories it created that hold no results.
+
+    The rule: a run directory Hydra created for this invocation (:class:`NewRunDirectories`;
+    never one that existed before, so never a resumed run or a ``hydra.run.dir`` given) is
+    removed when the run has not written results (:data:`RUN_RESULTS`): a config, data or
+    setup error, or an interruption before the first round ended, leaves nothing behind. Its
+    parents this invocation created go too when they are left empty (a first run's ``runs/``).
+    A sweep (``-m``) is handled job by job: a job directory without results goes, and the sweep
+    directory too once it holds nothing but Hydra's multirun.yaml. Returns what was removed."""
+    removed: list[Path] = []
+    for directory, top, sweep in NewRunDirectories.created:
+        if not directory.is_dir():
+            continue
+        if sweep:
+            for job in [p for p in directory.iterdir() if p.is_dir() and not has_results(p)]:
+                shutil.rmtree(job)
+                removed.append(job)
+            if any(p.name != "multirun.yaml" for p in directory.iterdir()):
+                continue
+        elif has_results(directory):
+            continue
+        shutil.rmtree(directory)
+        removed.append(directory)
+        while directory != top:  # the parents this invocation created, once empty
+            directory = directory.parent
+            if any(directory.iterdir()):
+                break
+            directory.rmdir()
+            removed.append(directory)
+    NewRunDirectories.created.clear()
+    return removed
+
+
+_KEPT_FAILURES: list[Exception] = []
+"""The failure of this process's Hydra job, kept by :func:`hydra_job` (at most one)."""
+
+
+@contextlib.contextmanager
+def hydra_job() -> Iterator[None]:
+    """The body of a ``@hydra.main`` function. A failure of a single run is kept and raised by
+    :func:`run_hydra_entry_point` once Hydra has returned: raised into Hydra, it would first print
+    "Error executing job with overrides: [...]" (hydra/core/utils.py ``JobReturn.return_value``),
+    a second line. In a sweep (``-m``) that line names the job that failed, so it is kept."""
+    try:
+        yield
+    except Exception as err:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        _KEPT_FAILURES.append(err)
+
+
+def run_hydra_entry_point(
+    main: Callable[[], object],
+    program: str,
+    config_name: str,
+    keys_listed: str,
+    groups: bool = True,
+) -> NoReturn:
+    """:func:`fedst.errors.run_entry_point` for a ``@hydra.main`` function whose body runs in
+    :func:`hydra_job`: a failure first removes the run directories this invocation created that
+    hold no results (:func:`remove_unfinished_runs`), and Hydra's composition errors become one
+    line (:func:`hydra_config_error`; ``keys_listed`` says where every key is listed)."""
+
+    def guarded() -> object:
+        try:
+            status = main()
+            if _KEPT_FAILURES:
+                failure = _KEPT_FAILURES.pop()
+                _KEPT_FAILURES.clear()
+                raise failure
+            return status
+        except BaseException as err:
+            if not (isinstance(err, SystemExit) and err.code in (None, 0)):
+                remove_unfinished_runs()
+            if isinstance(err, ConfigCompositionException):
+                reworded = hydra_config_error(err, config_name, keys_listed, groups)
+                if reworded is not None:
+                    raise reworded from err
+            raise
+
+    run_entry_point(guarded, program)

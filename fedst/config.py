@@ -8,9 +8,10 @@ back to a default.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from fedst.errors import UserError
@@ -36,8 +37,8 @@ def build(cls: type[T], values: Mapping[str, Any] | None, where: str = "") -> T:
     unknown = sorted(set(values) - names)
     if unknown:
         raise ConfigError(
-            f"unknown key(s) {unknown} in config section '{where or cls.__name__}'; "
-            f"allowed: {sorted(names)}"
+            f"unknown key(s) {unknown} in config section '{where or cls.__name__}'"
+            f"{did_you_mean(unknown[0], names)}; allowed: {sorted(names)}"
         )
     kwargs = {}
     for name, value in values.items():
@@ -46,6 +47,13 @@ def build(cls: type[T], values: Mapping[str, Any] | None, where: str = "") -> T:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"config section '{where or cls.__name__}': {err}") from err
+
+
+def did_you_mean(key: str, valid: Iterable[str]) -> str:
+    """``" (did you mean 'total_iters'?)"``: the valid key closest to the unknown ``key``
+    (difflib's similarity ratio >= 0.6), or ``""`` when none is close."""
+    close = difflib.get_close_matches(key, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _convert(hint: Any, value: Any, where: str) -> Any:

@@ -84,14 +84,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: train at least 1 round")
     cfg, _ = demo_config(None, args.seed, args.rounds, args.overrides)
+    # every method's config is checked (a ConfigError names the mistake) before anything is written
+    planned = {
+        m: demo_config(m, args.seed, args.rounds, args.overrides) for m in args.methods.split(",")
+    }
     benchmark = prepare_benchmark(cfg, progress=True)
     data_root = Path(benchmark["root"])
     log.info("benchmark: %s (generator version %d)", data_root, benchmark["generator_version"])
     previews = write_previews(data_root)
 
     run_dirs = []
-    for method in args.methods.split(","):
-        cfg, runtime = demo_config(method, args.seed, args.rounds, args.overrides)
+    for method, (cfg, runtime) in planned.items():
         run_dir = args.runs / f"{method}_s{args.seed}_{args.rounds}rounds"
         if (run_dir / "final.json").exists() and load_config(run_dir) == cfg:
             log.info("%s: finished run found in %s; refreshing its evaluation", method, run_dir)
@@ -123,4 +126,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from fedst.errors import run_entry_point
+
+    run_entry_point(main, "python -m fedst.demo")

@@ -16,7 +16,11 @@ CLI::
 
 ``msf`` and ``matrix``: fedst/report_selection.py.
 
-A RUN_DIR may also be a Hydra multirun directory: every run directory below it is used.
+A RUN_DIR may also be a Hydra multirun directory: every run directory below it is used. A row
+pools only runs whose configs differ in the seed alone; runs of one method that differ otherwise
+get rows of their own (:func:`fedst.results.group_by_method` says why). A folder that is not a
+finished run is an error naming it, or with ``--skip-incomplete`` skipped in one warning line.
+Every score is printed rounded once from its unrounded value (:func:`fedst.metrics.format_score`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ __all__ = [
     "comparison_table",
     "curve_series",
     "curve_tables",
+    "default_out",
     "dice_columns",
     "dice_table",
     "main",
@@ -401,6 +406,43 @@ def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
 # CLI
 
 
+def _usage() -> str:
+    from fedst.report_selection import RULE_ORDER
+
+    prog = "python -m fedst.report"
+    return (
+        f"{prog} RUN_DIR [RUN_DIR ...] [--out DIR] [--skip-incomplete] [--no-plots]\n"
+        f"       {prog} msf RUN_DIR [RUN_DIR ...] [--out DIR]\n"
+        f"       {prog} matrix RUN_DIR [--rule {{{','.join(RULE_ORDER)}}}] [--out DIR]"
+    )
+
+
+def _epilog() -> str:
+    from fedst.report_selection import SUBCOMMANDS
+
+    width = max(map(len, SUBCOMMANDS))
+    lines = [f"  {name:<{width}}  {text}" for name, text in SUBCOMMANDS.items()]
+    return "\n".join(
+        [
+            "subcommands (the first argument; python -m fedst.report <subcommand> --help):",
+            *lines,
+            "",
+            "A row pools the runs of one method whose configs differ in the seed alone; runs that",
+            "differ in anything else get rows of their own, labelled with the keys that differ.",
+        ]
+    )
+
+
+def default_out(run_dirs: Sequence[str | Path], runs: Sequence[dict]) -> Path:
+    """``<first RUN_DIR that holds a reported run>/report`` (a skipped folder gets no report)."""
+    paths = [Path(run["path"]) for run in runs]
+    for raw in run_dirs:
+        root = Path(raw)
+        if any(path == root or root in path.parents for path in paths):
+            return root / "report"
+    return paths[0] / "report"
+
+
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     """Print the markdown tables of the given runs and write tables (and plots) to ``--out``;
     ``msf`` and ``matrix`` as first argument: fedst/report_selection.py."""
@@ -412,19 +454,29 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     if argv and argv[0] in report_selection.SUBCOMMANDS:
         return report_selection.main(argv)
     parser = argparse.ArgumentParser(
-        prog="python -m fedst.report", description=__doc__.split("\n")[0]
+        prog="python -m fedst.report",
+        usage=_usage(),
+        description=__doc__.split("\n")[0],
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run_dirs", nargs="+", help="run directories or Hydra multirun directories")
-    parser.add_argument("--out", help="output directory (default: <first RUN_DIR>/report)")
     parser.add_argument(
-        "--skip-incomplete", action="store_true", help="warn about and skip unfinished runs"
+        "--out", help="output directory (default: <first RUN_DIR with a reported run>/report)"
+    )
+    parser.add_argument(
+        "--skip-incomplete",
+        action="store_true",
+        help="skip, with one warning line each, folders that are not finished runs (a run "
+        "still training or stopped early, an unreadable run, a report's or the demo's output "
+        "folder, any other folder or file); without it, each is an error",
     )
     parser.add_argument("--no-plots", action="store_true", help="write tables only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     runs = load_runs(args.run_dirs, skip_incomplete=args.skip_incomplete)
-    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
+    out = Path(args.out) if args.out else default_out(args.run_dirs, runs)
     written = write_tables(runs, out)
     if not args.no_plots:
         from fedst import plots
@@ -452,4 +504,6 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    main()
+    from fedst.errors import run_entry_point
+
+    run_entry_point(main, "python -m fedst.report")

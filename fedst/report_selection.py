@@ -36,17 +36,57 @@ from typing import Any
 
 import numpy as np
 
-from fedst.federation.run_io import read_jsonl
-from fedst.selection import OUTFED_MODEL, SELECTION_FILE, validation_rows
+from fedst.experiment import ExperimentConfig
+from fedst.federation.run_io import load_config, read_jsonl
+from fedst.metrics import format_score
+from fedst.results import RunError
+from fedst.selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
 
 log = logging.getLogger(__name__)
 
-SUBCOMMANDS = ("msf", "matrix")
+SUBCOMMANDS: dict[str, str] = {
+    "msf": "rounds chosen by each selection rule, MSF, test scores (and DAD's, when it ran)",
+    "matrix": "every model of a run on every site's test split (cross-site evaluation)",
+}
+"""The subcommands of ``python -m fedst.report``, each with its one line of help."""
 RULE_ORDER = ("last", "val", "mixed", "cbe")
 
 
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
+def finished_run_config(run_dir: Path, command: str) -> ExperimentConfig:
+    """The config of the finished run in ``run_dir``; a :class:`RunError` naming the folder and
+    the fix when it is not one (``command`` starts the message, e.g. "msf")."""
+    if not (run_dir / "config.json").is_file():
+        raise RunError(
+            f"{command}: {run_dir} is not a run directory (no config.json); pass a folder "
+            "train_fed.py wrote"
+        )
+    if not (run_dir / "final.json").is_file():
+        raise RunError(
+            f"{command}: {run_dir} is not a finished run (no final.json); let its training "
+            f"finish (train_fed.py resume={run_dir}), then report it"
+        )
+    return load_config(run_dir)
+
+
+def require_validation(
+    cfg: ExperimentConfig, run_dir: Path, command: str, alternative: str = ""
+) -> None:
+    """A :class:`SelectionError` naming the run and the fix unless it scored validation rounds
+    (every rule but ``last`` chooses among them; fedst/selection.py). ``alternative``: another
+    fix, appended ("or ...")."""
+    fix = "train a run with train.val_every=<k> (1 <= k <= train.rounds) to select its rounds"
+    if alternative:
+        fix = f"{alternative}, or {fix}"
+    if cfg.train.val_every is None:
+        why = "train.val_every=null"
+    elif not any(r.get("split") == "val" for r in read_jsonl(run_dir / "metrics.jsonl")):
+        why = f"train.val_every={cfg.train.val_every}, train.rounds={cfg.train.rounds}"
+    else:
+        return
+    raise SelectionError(
+        f"{command}: {run_dir} scored no validation round ({why} in its config.json), so no "
+        f"selection rule can choose one; {fix}"
+    )
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -54,16 +94,17 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def load_selection(run_dir: Path, progress: bool = False) -> dict[str, Any]:
+def load_selection(run_dir: Path, progress: bool = False, command: str = "msf") -> dict[str, Any]:
     """``selection/selection.json`` of a run (computed now when absent: rounds on validation,
-    then test scores of the choices)."""
+    then test scores of the choices; a finished run with validation rounds is required, see
+    :func:`finished_run_config` and :func:`require_validation`)."""
     path = run_dir / SELECTION_FILE
     if not path.exists():
         from fedst.experiment import resolve_device
-        from fedst.federation.run_io import load_config
         from fedst.selection import run_selection
 
-        cfg = load_config(run_dir)
+        cfg = finished_run_config(run_dir, command)
+        require_validation(cfg, run_dir, command)
         run_selection(cfg, run_dir, resolve_device(cfg.train.device), progress=progress)
     return json.loads(path.read_text())
 
@@ -104,9 +145,9 @@ def msf_markdown(runs: Mapping[Path, Mapping[str, Any]]) -> str:
         for row in msf_rows(run_dir, record):
             rounds = ", ".join(f"{s}: {r}" for s, r in row["site_rounds"].items())
             cells = [row["run"], row["rule"], rounds, str(row["outfed_round"] or "n/a")]
-            cells += [_fmt(row["in_fed_dice"])]
-            cells += [_fmt(row["out_fed_dice"].get(s)) for s in out_sites]
-            cells += [_fmt(row["out_fed_mean"]), _fmt(row["gap"])]
+            cells += [format_score(row["in_fed_dice"])]
+            cells += [format_score(row["out_fed_dice"].get(s)) for s in out_sites]
+            cells += [format_score(row["out_fed_mean"]), format_score(row["gap"])]
             lines.append("| " + " | ".join(cells) + " |")
         msf = record["model_selection_failure"]
         choices = record["choices"]
@@ -124,7 +165,7 @@ def msf_markdown(runs: Mapping[Path, Mapping[str, Any]]) -> str:
         notes.append(
             f"- {run_dir.name}: conventional (mixed, Eq. 6) round {mixed}, client-blocked (cbe, "
             f"Eq. 7, held-out site {record['held_out_site']}) round {cbe}: "
-            f"{'MSF' if msf else 'no MSF'}; out-fed mean Dice cbe - mixed = {_fmt(diff)}"
+            f"{'MSF' if msf else 'no MSF'}; out-fed mean Dice cbe - mixed = {format_score(diff)}"
         )
     failures = [r["model_selection_failure"] for r in runs.values()]
     tested = [f for f in failures if f is not None]
@@ -148,7 +189,6 @@ def msf_markdown(runs: Mapping[Path, Mapping[str, Any]]) -> str:
 def load_guard(run_dir: Path, progress: bool = False) -> dict[str, Any] | None:
     """Test scores before and after DAD of a run's corrections (None: DAD never ran on it)."""
     from fedst.experiment import resolve_device
-    from fedst.federation.run_io import load_config
     from fedst.guard import guard_test_scores
 
     cfg = load_config(run_dir)
@@ -199,14 +239,14 @@ def dad_markdown(guards: Mapping[Path, Mapping[str, Any]]) -> str:
             "after": f"mixed + DAD (teacher: cbe round {rounds['teacher']})",
         }
         for row in dad_rows(run_dir, scores):
-            cells = [row["run"], names[row["stage"]], _fmt(row["in_fed_dice"])]
-            cells += [_fmt(row["site_dice"].get(s)) for s in sites]
+            cells = [row["run"], names[row["stage"]], format_score(row["in_fed_dice"])]
+            cells += [format_score(row["site_dice"].get(s)) for s in sites]
             worst = (
                 "n/a"
                 if row["worst_site"] is None
-                else f"{row['worst_site']} {_fmt(row['worst_dice'])}"
+                else f"{row['worst_site']} {format_score(row['worst_dice'])}"
             )
-            cells += [_fmt(row["out_fed_mean"]), worst]
+            cells += [format_score(row["out_fed_mean"]), worst]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(
         [
@@ -268,6 +308,12 @@ def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
 
 
 def msf_report(run_dirs: Sequence[Path], out: Path, progress: bool = False) -> list[Path]:
+    """The MSF table (and DAD's) of ``run_dirs`` in ``out``: msf.md, msf.csv, a plot per run.
+    Every run is checked before any is scored (:func:`load_selection`'s requirements)."""
+    for run_dir in run_dirs:
+        cfg = finished_run_config(run_dir, "msf")
+        if not (run_dir / SELECTION_FILE).exists():
+            require_validation(cfg, run_dir, "msf")
     runs = {run_dir: load_selection(run_dir, progress) for run_dir in run_dirs}
     guards = {run_dir: load_guard(run_dir, progress) for run_dir in run_dirs}
     guards = {run_dir: scores for run_dir, scores in guards.items() if scores is not None}
@@ -318,16 +364,38 @@ def msf_report(run_dirs: Sequence[Path], out: Path, progress: bool = False) -> l
 def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False) -> dict[str, Any]:
     """{"rule", "rounds", "models", "sites", "dice": [[...]], "iou": [[...]]}: each model of the
     run's last round (``rule="last"``) or of the rounds ``rule`` chose on validation, on each
-    site's test split (rows: models, columns: test sites; ``rounds``: model -> its round)."""
+    site's test split (rows: models, columns: test sites; ``rounds``: model -> its round).
+
+    A folder that is not a finished run, and a rule the run cannot apply (``cbe`` without
+    ``selection.held_out_site``, any rule but ``last`` without validation rounds), are refused
+    before anything is evaluated: a :class:`RunError` or :class:`SelectionError` of one line."""
     from fedst.experiment import resolve_device
     from fedst.federation import snapshots
     from fedst.federation.evaluation import evaluate_model
-    from fedst.federation.run_io import load_config
     from fedst.federation.site_data import open_site_data
     from fedst.methods import method_of
     from fedst.outfed import averaged_model, personalized_model
 
-    cfg = load_config(run_dir)
+    command = f"matrix --rule {rule}"
+    cfg = finished_run_config(run_dir, command)
+    if rule == "cbe" and cfg.selection.held_out_site is None:
+        others = "last" if cfg.train.val_every is None else "last, val or mixed"
+        raise SelectionError(
+            f"{command}: {run_dir} has no held-out site (selection.held_out_site=null in its "
+            f"config.json), and client-blocked selection (cbe) scores one; use --rule {others}, "
+            "or train a run with selection.held_out_site=<site> train.val_every=<k>"
+        )
+    choices: dict[str, Any] = {}
+    if rule != "last":
+        if not (run_dir / SELECTION_FILE).exists():
+            require_validation(cfg, run_dir, command, "use --rule last")
+        choices = load_selection(run_dir, progress, command)["choices"]
+        if rule not in choices:
+            raise SelectionError(
+                f"{command}: {run_dir / SELECTION_FILE} holds no choice of that rule (it has "
+                f"{', '.join(sorted(choices))}); delete it to choose again with today's rules, "
+                "or pick one of those"
+            )
     device = resolve_device(cfg.train.device)
     indicators = method_of(cfg).indicators()
     sites = [*cfg.data.federation, *cfg.data.out_of_federation]
@@ -340,12 +408,6 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
             models[OUTFED_MODEL] = (averaged_model(cfg, run_dir, device), None)
             rounds[OUTFED_MODEL] = last
     else:
-        choices = load_selection(run_dir, progress)["choices"]
-        if rule not in choices:
-            raise SystemExit(
-                f"matrix --rule {rule}: {run_dir / SELECTION_FILE} holds no choice of that rule "
-                f"(it has {sorted(choices)}; cbe needs selection.held_out_site)"
-            )
         rounds = dict(choices[rule]["sites"])
         models = {
             s: (snapshots.snapshot_site_model(cfg, run_dir, s, rounds[s], device), s)
@@ -371,7 +433,9 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
             ).summary
             row_d.append(summary["dice"])
             row_i.append(summary["iou"])
-            log.info("matrix: model %s on %s test: Dice %s", name, site, _fmt(summary["dice"]))
+            log.info(
+                "matrix: model %s on %s test: Dice %s", name, site, format_score(summary["dice"])
+            )
         dice.append(row_d)
         iou.append(row_i)
     return {
@@ -397,7 +461,8 @@ def matrix_markdown(matrix: Mapping[str, Any], metric: str = "dice") -> str:
     ]
     for name, values in zip(matrix["models"], matrix[metric], strict=True):
         cells = [
-            f"**{_fmt(v)}**" if name == s else _fmt(v) for s, v in zip(sites, values, strict=True)
+            f"**{format_score(v)}**" if name == s else format_score(v)
+            for s, v in zip(sites, values, strict=True)
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -423,7 +488,7 @@ def plot_matrix(matrix: Mapping[str, Any], out_png: Path, metric: str = "dice") 
             ax.text(
                 j,
                 i,
-                "n/a" if np.isnan(value) else f"{value:.1f}",
+                "n/a" if np.isnan(value) else format_score(value, 1),
                 ha="center",
                 va="center",
                 fontsize=7,
@@ -458,11 +523,11 @@ def main(argv: Sequence[str]) -> list[Path]:
         prog="python -m fedst.report", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    msf_help = "rounds chosen by each selection rule, MSF, test scores (and DAD's, when it ran)"
+    msf_help = SUBCOMMANDS["msf"]
     msf = sub.add_parser("msf", help=msf_help, description=f"Model selection: {msf_help}.")
     msf.add_argument("run_dirs", nargs="+", type=Path, help="run directories (seeds of one method)")
     msf.add_argument("--out", type=Path, help="output folder (default: <first RUN>/report)")
-    matrix_help = "every model on every site's test split"
+    matrix_help = SUBCOMMANDS["matrix"]
     matrix = sub.add_parser(
         "matrix", help=matrix_help, description=f"Cross-site evaluation: {matrix_help}."
     )

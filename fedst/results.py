@@ -24,8 +24,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from fedst.cli import RESUME_SAFE_KEYS, _flatten
+from fedst.config import to_dict
 from fedst.errors import UserError
+from fedst.experiment import experiment_from_json
 from fedst.federation.run_io import read_jsonl
+from fedst.metrics import format_score
 
 log = logging.getLogger(__name__)
 
@@ -49,32 +53,58 @@ class RunError(UserError, ValueError):
 # Loading runs
 
 
+HYDRA_DIR = ".hydra"
+"""Hydra's folder in every job directory it starts (a run that stopped before writing any of
+:data:`RUN_FILES` still has it)."""
+
+SKIP_HINT = "pass --skip-incomplete to leave it out"
+"""The fix named by every error about a folder that is not a finished run (fedst.report's flag)."""
+
+
 def _is_run_dir(path: Path) -> bool:
-    return any((path / name).is_file() for name in RUN_FILES)
+    """A run directory, finished or not: it holds any of :data:`RUN_FILES` or Hydra's folder."""
+    return any((path / name).is_file() for name in RUN_FILES) or (path / HYDRA_DIR).is_dir()
 
 
-def find_runs(paths: Iterable[str | Path]) -> list[Path]:
+def _refuse_or_skip(problem: str, skip_incomplete: bool) -> None:
+    """A folder that is not a finished run: a :class:`RunError` naming the fix, or (when
+    ``skip_incomplete``) one warning line."""
+    if not skip_incomplete:
+        raise RunError(f"{problem}; {SKIP_HINT}")
+    log.warning("skipping %s", problem)
+
+
+def find_runs(paths: Iterable[str | Path], skip_incomplete: bool = False) -> list[Path]:
     """Run directories among ``paths`` and below them (Hydra multirun dirs), sorted, unique.
 
-    A directory is a run when it holds any of :data:`RUN_FILES`; Hydra's own ``.hydra`` folders
-    are not runs.
+    A directory is a run when it holds any of :data:`RUN_FILES` or a Hydra ``.hydra`` folder (a
+    job that stopped before writing a run file is a run that :func:`load_run` refuses as
+    unfinished); Hydra's own ``.hydra`` folders are not runs. A path that is not a directory, or
+    a directory with no run in or below it (e.g. a report's output folder), is a
+    :class:`RunError` naming it, or skipped with a warning when ``skip_incomplete``.
     """
     found: set[Path] = set()
     for raw in paths:
         root = Path(raw)
         if not root.is_dir():
-            raise RunError(f"{root}: not a directory; pass a run directory or a multirun directory")
+            problem = f"{root}: not a directory (pass run directories or multirun directories)"
+            _refuse_or_skip(problem, skip_incomplete)
+            continue
         if _is_run_dir(root):
             found.add(root)
             continue
         below = {
             f.parent
-            for name in RUN_FILES
+            for name in (*RUN_FILES, HYDRA_DIR)
             for f in root.rglob(name)
-            if ".hydra" not in f.relative_to(root).parts
+            if HYDRA_DIR not in f.parent.relative_to(root).parts
         }
         if not below:
-            raise RunError(f"{root}: no run directory below it (none holds any of {RUN_FILES})")
+            problem = (
+                f"{root}: not a run directory and no run directory below it (none holds any of "
+                f"{', '.join(RUN_FILES)} or a {HYDRA_DIR} folder)"
+            )
+            _refuse_or_skip(problem, skip_incomplete)
         found.update(below)
     return sorted(found)
 
@@ -87,19 +117,45 @@ def _read_jsonl(path: Path) -> list[dict]:
         raise RunError(str(err)) from err
 
 
+def learning_values(run_dir: Path, config: object) -> dict[str, object]:
+    """What a run learns: its config as flat keys (``{"train.lr": 3e-4, ...}``) without ``seed``
+    and without the keys that only change where and when it computes
+    (:data:`fedst.cli.RESUME_SAFE_KEYS`, which :func:`fedst.cli.learning_differences` ignores
+    too). Two runs with equal values are seeds of one configuration.
+
+    Read from config.json as today's typed config when it parses (a key added since the run
+    started then holds its default, as the run had it), else from the saved ``config`` as is.
+    """
+    try:
+        values = to_dict(experiment_from_json((run_dir / "config.json").read_text()))
+    except (OSError, ValueError):
+        values = dict(config) if isinstance(config, Mapping) else {}
+    return {
+        key: value
+        for key, value in _flatten(values).items()
+        if key != "seed" and key not in RESUME_SAFE_KEYS
+    }
+
+
 def load_run(path: str | Path) -> dict:
-    """One run: {"path", "method", "seed", "experiment", "config", "final", "metrics", "comm",
-    "train"} ("train": rows of train.jsonl, empty when the run has none).
+    """One run: {"path", "method", "seed", "experiment", "config", "learning", "final",
+    "metrics", "comm", "train"} ("learning": :func:`learning_values`; "train": rows of
+    train.jsonl, empty when the run has none).
 
     Raises :class:`RunError` naming the first missing or unreadable file.
     """
     run_dir = Path(path)
-    for name in RUN_FILES:
-        if not (run_dir / name).is_file():
-            raise RunError(
-                f"{run_dir}: incomplete run, missing {name} (a run writes {', '.join(RUN_FILES)}; "
-                "final.json appears when training finishes)"
-            )
+    missing = [name for name in RUN_FILES if not (run_dir / name).is_file()]
+    if len(missing) == len(RUN_FILES):
+        raise RunError(
+            f"{run_dir}: not a finished run, it holds none of {', '.join(RUN_FILES)} (a run "
+            "that stopped before training: its log says why)"
+        )
+    if missing:
+        raise RunError(
+            f"{run_dir}: incomplete run, missing {missing[0]} (a run writes "
+            f"{', '.join(RUN_FILES)}; final.json appears when training finishes)"
+        )
     try:
         config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     except yaml.YAMLError as err:
@@ -119,6 +175,7 @@ def load_run(path: str | Path) -> dict:
             "experiment", config.get("experiment") if isinstance(config, Mapping) else None
         ),
         "config": config,
+        "learning": learning_values(run_dir, config),
         "final": final,
         "metrics": _read_jsonl(run_dir / "metrics.jsonl"),
         "comm": _read_jsonl(run_dir / "comm.jsonl"),
@@ -131,20 +188,24 @@ def load_run(path: str | Path) -> dict:
 def load_runs(paths: Iterable[str | Path], skip_incomplete: bool = False) -> list[dict]:
     """Load every run in ``paths`` (run or multirun directories, see :func:`find_runs`).
 
-    An incomplete run raises :class:`RunError`, or is skipped with a warning when
-    ``skip_incomplete``.
+    A folder that is not a finished run (unfinished, unreadable, or no run at all) raises
+    :class:`RunError`, or is skipped with one warning line when ``skip_incomplete``. Runs that
+    share a seed in one table row (:func:`group_by_method`) are named in one warning.
     """
     paths = list(paths)
     runs = []
-    for run_dir in find_runs(paths):
+    for run_dir in find_runs(paths, skip_incomplete):
         try:
             runs.append(load_run(run_dir))
         except RunError as err:
-            if not skip_incomplete:
-                raise
-            log.warning("skipping %s", err)
+            _refuse_or_skip(str(err), skip_incomplete)
     if not runs:
-        raise RunError(f"no complete run found in {[str(p) for p in paths]}")
+        raise RunError(
+            f"no finished run in {', '.join(map(str, paths))} (every folder was skipped: see the "
+            "warnings above); pass directories of runs whose final.json exists"
+        )
+    for line in shared_seeds(group_by_method(runs)):
+        log.warning("%s", line)
     return runs
 
 
@@ -154,23 +215,77 @@ def _experiment_label(experiment: object) -> str:
     return str(experiment)
 
 
-def group_by_method(runs: Sequence[dict]) -> dict[str, list[dict]]:
-    """Runs grouped by method, in order of first appearance.
+def _learning(run: Mapping) -> dict[str, object]:
+    """A loaded run's :func:`learning_values` (from its "config" for a run built by hand)."""
+    if "learning" in run:
+        return run["learning"]
+    return learning_values(Path(run.get("path", "")), run.get("config"))
 
+
+def _show(value: object) -> str:
+    """A config value in a row label, as written in a config ("[A, B]", "null", "true")."""
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(map(_show, value)) + "]"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return str(value)
+
+
+def group_by_method(runs: Sequence[dict]) -> dict[str, list[dict]]:
+    """Runs pooled into table rows (label -> runs), in order of first appearance.
+
+    A row pools only runs of one method whose configs differ in the seed alone
+    (:func:`learning_values`): a reader comparing methods takes a row's mean ± std for one
+    configuration's seed-to-seed spread. Runs of one method that differ in anything else (rounds,
+    a held-out site, a learning rate) are split, not refused: each configuration gets its own
+    row, labelled "method [key=value, ...]" with the keys that tell that method's rows apart, so
+    ``python -m fedst.report runs/*`` over a folder of mixed runs still shows every run, none
+    averaged with another configuration's, and the label says what differs. Keys that only
+    change where and when a run computes (device, evaluation cadence, ...) never split a row.
     When the runs come from more than one experiment, the label is "method [experiment]".
     """
     experiments = {_experiment_label(r.get("experiment")) for r in runs}
-    groups: dict[str, list[dict]] = {}
+    pools: dict[str, list[list[dict]]] = {}
     for run in runs:
         label = run["method"]
         if len(experiments) > 1:
             label = f"{label} [{_experiment_label(run.get('experiment'))}]"
-        groups.setdefault(label, []).append(run)
-    for label, group in groups.items():
-        seeds = [r["seed"] for r in group]
-        if len(set(map(str, seeds))) < len(seeds):
-            log.warning("%s: several runs share a seed (%s); they are all averaged", label, seeds)
+        same = pools.setdefault(label, [])
+        for pool in same:
+            if _learning(pool[0]) == _learning(run):
+                pool.append(run)
+                break
+        else:
+            same.append([run])
+    groups: dict[str, list[dict]] = {}
+    for label, same in pools.items():
+        if len(same) == 1:
+            groups[label] = same[0]
+            continue
+        values = [_learning(pool[0]) for pool in same]
+        keys = sorted({key for v in values for key in v})
+        differing = [k for k in keys if any(v.get(k) != values[0].get(k) for v in values)]
+        for pool, value in zip(same, values, strict=True):
+            shown = ", ".join(f"{k}={_show(value.get(k))}" for k in differing)
+            groups[f"{label} [{shown}]"] = pool
     return groups
+
+
+def shared_seeds(groups: Mapping[str, Sequence[dict]]) -> list[str]:
+    """One line per seed that several runs of one row share, naming the runs: they are all
+    averaged, so a copied run counts twice."""
+    lines = []
+    for label, group in groups.items():
+        paths: dict[str, list[str]] = {}
+        for run in group:
+            paths.setdefault(str(run["seed"]), []).append(str(run.get("path")))
+        for seed, shared in paths.items():
+            if len(shared) > 1:
+                lines.append(
+                    f"{label}: runs {', '.join(shared)} share seed {seed} and their config; all "
+                    "are averaged into one row (leave out copies of a run)"
+                )
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,10 +310,12 @@ class Stat:
         return cls(float(np.mean(finite)), std, len(finite))
 
     def format(self, digits: int = DIGITS) -> str:
-        """ "mean ± std" with ``digits`` decimals; just the mean for a single run."""
+        """ "mean ± std" with ``digits`` decimals; just the mean for a single run. Each number
+        is rounded once, from the unrounded value, by :func:`fedst.metrics.format_score` (the
+        one rounding of every printed score)."""
         if self.std is None:
-            return f"{self.mean:.{digits}f}"
-        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+            return format_score(self.mean, digits)
+        return f"{format_score(self.mean, digits)} ± {format_score(self.std, digits)}"
 
     def __str__(self) -> str:
         return self.format()

@@ -8,6 +8,7 @@ out-of-federation evaluation -> final.json, tables and plots.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import subprocess
@@ -28,6 +29,7 @@ from fedst.app.inprocess import InProcessGrid
 from fedst.app.nodes import site_node_config
 from fedst.app.ray_affinity import site_affinity
 from fedst.app.server_app import make_server_app
+from fedst.config import ConfigError
 from fedst.data.clips import resolve_num_workers, usable_cpu_count
 from fedst.data.procedural import SITES, generate
 from fedst.data.site_checks import validate_experiment_data
@@ -141,6 +143,33 @@ def ray_client_resources(
     return {"num_cpus": float(cpus), "num_gpus": float(gpus)}
 
 
+def check_resumable(run_dir: Path) -> None:
+    """``train_fed.py resume=<run_dir>``: a finished run (final.json written) has nothing left to
+    train, so resuming it is a ConfigError naming what to do instead, raised before anything is
+    written (:func:`run_training` would append to its device.jsonl and rewrite final.json, tables
+    and plots). Refused rather than exit 0: the command cannot do what it asks for (train), a
+    script that resumes runs learns which one was already done, and the entry point's error
+    boundary removes the run directory Hydra made for the command."""
+    if (run_dir / "final.json").is_file():
+        raise ConfigError(
+            f"resume={run_dir}: the run is finished (it has final.json), nothing is left to "
+            f"train; evaluate it with python eval_outfed.py run={run_dir}, or start a new run "
+            "without resume="
+        )
+
+
+def require_ray() -> None:
+    """``engine=ray`` needs Ray, which only Flower's ``simulation`` extra installs: without it,
+    Flower's simulation would stop with its own exit code 701 and advice about an app's
+    pyproject.toml, so the missing package is a ConfigError naming this project's install
+    command instead."""
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "engine=ray needs Ray (Flower's simulation extra), which is not installed: run "
+            ".venv/bin/pip install -e '.[simulation]' in this checkout, or use engine=inprocess"
+        )
+
+
 def run_training(
     cfg: ExperimentConfig,
     run_dir: Path,
@@ -151,6 +180,10 @@ def run_training(
 ) -> dict[str, Any]:
     """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run.
     ``ray``: the site actors' CPU / GPU shares of ``engine="ray"`` (None: the defaults)."""
+    if engine not in ENGINES:  # before anything is written
+        raise ConfigError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine == "ray":
+        require_ray()
     prepare_run(cfg, run_dir, progress, regenerate)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     parties = method_of(cfg).training_sites()  # the federated sites (upper bound: its pool)
@@ -172,13 +205,9 @@ def run_training(
             )
         finally:
             release_sites()  # the sites' models, optimizers and data of this run
-    elif engine == "ray":
-        try:
-            from flwr.simulation import run_simulation
-        except ImportError as err:  # pragma: no cover - depends on the optional extra
-            raise RuntimeError(
-                "engine=ray needs Flower's simulation extra: .venv/bin/pip install -e '.[simulation]'"
-            ) from err
+    else:  # ray
+        from flwr.simulation import run_simulation
+
         ray = ray or RayConfig()
         resources = ray_client_resources(ray, num_sites)
         if cfg.train.num_workers == "auto":  # actors load at once: each gets its CPU share
@@ -196,8 +225,6 @@ def run_training(
                 num_supernodes=num_sites,
                 backend_config={"client_resources": resources},
             )
-    else:
-        raise ValueError(f"engine={engine!r}; choose one of {ENGINES}")
     return finalize_run(cfg, run_dir, progress=progress)
 
 

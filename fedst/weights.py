@@ -28,6 +28,7 @@ import shlex
 from pathlib import Path
 
 from fedst.cli import compose_experiment
+from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig, experiment_from_json
 from fedst.methods import method_of
 from fedst.model.indicators import (
@@ -170,7 +171,7 @@ def _parse_extra_sites(values: list[str]) -> list[tuple[str, str]]:
     for value in values:
         name, _, surgery = value.partition(":")
         if not name or not surgery:
-            raise SystemExit(
+            raise ConfigError(
                 f"--extra-site {value!r}: write NAME:SURGERY_TYPE, e.g. lung:lobectomy"
             )
         sites.append((name, surgery))
@@ -183,10 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.run is not None:
         if args.overrides:
-            raise SystemExit(f"--run {args.run} uses the run's own config: drop {args.overrides}")
+            raise ConfigError(f"--run {args.run} uses the run's own config: drop {args.overrides}")
         path = args.run / "config.json"
         if not path.is_file():
-            raise SystemExit(f"{path} is missing: --run takes a run directory of train_fed.py")
+            raise ConfigError(f"{path} is missing: --run takes a run directory of train_fed.py")
         cfg = experiment_from_json(path.read_text())
     else:
         overrides = list(args.overrides)
@@ -203,4 +204,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fedst.errors import run_entry_point
+
+    run_entry_point(main, "python -m fedst.weights")

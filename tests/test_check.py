@@ -8,8 +8,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import yaml
 
+from fedst.config import ConfigError
+from fedst.data import check
 from fedst.data.check import load_data_config, main, parse_arguments
+
+REPO = Path(__file__).resolve().parents[1]
 
 H, W = 8, 10
 SHAFT, WRIST = (0, 255, 0), (125, 255, 12)
@@ -56,11 +61,18 @@ def make_generic(root: Path) -> Path:
     return root
 
 
-def write_config(path: Path, sites: dict[str, dict], federation: list[str]) -> Path:
+def write_config(
+    path: Path,
+    sites: dict[str, dict],
+    federation: list[str],
+    out_of_federation: tuple[str, ...] = (),
+    val_split: str = "dataset",
+) -> Path:
     lines = [
         f"federation: {json.dumps(federation)}",
-        "out_of_federation: []",
+        f"out_of_federation: {json.dumps(list(out_of_federation))}",
         "server: null",
+        f"val_split: {val_split}",
         "sites:",
     ]
     lines += [f"  {name}: {json.dumps(spec)}" for name, spec in sites.items()]
@@ -180,3 +192,69 @@ def test_paper_config_loads_with_the_paper_sites():
         "grasp",
         "sisvse",
     }
+
+
+def test_without_data_the_checker_checks_train_feds_default_data_and_help_says_which(
+    monkeypatch, capsys
+):
+    """The data config train_fed.py uses by default (configs/config.yaml's defaults list) is the
+    one checked without ``data=`` (right after ``make demo``: the benchmark it generated), and
+    --help names it."""
+    defaults = yaml.safe_load((REPO / "configs" / "config.yaml").read_text())["defaults"]
+    (train_fed_default,) = [
+        entry["data"] for entry in defaults if isinstance(entry, dict) and "data" in entry
+    ]
+    asked = []
+
+    def load(spec: str):
+        asked.append(spec)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(check, "load_data_config", load)
+    assert main([]) == 2
+    assert asked == [train_fed_default]
+    assert main(["--help"]) == 0
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert f"default: {train_fed_default}" in usage
+
+
+def generic_site(root: Path, splits: dict[str, str]) -> dict:
+    """A generic-layout site of one labelled frame in video v1 at ``root``, with the split files
+    ``splits`` (split -> its text; "" is an empty split file), as a data config's site entry."""
+    make_generic(root)
+    for split in ("train", "val", "test"):
+        path = root / "hyst" / "splits" / f"{split}.txt"
+        path.unlink(missing_ok=True)
+        if split in splits:
+            path.write_text(splits[split])
+    return {
+        "backend": "generic",
+        "root": str(root),
+        "surgery_type": "hysterectomy",
+        "options": {"site_dir": "hyst"},
+    }
+
+
+def test_only_the_splits_a_sites_config_uses_are_checked(tmp_path, capsys):
+    """An out-of-federation site is read in its test split only: its empty train and val split
+    files (as the shipped benchmark's E and grasp have) give no warning. A federated site also
+    uses its val split (validation, with data.val_split=dataset): an empty one is a warning
+    naming the file, and none where data.val_split=train carves validation from training."""
+    complete = generic_site(tmp_path / "a", {"train": "v1\n", "val": "v1\n", "test": "v1\n"})
+    held_out = generic_site(tmp_path / "e", {"train": "", "val": "", "test": "v1\n"})
+    sites = {"A": complete, "E": held_out}
+    config = write_config(tmp_path / "e.yaml", sites, ["A"], out_of_federation=("E",))
+    assert main([f"data={config}", "site=E"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING" not in out, out
+    assert "train: not used" in out and "val: not used" in out and "test: 1/1/1" in out
+
+    federated = generic_site(tmp_path / "d", {"train": "v1\n", "val": "", "test": "v1\n"})
+    empty_val = tmp_path / "d" / "hyst" / "splits" / "val.txt"
+    config = write_config(tmp_path / "d.yaml", {"D": federated}, ["D"])
+    assert main([f"data={config}"]) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and f"{empty_val}: split file is empty" in warnings[0], warnings
+    carved = write_config(tmp_path / "d_carved.yaml", {"D": federated}, ["D"], val_split="train")
+    assert main([f"data={carved}"]) == 0
+    assert "WARNING" not in capsys.readouterr().out

@@ -162,8 +162,9 @@ def test_methods_differ_only_in_their_method_choices():
 def test_any_field_can_be_overridden_and_a_typo_is_an_error():
     cfg, _ = compose_experiment(["method.aggregation=fedmedian", "train.weight_decay=0.5"])
     assert cfg.method.aggregation == "fedmedian" and cfg.train.weight_decay == 0.5
-    with pytest.raises(ConfigCompositionException):
+    with pytest.raises(ConfigError, match=r"unknown key 'train\.learning_rate'") as caught:
         compose_experiment(["train.learning_rate=0.1"])
+    assert isinstance(caught.value.__cause__, ConfigCompositionException)  # Hydra's, reworded
 
 
 def test_unknown_keys_and_bad_values_are_config_errors():

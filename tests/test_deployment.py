@@ -7,7 +7,8 @@ and stopped at the end, also on failure; each wait has a hard timeout. Each site
 ClientApp process (fedst.app.site_executor), but Flower's message transport still costs tens of
 seconds per round here, so the default test is kept to two sites and two rounds; the scenarios
 of several minutes (a site killed during a round, a server killed and resumed, ``flwr run`` with
-an empty run-dir) are marked ``slow`` (``pytest -m slow``).
+an empty run-dir) are marked ``slow``: ``make test-slow`` (``pytest -m slow``) runs them, and CI
+runs it after ``make test``.
 """
 
 from __future__ import annotations
@@ -137,6 +138,44 @@ def test_stop_ends_a_process_in_its_own_group_and_one_that_shares_ours(tmp_path)
     deploy.stop(own, grace=2)
     deploy.stop(shared, grace=2)
     assert own.poll() is not None and shared.poll() is not None
+
+
+def test_nothing_a_superlink_started_in_a_session_of_its_own_outlives_deploy_superlink(
+    tmp_path, monkeypatch
+):
+    """A stand-in SuperLink opens its port after starting a child in a session of its own, as
+    Flower's SuperLink starts flower-superexec: the child exits once its parent is gone (as the
+    SuperExec does, up to seconds later) but leaves its own child behind in its process group
+    (as a ServerApp may be for a moment). When ``deploy.superlink`` has returned, none is
+    alive."""
+    grandchild = "import time; time.sleep(60)"
+    child = (
+        "import os, subprocess, sys, time\n"
+        "parent = os.getppid()\n"
+        f"subprocess.Popen([sys.executable, '-c', {grandchild!r}])\n"
+        "while os.getppid() == parent:\n"
+        "    time.sleep(0.1)\n"
+    )
+    fake = (
+        "import socket, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True)\n"
+        "server = socket.socket()\n"
+        "server.bind(('127.0.0.1', int(sys.argv[1])))\n"
+        "server.listen()\n"
+        "time.sleep(60)\n"
+    )
+    port = deploy.free_port()
+    command = [sys.executable, "-c", fake, str(port)]
+    monkeypatch.setattr(deploy.server, "superlink_command", lambda *args: command)
+    monkeypatch.setattr(deploy.server, "SUPEREXEC_EXIT", 1.0)
+    dcfg = DeployConfig(host="127.0.0.1", port=port, insecure=True)
+    with deploy.superlink([], dcfg, tmp_path):  # FLWR_HOME under tmp_path: in every environment
+        deadline = time.monotonic() + 30
+        while len(running := leftover_processes(str(tmp_path))) < 3:
+            assert time.monotonic() < deadline, running
+            time.sleep(0.1)
+    assert f"{sys.executable} -c {grandchild} " in running, running
+    assert leftover_processes(str(tmp_path)) == []
 
 
 def test_a_site_ends_a_supernode_stuck_in_its_exit_and_stops_when_the_server_stays_away(
@@ -409,7 +448,9 @@ def test_a_restarted_server_resumes_after_its_last_completed_round_and_matches_i
     try:
         server = loop.start_server()
         for site in loop.sites:
-            loop.start_site(site)
+            # the sites wait for the restarted server: its start (imports, SuperLink, keys) may
+            # take minutes on a loaded machine, past the default deploy.connect_timeout
+            loop.start_site(site, "deploy.connect_timeout=300")
         deadline = time.monotonic() + SERVER_TIMEOUT
         while not (server_log.exists() and "round 1/3 done" in server_log.read_text()):
             assert time.monotonic() < deadline and server.poll() is None, loop.output("server")

@@ -156,6 +156,7 @@ def test_the_ray_engine_passes_the_resolved_shares_to_flower(monkeypatch, tmp_pa
         raise SystemExit  # stop before any round: only the resources are checked here
 
     monkeypatch.setattr(flwr.simulation, "run_simulation", run_simulation)
+    monkeypatch.setattr(training, "require_ray", lambda: None)  # Flower's simulation is mocked
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(training, "prepare_run", lambda *args, **kwargs: None)
     monkeypatch.setattr(training, "make_server_app", lambda *args, **kwargs: None)

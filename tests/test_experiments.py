@@ -319,8 +319,9 @@ def test_doubling_refuses_rounds_that_do_not_follow_the_iterations(tmp_path):
     )
     (run,) = plan.runs
     assert run.state == "unavailable"
-    assert "train.total_iters x2 (4 -> 8) must give 4 rounds" in run.detail
-    assert "train.rounds=2" in run.detail
+    assert "train.rounds=2 disagrees with train.total_iters // train.local_iters = 8 // 2 = 4" in (
+        run.detail
+    )
 
 
 def write_finished(run: experiments.PlannedRun, dice: dict[str, float]) -> None:

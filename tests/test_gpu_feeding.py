@@ -364,6 +364,7 @@ def test_ray_site_actors_get_auto_workers_from_their_cpu_share(monkeypatch, tmp_
         raise SystemExit  # stop before any round
 
     monkeypatch.setattr(flwr.simulation, "run_simulation", run_simulation)
+    monkeypatch.setattr(training, "require_ray", lambda: None)  # Flower's simulation is mocked
     monkeypatch.setattr(training, "make_client_app", make_client_app)
     monkeypatch.setattr(training, "usable_cpu_count", lambda: 16)
     monkeypatch.setattr(training, "prepare_run", lambda *args, **kwargs: None)

@@ -21,6 +21,7 @@ from torch import nn
 from fedst import guard, selection
 from fedst.data.generic import GenericLayoutSource
 from fedst.data.splits import validation_dataset
+from fedst.errors import UserError
 from fedst.experiment import resolve_device
 from fedst.federation.evaluation import stream_test_clips
 from fedst.guard import GuardConfig, GuardedNet, ResidualHeadGenerator
@@ -296,17 +297,17 @@ def test_a_run_without_the_snapshots_or_held_out_site_is_refused_in_one_line(
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(cfg.to_json())
-    with pytest.raises(SystemExit) as stopped:
+    with pytest.raises(UserError) as stopped:
         guard.main([str(run), "--no-progress"])
-    message = str(stopped.value.code)
+    message = str(stopped.value)
     assert "\n" not in message and missing in message
     assert "train.val_every=<k>" in message and "selection.held_out_site=<" in message
 
 
 def test_settings_on_the_command_line_are_checked_before_the_run_is_read(tmp_path):
-    with pytest.raises(SystemExit, match=r"unknown key\(s\) \['temperature'\]"):
+    with pytest.raises(UserError, match=r"unknown key\(s\) \['temperature'\]"):
         guard.main([str(tmp_path), "--set", "temperature=3"])
-    with pytest.raises(SystemExit, match=r"guard.epochs=0: must be >= 1"):
+    with pytest.raises(UserError, match=r"guard.epochs=0: must be >= 1"):
         guard.main([str(tmp_path), "--set", "temperature_disagree=3", "--epochs", "0"])
 
 

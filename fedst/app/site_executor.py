@@ -29,7 +29,6 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any
@@ -225,4 +224,6 @@ def exit_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedst.errors import run_entry_point
+
+    run_entry_point(main, "python -m fedst.app.site_executor")

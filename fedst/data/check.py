@@ -1,19 +1,25 @@
 """Dataset checker: what each configured site holds on disk, and every problem with its file.
 
+    python -m fedst.data.check                          # data=demo: the benchmark `make demo` writes
     python -m fedst.data.check data=paper [site=A] [max_frames=50]
     python -m fedst.data.check data=configs/data/my_sites.yaml --max-frames 20
 
-``data=<name>`` loads ``configs/data/<name>.yaml``; ``data=<file.yaml>`` loads that file. For each
-site (or only ``site=X``) the checker lists the videos, frames and labelled frames per split and the
-frame rate the clips will use (median spacing of the frame times), checks that every listed frame
-file exists, and runs the validation train_fed.py runs before training (fedst/data/validation.py,
-the same code, with the paper's clips: 4 frames 0.2 s apart): every labelled frame and every clip
-context frame decoded in full (truncated JPEG/PNG, frames under 8 px), every label read (values,
-unknown values or colours with their pixel counts, size against its frame). Problems in the splits
-the site's role needs (federation: train and test; out-of-federation: test; server: train) are
-errors, in other splits warnings. A sample of labelled frames (at most ``max_frames`` per site,
-spread over the splits) gives the resolution, the class pixel shares, the stored label formats and
-the unknown values a site maps to 255 with ``on_unknown_label: ignore`` (warnings).
+``data=<name>`` loads ``configs/data/<name>.yaml``; ``data=<file.yaml>`` loads that file. The
+default is ``data=demo``, as train_fed.py's: the procedural benchmark ``make demo`` generates
+(data/procedural/demo_v2); ``data=paper`` checks the real datasets where configs/data/paper.yaml
+expects them. For each site (or only ``site=X``) the checker lists the videos, frames and labelled
+frames per split and the frame rate the clips will use (median spacing of the frame times), checks
+that every listed frame file exists, and runs the validation train_fed.py runs before training
+(fedst/data/validation.py, the same code, with the paper's clips: 4 frames 0.2 s apart): every
+labelled frame and every clip context frame decoded in full (truncated JPEG/PNG, frames under
+8 px), every label read (values, unknown values or colours with their pixel counts, size against
+its frame). Only the splits the site's config uses are read: those its role needs (federation:
+train and test; out-of-federation: test; server: train), where problems are errors, and a
+federated site's val split (validation and model selection, with ``data.val_split: dataset``),
+where they are warnings; a site with no role is checked in every split. A sample of labelled frames
+(at most ``max_frames`` per site, spread over those splits) gives the resolution, the class pixel
+shares, the stored label formats and the unknown values a site maps to 255 with
+``on_unknown_label: ignore`` (warnings).
 
 The exit status is 1 when a site cannot be used (any error), 2 for a bad command line or config,
 0 otherwise.
@@ -58,6 +64,8 @@ from fedst.data.sites import DataConfig, SiteSpec
 log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
+DEFAULT_DATA = "demo"
+"""The data config checked without ``data=``: train_fed.py's default (configs/config.yaml)."""
 DEFAULT_MAX_FRAMES = 50
 """Labelled frames read per site by default."""
 ARGUMENTS = ("data", "site", "max_frames")
@@ -89,6 +97,7 @@ class SiteReport:
     root: str
     roles: tuple[str, ...]
     splits: dict[str, SplitSummary] = field(default_factory=dict)
+    """The splits the site's config uses (:func:`used_splits`), read and checked."""
     clip_fps: float | None = None
     resolutions: Counter = field(default_factory=Counter)
     class_pixels: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.int64))
@@ -139,16 +148,35 @@ def load_data_config(spec: str) -> DataConfig:
     return build(DataConfig, values, where=f"data ({path})")
 
 
+def used_splits(config: DataConfig, name: str) -> tuple[str, ...]:
+    """The splits of site ``name`` that its config uses, in :data:`SPLITS` order: those its roles
+    need, and a federated site's val split where ``data.val_split`` is dataset (validation and
+    selection read it); every split for a site with no role."""
+    roles = site_roles(config, name)
+    if not roles:
+        return SPLITS
+    used = set(required_splits(roles))
+    if "federation" in roles and config.val_split == "dataset":
+        used.add("val")
+    return tuple(split for split in SPLITS if split in used)
+
+
 def check_site(
-    name: str, spec: SiteSpec, roles: tuple[str, ...], max_frames: int, show_progress: bool
+    name: str,
+    spec: SiteSpec,
+    roles: tuple[str, ...],
+    max_frames: int,
+    show_progress: bool,
+    splits: Sequence[str] = SPLITS,
 ) -> SiteReport:
-    """Open site ``name`` through the registry and check it; every problem lands in the report."""
+    """Open site ``name`` through the registry and check its ``splits`` (those its config uses,
+    :func:`used_splits`); every problem lands in the report."""
     report = SiteReport(name, spec.backend, spec.root, roles)
     warnings = _WarningCollector()
     data_logger = logging.getLogger("fedst.data")
     data_logger.addHandler(warnings)
     try:
-        _check_site(report, spec, max_frames, show_progress)
+        _check_site(report, spec, max_frames, show_progress, splits)
     finally:
         data_logger.removeHandler(warnings)
     for message in warnings.messages:
@@ -167,7 +195,9 @@ class _WarningCollector(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _check_site(report: SiteReport, spec: SiteSpec, max_frames: int, show_progress: bool) -> None:
+def _check_site(
+    report: SiteReport, spec: SiteSpec, max_frames: int, show_progress: bool, splits: Sequence[str]
+) -> None:
     name, roles = report.name, report.roles
     try:
         source = open_site(spec.backend, Path(spec.root), name, **spec.options)
@@ -176,7 +206,7 @@ def _check_site(report: SiteReport, spec: SiteSpec, max_frames: int, show_progre
         return
     report.binary = source.binary
     videos: dict[str, list[VideoRecord]] = {}
-    for split in SPLITS:
+    for split in splits:
         try:
             videos[split] = source.videos(split)
         except (DataError, OSError) as err:
@@ -224,10 +254,10 @@ def _validate_splits(
     report: SiteReport, source: SiteSource, videos: dict[str, list[VideoRecord]]
 ) -> None:
     """The validation train_fed.py runs before training (fedst/data/validation.py), on every split
-    with labels and the paper's clips (ClipConfig defaults): an error in a split the site's role
-    needs, a warning in another split."""
+    of ``videos`` with labels and the paper's clips (ClipConfig defaults): an error in a split the
+    site's role needs, a warning in another split."""
     needed = required_splits(report.roles) if report.roles else list(SPLITS)
-    for split in SPLITS:
+    for split in videos:
         if not any(v.labels for v in videos[split]):
             continue
         problems, _ = split_problems(source, split, ClipConfig())
@@ -252,12 +282,13 @@ def _check_frame_files(report: SiteReport, videos: dict[str, list[VideoRecord]])
 def _sample_labels(
     videos: dict[str, list[VideoRecord]], max_frames: int
 ) -> list[tuple[VideoRecord, int]]:
-    """Up to ``max_frames`` labelled frames, spread evenly over the non-empty splits."""
+    """Up to ``max_frames`` labelled frames, spread evenly over the non-empty splits of
+    ``videos``."""
     per_split = {
         split: [(v, p) for v in records for p in sorted(v.labels)]
         for split, records in videos.items()
     }
-    non_empty = [s for s in SPLITS if per_split[s]]
+    non_empty = [s for s in per_split if per_split[s]]
     if not non_empty or max_frames <= 0:
         return []
     quota = max(1, max_frames // len(non_empty))
@@ -322,7 +353,13 @@ def print_reports(reports: list[SiteReport], console: Console) -> None:
     ):
         table.add_column(column)
     for r in reports:
-        splits = "\n".join(f"{s}: {v.videos}/{v.frames}/{v.labelled}" for s, v in r.splits.items())
+        splits = "\n".join(  # none read: the site could not be opened
+            f"{s}: {v.videos}/{v.frames}/{v.labelled}"
+            if (v := r.splits.get(s))
+            else f"{s}: not used"
+            for s in SPLITS
+            if r.splits
+        )
         fps = "single images" if r.clip_fps is None else f"{r.clip_fps:.3g} Hz"
         shares = "\n".join(f"{k} {v:.2f}" for k, v in r.class_shares().items() if not math.isnan(v))
         resolution = ", ".join(f"{k} ({n})" for k, n in r.resolutions.most_common(3))
@@ -383,12 +420,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(item in ("-h", "--help") for item in argv):
         print(
             "usage: python -m fedst.data.check [data=NAME|FILE.yaml] [site=NAME] [max_frames=N]\n"
+            f"  data: a config of configs/data/ or a .yaml file (default: {DEFAULT_DATA}, the "
+            "benchmark `make demo` writes; paper: the real datasets)\n"
         )
         print(__doc__)
         return 0
     try:
         args = parse_arguments(argv)
-        config = load_data_config(args.get("data", "paper"))
+        config = load_data_config(args.get("data", DEFAULT_DATA))
         max_frames = int(args.get("max_frames", DEFAULT_MAX_FRAMES))
         names = [args["site"]] if "site" in args else list(config.sites)
         unknown = [n for n in names if n not in config.sites]
@@ -400,17 +439,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     reports = [
-        check_site(n, config.sites[n], site_roles(config, n), max_frames, sys.stderr.isatty())
+        check_site(
+            n,
+            config.sites[n],
+            site_roles(config, n),
+            max_frames,
+            sys.stderr.isatty(),
+            used_splits(config, n),
+        )
         for n in names
     ]
     print_reports(reports, Console(width=shutil.get_terminal_size((160, 24)).columns))
     unusable = [r.name for r in reports if not r.usable]
     if unusable:
         print(f"unusable site(s): {unusable}")
+        if config.procedural is not None and not Path(str(config.root)).is_dir():
+            print(
+                f"{config.root}: the procedural benchmark is not generated yet: python -m "
+                f"fedst.data.procedural --out {config.root} --preset {config.procedural} --seed 0 "
+                f"--version {config.generator_version} writes it (train_fed.py and make demo do "
+                "when they start)"
+            )
         return 1
     print(f"all {len(reports)} site(s) usable")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedst.errors import run_entry_point
+
+    run_entry_point(main, "python -m fedst.data.check")

@@ -198,4 +198,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from fedst.errors import run_entry_point
+
+    run_entry_point(main, "python -m fedst.data.preview")

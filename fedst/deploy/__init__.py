@@ -18,7 +18,8 @@ site view of the experiment, shared parameters and scalar metrics (docs/deployme
 
 Nothing here is needed by the in-process engine; the apps are the same in both.
 
-The package: ``processes`` (environment, start and stop, ports, signals; DeploymentError),
+The package: ``processes`` (environment, start and stop, the processes a stopped one detached,
+ports, signals; DeploymentError),
 ``credentials`` (TLS certificates, site keys), ``server`` (SuperLink, key registration, ``flwr
 run``), ``site`` (a hospital's SuperNode and ClientApp process), ``local`` (everything on
 127.0.0.1) and ``cli`` (the command line of ``-m fedst.deploy``).
@@ -31,11 +32,13 @@ from fedst.deploy.processes import (
     APP_DIR,
     BIN,
     DeploymentError,
+    detached_children,
     free_port,
     process_env,
     start,
     stop,
     stop_child,
+    stop_detached,
     terminate_on_signal,
     wait_for_port,
 )
@@ -69,6 +72,7 @@ __all__ = [
     "SUPERNODE_EXITING",
     "DeploymentError",
     "check_site_data",
+    "detached_children",
     "executor_command",
     "free_port",
     "local",
@@ -84,6 +88,7 @@ __all__ = [
     "start",
     "stop",
     "stop_child",
+    "stop_detached",
     "superlink",
     "superlink_command",
     "supernode_command",

@@ -2,7 +2,9 @@
 checkout first on the path, the transfer settings of ``deploy.*``), starting one with its output in
 a log file and in its own process group, stopping it with its children (SIGTERM, then SIGKILL),
 free and open ports, and SIGTERM turned into SystemExit so that ``finally`` blocks stop the
-children. :class:`DeploymentError` is the one-line error of every part of a deployment."""
+children, the processes a child detached into sessions of their own (Flower's SuperLink starts
+its SuperExec so) ended with it. :class:`DeploymentError` is the one-line error of every part of a
+deployment."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fedst.errors import UserError
 from fedst.experiment import DeployConfig
@@ -92,6 +94,83 @@ def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
         os.killpg(process.pid, signal.SIGKILL)  # what the leader left behind
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(5)
+
+
+class _Stat(NamedTuple):
+    """What /proc/<pid>/stat says of a process."""
+
+    parent: int
+    group: int
+    state: str
+    started: int
+    """Start time in clock ticks after boot: with the pid, it names one process."""
+
+
+def _proc_stat(pid: int) -> _Stat | None:
+    """/proc/<pid>/stat of process ``pid``; None when it is gone (or there is no /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after the name, which may hold spaces
+    return _Stat(int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
+
+
+def _live_processes() -> Iterator[tuple[int, _Stat]]:
+    """(pid, stat) of every process that has not exited (a zombie has: only its parent's wait
+    is missing)."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        stat = _proc_stat(int(entry.name))
+        if stat is not None and stat.state != "Z":
+            yield int(entry.name), stat
+
+
+def detached_children(process: subprocess.Popen) -> list[tuple[int, int]]:
+    """The live children of ``process`` that lead a session of their own, as (pid, start time):
+    ``flower-superlink`` starts ``flower-superexec`` so (``start_new_session=True``,
+    flwr/supercore/utils.py ``get_popen_detach_kwargs``), out of reach of :func:`stop`, and the
+    SuperExec starts the ServerApp in its own process group. Empty where /proc is absent."""
+    found = []
+    for pid, stat in _live_processes():
+        if stat.parent == process.pid and stat.group == pid:
+            with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+                if os.getsid(pid) == pid:
+                    found.append((pid, stat.started))
+    return found
+
+
+def _group_alive(leader: int, started: int) -> bool:
+    """Whether the process group of ``leader`` (the process that started at ``started``) still
+    has a live member; the leader may have exited before the others."""
+    stat = _proc_stat(leader)
+    if stat is not None and stat.started != started:
+        return False  # the pid is another process's now, so the group had emptied
+    return any(member.group == leader for _, member in _live_processes())
+
+
+def stop_detached(children: list[tuple[int, int]], grace: float = 10.0) -> None:
+    """End the process groups of ``children`` (from :func:`detached_children`, taken before their
+    parent was stopped): each group still running gets ``grace`` seconds to exit by itself,
+    then SIGTERM and 5 s, then SIGKILL. Flower's SuperExec exits by itself once its SuperLink
+    is gone (SIGTERM from the SuperLink, which waits only 1 s for it, or its parent poll every
+    0.2 s, then Flower's 5 s force-exit bound), its ServerApp 0.5 s after it
+    (fedst.app.site_executor.exit_with_parent); waiting for them here means that nothing of a
+    stopped SuperLink outlives :func:`fedst.deploy.superlink`."""
+    for leader, started in children:
+        for signum, wait in ((None, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if signum is not None:
+                log.warning(
+                    "process group %d outlived the process that started it: %s",
+                    leader,
+                    signum.name,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(leader, signum)
+            deadline = time.monotonic() + wait
+            while _group_alive(leader, started) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not _group_alive(leader, started):
+                break
 
 
 def free_port() -> int:

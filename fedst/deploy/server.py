@@ -19,9 +19,11 @@ from fedst.deploy.processes import (
     APP_DIR,
     BIN,
     DeploymentError,
+    detached_children,
     process_env,
     start,
     stop,
+    stop_detached,
     wait_for_port,
 )
 from fedst.experiment import DeployConfig, ExperimentConfig, RoundPolicy
@@ -31,6 +33,11 @@ log = logging.getLogger("fedst.deploy")  # the package's name, as before the spl
 
 CONNECTION = "fedst"
 """Name of the SuperLink connection in $FLWR_HOME/config.toml."""
+
+SUPEREXEC_EXIT = 10.0
+"""Seconds a stopped SuperLink's SuperExec gets to exit by itself before it is signalled: it
+notices within 0.2 s and Flower forces its exit after 5 s (flwr/supercore/app_utils.py
+``start_parent_process_monitor``, flwr/supercore/constant.py ``FORCE_EXIT_TIMEOUT_SECONDS``)."""
 
 
 def write_connection(flwr_home: Path, address: str, ca: Path | None) -> None:
@@ -100,7 +107,9 @@ def superlink(sites: Sequence[str], dcfg: DeployConfig, log_dir: Path) -> Iterat
     """A running SuperLink (TLS and SuperNode authentication unless ``deploy.insecure``) with the
     public keys of ``sites`` registered and the ``fedst`` connection of the flwr CLI written to
     its FLWR_HOME (``deploy.flwr_home``, default ``<log_dir>/flwr``); yields the environment of
-    the flwr CLI (``flwr run <app> fedst ...``) and stops the SuperLink at the end."""
+    the flwr CLI (``flwr run <app> fedst ...``) and stops the SuperLink at the end, and with it
+    the SuperExec it started in a session of its own (and that one's ServerApp), waiting for them
+    to exit (:func:`fedst.deploy.processes.stop_detached`)."""
     certs = None
     if not dcfg.insecure:
         certs = Path(dcfg.certs)
@@ -131,7 +140,9 @@ def superlink(sites: Sequence[str], dcfg: DeployConfig, log_dir: Path) -> Iterat
         )
         yield env
     finally:
+        superexec = detached_children(process)  # before the SuperLink goes: then it is ours
         stop(process)
+        stop_detached(superexec, grace=SUPEREXEC_EXIT)
 
 
 def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str, Any]:

@@ -1,7 +1,6 @@
 """The entry point of `-m fedst.experiments`: see fedst/experiments/__init__.py."""
 
-import sys
-
+from fedst.errors import run_entry_point
 from fedst.experiments.cli import main
 
-sys.exit(main())
+run_entry_point(main, "python -m fedst.experiments")

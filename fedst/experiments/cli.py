@@ -54,9 +54,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="root of the tables (default: results, or <runs>/results with another --runs)",
     )
-    parser.add_argument("--fps-frames", type=int, default=FpsSettings.frames)
-    parser.add_argument("--fps-warmup", type=int, default=FpsSettings.warmup)
-    parser.add_argument("--fps-threads", type=int, default=FpsSettings.threads)
+    # the FPS column of table9: each run's model of its first federated site streams that site's
+    # test videos frame by frame (batch 1, on the run's train.device; fedst.experiments.writing)
+    parser.add_argument(
+        "--fps-frames",
+        type=int,
+        default=FpsSettings.frames,
+        metavar="N",
+        help="table9's FPS: frames timed per run (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--fps-warmup",
+        type=int,
+        default=FpsSettings.warmup,
+        metavar="N",
+        help="table9's FPS: frames run before the timed ones, not timed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--fps-threads",
+        type=int,
+        default=FpsSettings.threads,
+        metavar="N",
+        help="table9's FPS: torch CPU threads while timing (default: %(default)s)",
+    )
     setup_logging()
     try:
         seeds, rows, overrides = parse_arguments(key_values)

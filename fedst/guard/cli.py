@@ -8,7 +8,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedst.config import ConfigError
 from fedst.guard.correction import GuardConfig, GuardError
 from fedst.guard.fitting import run_guard
 
@@ -50,8 +49,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         settings = build(GuardConfig, values, "guard")
         cfg = load_config(args.run_dir)
         written = run_guard(cfg, args.run_dir, settings, args.site, not args.no_progress)
-    except (GuardError, ConfigError, FileNotFoundError) as err:
-        sys.exit(f"fedst.guard: {err}")
+    except FileNotFoundError as err:  # a path the user gave: one line through the boundary
+        raise GuardError(str(err)) from err
     for path in written:
         print(f"wrote {path}")
     return written

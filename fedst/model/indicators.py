@@ -348,8 +348,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _clip_dim(clip_model: str) -> int:
     import open_clip
 
-    return int(open_clip.get_model_config(clip_model)["embed_dim"])
+    config = open_clip.get_model_config(clip_model)
+    if config is None:
+        raise IndicatorUnavailableError(
+            f"--clip-model {clip_model}: open_clip has no such model; choose one of "
+            f"open_clip.list_models(), e.g. {DEFAULT_CLIP_MODEL}"
+        )
+    return int(config["embed_dim"])
 
 
 if __name__ == "__main__":
-    main()
+    from fedst.errors import run_entry_point
+
+    run_entry_point(main, "python -m fedst.model.indicators")

@@ -1,0 +1,289 @@
+"""Specification (issue 36): every mistake a new user makes ends in one line and leaves nothing
+behind.
+
+:data:`MISTAKES` is one table of mistakes, each run as the real entry point in a subprocess from
+an empty working directory: its exit status, a phrase of its one error line, no traceback, and no
+file or folder left in the working directory (nor at the paths the row names). ``{run}`` in a
+row stands for a run directory holding only the config.json train_fed.py writes first; it must
+be unchanged afterwards too. Below the table: the error boundary (fedst/errors.py) and the
+removal of unfinished run directories (fedst/cli.py) in process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
+from fedst.cli import NewRunDirectories, compose_experiment, remove_unfinished_runs
+from fedst.config import ConfigError, build
+from fedst.errors import UserError, one_line, run_entry_point
+from fedst.experiment.config import TrainConfig
+from fedst.training import save_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+MISTAKES = [  # (command line, exit status, a phrase of the error line, paths that must not exist)
+    (["eval_outfed.py"], 2, "run=RUN_DIR is missing", []),
+    (["eval_outfed.py", "run=nope"], 2, "run=nope: no such folder", ["nope"]),
+    (["eval_outfed.py", "run={run}", "max_frame=5"], 2, "did you mean 'max_frames'?", []),
+    (["eval_outfed.py", "run={run}", "+max_frame=5"], 2, "did you mean 'max_frames'?", []),
+    (["eval_outfed.py", "run={run}", "unseen_indicator=owm"], 2, "owm: choose one of", []),
+    (["eval_outfed.py", "run={run}", "sites=[X]"], 2, "'X'", ["{run}/.eval_outfed"]),
+    (["train_fed.py", "train.totl_iters=5"], 2, "did you mean 'train.total_iters'?", []),
+    (["train_fed.py", "+train.totl_iters=5"], 2, "did you mean 'total_iters'?", []),
+    (["train_fed.py", "experiment=papr"], 2, "experiment=papr: no such option", []),
+    (["train_fed.py", "resume=nope"], 2, "resume=nope: no such folder", ["nope"]),
+    (["train_fed.py", "train.lr=abc"], 2, "train.lr='abc' (str): expected a number", []),
+    (["train_fed.py", "train.rounds=5"], 2, "set train.total_iters=100 for 5 rounds", ["runs"]),
+    (["train_fed.py", "method=upperbound", "method.communicate=true"], 2, "communicate=false", []),
+    (["train_fed.py", "-m", "seed=0,1", "train.lr=abc"], 2, "expected a number", []),
+    (["-m", "fedst.experiments", "table2", "rows=fedsst", "--dry-run"], 2, "['fedsst']", []),
+    (["-m", "fedst.report", "nope"], 2, "nope", ["nope/report"]),
+    (["-m", "fedst.infer", "run=nope", "site=A", "input=a.mp4"], 2, "does not exist", ["nope"]),
+]
+"""``{run}``: the :func:`run_dir` fixture. The error line is the one line on stderr, Hydra's own
+log of a sweep aside (:func:`error_lines`). Every mistake reaches the boundary: status 2."""
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory as train_fed.py starts one: its config.json (experiment=tiny)."""
+    run = tmp_path_factory.mktemp("run")
+    save_config(compose_experiment(["experiment=tiny"])[0], run)
+    return run
+
+
+def run_command(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """``python <argv>`` from ``cwd`` (train_fed.py / eval_outfed.py: the repository's)."""
+    if argv[0].endswith(".py"):
+        argv = [str(REPO / argv[0]), *argv[1:]]
+    base = {k: v for k, v in os.environ.items() if k not in ("FEDST_DEBUG", "HYDRA_FULL_ERROR")}
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd,
+        env={
+            **base,
+            "PYTHONPATH": str(REPO),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "OMP_NUM_THREADS": "1",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines of stderr that report the error: all of them, but Hydra's sweep log (its
+    "[HYDRA]" lines and the "Error executing job with overrides" line naming the failed job)."""
+    return [
+        line
+        for line in stderr.splitlines()
+        if line.strip()
+        and "[HYDRA]" not in line
+        and not line.startswith("Error executing job with overrides:")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "phrase", "absent"), MISTAKES, ids=[" ".join(m[0]) for m in MISTAKES]
+)
+def test_a_mistake_ends_in_one_line_and_leaves_nothing_behind(
+    argv, status, phrase, absent, run_dir, tmp_path
+):
+    argv = [arg.replace("{run}", str(run_dir)) for arg in argv]
+    run_before = tree(run_dir)
+    done = run_command(argv, tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == status, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and phrase in lines[0], done.stderr[-3000:]
+    assert tree(tmp_path) == []  # no run, Hydra or log folder in the working directory
+    assert tree(run_dir) == run_before  # and nothing written into the run
+    for path in absent:
+        assert not (tmp_path / path.replace("{run}", str(run_dir))).exists(), path
+
+
+def test_fedst_debug_shows_the_traceback_of_a_mistake(tmp_path):
+    done = run_command(["train_fed.py", "train.lr=abc"], tmp_path, FEDST_DEBUG="1")
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr and "fedst.config.ConfigError" in done.stderr
+    assert tree(tmp_path) == []  # the run directory Hydra made for it is gone all the same
+
+
+def test_eval_outfed_help_lists_its_keys_and_no_config_group_it_refuses(tmp_path):
+    done = run_command(["eval_outfed.py", "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "max_frames: null" in done.stdout  # every key, with its default
+    assert "groups" not in done.stdout and "experiment" not in done.stdout, done.stdout
+    assert tree(tmp_path) == []
+
+
+# -- the boundary, in process ---------------------------------------------------------------------
+
+
+def exit_of(main, capsys, monkeypatch) -> tuple[int, str]:
+    """(exit status, stderr) of ``run_entry_point(main, "prog")``."""
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # restored afterwards (the boundary sets it)
+    with pytest.raises(SystemExit) as stopped:
+        run_entry_point(main, "prog")
+    return stopped.value.code, capsys.readouterr().err
+
+
+def fail(error: BaseException):
+    def main():
+        raise error
+
+    return main
+
+
+def test_a_user_error_is_one_line_on_stderr_with_exit_status_2(capsys, monkeypatch):
+    status, err = exit_of(fail(ConfigError("train.lr=-1: must be > 0")), capsys, monkeypatch)
+    assert status == 2
+    assert err == "prog: error: train.lr=-1: must be > 0 (FEDST_DEBUG=1 shows the traceback)\n"
+
+
+def test_a_multi_line_message_is_folded_to_its_first_paragraph(capsys, monkeypatch):
+    error = MissingConfigException(
+        "In 'config': Could not find 'experiment/papr'\n\nAvailable options in 'experiment':\n"
+        "\tdemo\n\tpaper\nConfig search path:\n\tprovider=main",
+        "experiment/papr",
+        ["demo", "paper"],
+    )
+    status, err = exit_of(fail(error), capsys, monkeypatch)
+    assert status == 2
+    assert err.startswith(
+        "prog: error: In 'config': Could not find 'experiment/papr'; available: demo, paper ("
+    )
+    assert err.count("\n") == 1
+
+
+def test_an_omegaconf_error_gives_its_sentence_and_key_not_its_node_types():
+    cfg = OmegaConf.create({"run": "???"})
+    with pytest.raises(MissingMandatoryValue) as caught:
+        _ = cfg.run
+    assert "\n" in str(caught.value)  # OmegaConf's own message has the node's lines
+    assert one_line(caught.value) == "Missing mandatory value: run"
+
+
+def test_an_interpolation_that_fails_on_a_user_error_gives_that_error():
+    def refuse(value):
+        raise ConfigError(f"x={value}: must be an integer")
+
+    OmegaConf.register_new_resolver("test_refuse", refuse, replace=True)
+    cfg = OmegaConf.create({"x": "${test_refuse:abc}"})
+    with pytest.raises(InterpolationResolutionError) as caught:
+        _ = cfg.x
+    assert one_line(caught.value) == "x=abc: must be an integer"
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(KeyError):
+        run_entry_point(fail(KeyError("a bug")), "prog")
+
+
+def test_fedst_debug_raises_a_user_error_with_its_traceback(monkeypatch):
+    monkeypatch.setenv("FEDST_DEBUG", "1")
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(UserError):
+        run_entry_point(fail(UserError("wrong")), "prog")
+
+
+def test_ctrl_c_is_one_line_with_exit_status_130(capsys, monkeypatch):
+    status, err = exit_of(fail(KeyboardInterrupt()), capsys, monkeypatch)
+    assert (status, err) == (130, "prog: interrupted\n")
+
+
+def test_the_exit_status_is_mains_integer_or_0(capsys, monkeypatch):
+    assert exit_of(lambda: 1, capsys, monkeypatch)[0] == 1
+    assert exit_of(lambda: [Path("written")], capsys, monkeypatch)[0] == 0
+    assert exit_of(lambda: None, capsys, monkeypatch)[0] == 0
+
+
+def test_an_unknown_key_of_a_section_names_the_closest_field():
+    with pytest.raises(ConfigError, match=r"\(did you mean 'total_iters'\?\); allowed: \["):
+        build(TrainConfig, {"totl_iters": 5}, "train")
+    with pytest.raises(ConfigError) as caught:
+        build(TrainConfig, {"zzz": 5}, "train")
+    assert "did you mean" not in str(caught.value)  # nothing close: no guess
+
+
+# -- run directories a failed command leaves ------------------------------------------------------
+
+
+@pytest.fixture
+def notes():
+    NewRunDirectories.created.clear()
+    yield NewRunDirectories
+    NewRunDirectories.created.clear()
+
+
+def hydra_makes(directory: Path, *files: str) -> Path:
+    """What Hydra's run_job writes into a run directory before the job (plus ``files``)."""
+    (directory / ".hydra").mkdir(parents=True)
+    (directory / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (directory / "train_fed.log").write_text("")
+    for name in files:
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_text("{}\n")
+    return directory
+
+
+def test_a_new_run_without_results_is_removed_with_the_parents_it_created(notes, tmp_path):
+    run = tmp_path / "runs" / "demo" / "fedst_s0_20260101-000000"
+    notes._note(run, sweep=False)
+    hydra_makes(run, "config.json", "device.jsonl", "log.txt", "benchmark.json")
+    assert remove_unfinished_runs() == [run, run.parent, run.parent.parent]
+    assert tree(tmp_path) == []
+
+
+def test_a_run_with_results_is_kept(notes, tmp_path):
+    for result in ("train.jsonl", "metrics.jsonl", "checkpoints/server.pt", "final.json"):
+        run = tmp_path / result.replace("/", "_") / "run"
+        notes._note(run, sweep=False)
+        hydra_makes(run, "config.json", result)
+    assert remove_unfinished_runs() == []
+    assert len([p for p in tmp_path.iterdir()]) == 4
+
+
+def test_a_directory_that_existed_before_is_never_removed(notes, tmp_path):
+    existing = hydra_makes(tmp_path / "given")  # hydra.run.dir=given, or a resumed run
+    notes._note(existing, sweep=False)
+    assert remove_unfinished_runs() == []
+    assert existing.is_dir()
+
+
+def new_sweep(notes, directory: Path) -> Path:
+    notes._note(directory, sweep=True)
+    directory.mkdir(parents=True)
+    (directory / "multirun.yaml").write_text("hydra: {}\n")
+    return directory
+
+
+def test_a_sweep_loses_its_unfinished_jobs_and_keeps_its_finished_ones(notes, tmp_path):
+    sweep = new_sweep(notes, tmp_path / "multirun" / "demo" / "20260101-000000")
+    failed = hydra_makes(sweep / "fedst_s0_0", "config.json")
+    finished = hydra_makes(sweep / "fedst_s1_1", "config.json", "final.json")
+    assert remove_unfinished_runs() == [failed]
+    assert finished.is_dir()
+
+
+def test_a_sweep_whose_jobs_all_failed_is_removed(notes, tmp_path):
+    sweep = new_sweep(notes, tmp_path / "multirun" / "demo" / "20260101-000000")
+    hydra_makes(sweep / "fedst_s0_0", "config.json")
+    remove_unfinished_runs()
+    assert tree(tmp_path) == []
