@@ -29,7 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # bottom-up; a module may import its ow
     ("fedst.methods",),  # choices over the pieces
     ("fedst.federation", "fedst.outfed", "fedst.selection", "fedst.weights", "fedst.cli"),
     ("fedst.results", "fedst.plots", "fedst.guard", "fedst.report_selection", "fedst.report"),
-    ("fedst.app", "fedst.training", "fedst.deploy"),  # apps and engines
+    # apps and engines (fedst.onnx_stream, fedst.quantize: the ONNX Runtime engine of the export)
+    ("fedst.app", "fedst.training", "fedst.deploy", "fedst.onnx_stream", "fedst.quantize"),
     ("fedst.experiments", "fedst.demo", "fedst.infer", "fedst.export"),  # entry points
 )
 
