@@ -184,6 +184,18 @@ def test_device():
     return device
 
 
+@pytest.fixture(scope="module")
+def single_torch_thread():
+    """One intra-op thread for a test module (``pytestmark = pytest.mark.usefixtures(...)``): on a
+    shared, loaded CPU spinning OpenMP threads make tiny ops slow."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _validation_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory):
     """Keep the data-validation cache (fedst/data/validation.py) out of the user's ~/.cache."""

@@ -50,12 +50,7 @@ FPS = 25.0
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -228,20 +223,22 @@ def _video(tmp_path: Path) -> Path:
     return folder
 
 
+def _site_a_video(run: Path, tmp_path: Path, **options) -> InferConfig:
+    """Inference of site A's model on a short synthetic video, with the runtime ``options``."""
+    return InferConfig(
+        run=str(run),
+        site="A",
+        input=str(_video(tmp_path)),
+        fps=5,
+        output=str(tmp_path / "out"),
+        progress=False,
+        **options,
+    )
+
+
 def test_infer_runs_the_int8_graph_and_its_summary_names_the_runtime(int8_run, tmp_path):
     run, _ = int8_run
-    summary = run_inference(
-        InferConfig(
-            run=str(run),
-            site="A",
-            input=str(_video(tmp_path)),
-            fps=5,
-            output=str(tmp_path / "out"),
-            progress=False,
-            runtime="onnx-int8",
-            threads=1,
-        )
-    )
+    summary = run_inference(_site_a_video(run, tmp_path, runtime="onnx-int8", threads=1))
     assert summary["frames"] == 6
     assert summary["network"]["runtime"] == "onnx-int8"
     assert summary["network"]["onnx_file"] == str(run / "export" / "A.int8.onnx")
@@ -251,15 +248,8 @@ def test_infer_runs_the_int8_graph_and_its_summary_names_the_runtime(int8_run, t
 
 def test_infer_refuses_an_int8_graph_asked_for_as_fp32(int8_run, tmp_path):
     run, _ = int8_run
-    config = InferConfig(
-        run=str(run),
-        site="A",
-        input=str(_video(tmp_path)),
-        fps=5,
-        output=str(tmp_path / "out"),
-        progress=False,
-        runtime="onnx",
-        onnx_file=str(run / "export" / "A.int8.onnx"),
+    config = _site_a_video(
+        run, tmp_path, runtime="onnx", onnx_file=str(run / "export" / "A.int8.onnx")
     )
     with pytest.raises(InferenceError, match="holds the onnx-int8 graph but runtime=onnx"):
         run_inference(config)

@@ -18,13 +18,7 @@ from fedst.model.indicators import (
 SITES = [("A", "nephrectomy"), ("B", "nephrectomy"), ("E", "lobectomy")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """One intra-op thread: on a shared, loaded CPU spinning OpenMP threads make tiny ops slow."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 @pytest.mark.parametrize("kind", ["onehot", "gaussian", "random"])

@@ -47,12 +47,7 @@ TINY = NetworkConfig(indicator_dim=DIM, decoder_dim=32, drop_path_rate=0.0)
 INDICATOR = torch.nn.functional.normalize(torch.arange(DIM, dtype=torch.float32), dim=0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def tiny_net(**overrides):

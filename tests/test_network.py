@@ -33,13 +33,7 @@ def clip_of(batch: int = 2, frames: int = 4, seed: int = 0) -> torch.Tensor:
 INDICATOR = torch.nn.functional.normalize(torch.arange(DIM, dtype=torch.float32), dim=0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """One intra-op thread: on a shared, loaded CPU spinning OpenMP threads make tiny ops slow."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 # --- channel selection (Eq. 7-8) -----------------------------------------------------------

@@ -27,13 +27,7 @@ DECODER_ATTENTION_BLOCKS = 1
 CS_STAGE, INDICATOR_DIM = 1, 512
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """One intra-op thread: on a shared, loaded CPU spinning OpenMP threads make tiny ops slow."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def linear(n_in: int, n_out: int) -> int:
