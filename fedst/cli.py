@@ -194,9 +194,15 @@ def learning_differences(a: ExperimentConfig, b: ExperimentConfig) -> list[str]:
     """Keys (``"train.lr"``) whose values differ between ``a`` and ``b``, ignoring the keys a
     resumed run accepts (:data:`RESUME_SAFE_KEYS`: they change when and where a run computes, not
     what it learns). Empty: a run of ``a`` is a run of ``b``."""
-    flat_a, flat_b = _flatten(to_dict(a)), _flatten(to_dict(b))
+    flat_a, flat_b = learning_keys(to_dict(a)), learning_keys(to_dict(b))
     keys = sorted(set(flat_a) | set(flat_b))
-    return [k for k in keys if k not in RESUME_SAFE_KEYS and flat_a.get(k) != flat_b.get(k)]
+    return [k for k in keys if flat_a.get(k) != flat_b.get(k)]
+
+
+def learning_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """A config's values as flat keys (``{"train.lr": 3e-4, ...}``) without the keys a resumed run
+    accepts (:data:`RESUME_SAFE_KEYS`): what a run of it learns."""
+    return {k: v for k, v in _flatten(values).items() if k not in RESUME_SAFE_KEYS}
 
 
 def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from fedst.cli import RESUME_SAFE_KEYS, _flatten
+from fedst.cli import learning_keys
 from fedst.config import to_dict
 from fedst.errors import UserError
 from fedst.experiment import experiment_from_json
@@ -120,7 +120,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 def learning_values(run_dir: Path, config: object) -> dict[str, object]:
     """What a run learns: its config as flat keys (``{"train.lr": 3e-4, ...}``) without ``seed``
     and without the keys that only change where and when it computes
-    (:data:`fedst.cli.RESUME_SAFE_KEYS`, which :func:`fedst.cli.learning_differences` ignores
+    (:func:`fedst.cli.learning_keys`, which :func:`fedst.cli.learning_differences` compares
     too). Two runs with equal values are seeds of one configuration.
 
     Read from config.json as today's typed config when it parses (a key added since the run
@@ -130,11 +130,7 @@ def learning_values(run_dir: Path, config: object) -> dict[str, object]:
         values = to_dict(experiment_from_json((run_dir / "config.json").read_text()))
     except (OSError, ValueError):
         values = dict(config) if isinstance(config, Mapping) else {}
-    return {
-        key: value
-        for key, value in _flatten(values).items()
-        if key != "seed" and key not in RESUME_SAFE_KEYS
-    }
+    return {key: value for key, value in learning_keys(values).items() if key != "seed"}
 
 
 def load_run(path: str | Path) -> dict:
