@@ -102,13 +102,13 @@ def evaluate(cfg: DictConfig) -> None:
     options = eval_options(cfg)
     run_dir = existing_run(options.run, "run")
     # the evaluation's modules, imported once the command line is right (a mistake ends sooner)
-    from fedst import report
     from fedst.outfed import (
         evaluate_new_site,
         evaluate_out_of_federation,
         open_new_site,
         write_new_site_result,
     )
+    from fedst.report import results, tables
     from fedst.training import finalize_run
 
     setup_logging()
@@ -157,7 +157,7 @@ def evaluate(cfg: DictConfig) -> None:
         finalize_run(
             experiment, run_dir, progress=options.progress, qualitative=options.qualitative
         )
-        print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
+        print(tables.comparison_table(results.load_runs([run_dir])).to_markdown())
         return
     results = evaluate_out_of_federation(
         experiment,

@@ -72,7 +72,7 @@ def train(cfg: DictConfig) -> None:
     """Train (or resume, or deploy) the experiment Hydra composed."""
     experiment, runtime = split_config(cfg)
     # the engines, imported once the config is right (a mistake ends sooner)
-    from fedst import report
+    from fedst.report import results, tables
     from fedst.training import check_resumable, run_training
 
     if runtime.get("resume"):
@@ -99,7 +99,7 @@ def train(cfg: DictConfig) -> None:
     )
     if runtime.get("resume"):  # the resumed run wrote into its own folder, not Hydra's new one
         remove_unfinished_runs()
-    print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
+    print(tables.comparison_table(results.load_runs([run_dir])).to_markdown())
     print(f"run directory: {run_dir}")
 
 
@@ -107,7 +107,7 @@ def deploy(experiment, run_dir: Path, site: str, runtime: dict) -> int:
     """site=server: the coordinating server; site=<name>: that hospital's SuperNode. Problems a
     user can fix (address, certificate, key, data folder) end in one line naming the fix."""
     from fedst import deploy as deployment
-    from fedst import report
+    from fedst.report import results, tables
 
     try:
         dcfg = build(DeployConfig, runtime.get("deploy"), "deploy")
@@ -115,7 +115,7 @@ def deploy(experiment, run_dir: Path, site: str, runtime: dict) -> int:
             if site == "server":
                 setup_logging(run_dir)
                 deployment.serve(experiment, run_dir, dcfg)
-                print(report.comparison_table(report.load_runs([run_dir])).to_markdown())
+                print(tables.comparison_table(results.load_runs([run_dir])).to_markdown())
                 print(f"run directory: {run_dir}")
                 return 0
             setup_logging()

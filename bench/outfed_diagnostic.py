@@ -52,7 +52,12 @@ from fedst.model.channel_selection import ChannelSelection
 from fedst.model.network import FedSTNet
 from fedst.model.state import load_subset
 from fedst.model.temporal import TemporalCrossAttention
-from fedst.outfed import _global_shared, _server_checkpoint, _site_state, averaged_model
+from fedst.outfed import (
+    averaged_model,
+    global_shared_state,
+    load_server_checkpoint,
+    load_site_state,
+)
 
 log = logging.getLogger("outfed_diagnostic")
 
@@ -176,9 +181,9 @@ def fedst_probes(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> 
     federation = list(cfg.data.federation)
     dim = cfg.indicator.dim
     zeros = torch.zeros(dim)
-    checkpoint = _server_checkpoint(run_dir)
-    states = {s: _site_state(run_dir, s, checkpoint["round"]) for s in federation}
-    global_shared = _global_shared(cfg, checkpoint)
+    checkpoint = load_server_checkpoint(run_dir)
+    states = {s: load_site_state(run_dir, s, checkpoint["round"]) for s in federation}
+    global_shared = global_shared_state(cfg, checkpoint)
     own_cfg = with_rule(cfg, "own")
     for rule in ("own", "fold", "mean"):
         # an own-rule model reads the scored site's indicator: None = "the site's own"
@@ -324,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     record = {
         "run": str(args.run),
         "fedavg": str(args.fedavg) if args.fedavg else None,
-        "round": _server_checkpoint(args.run)["round"],
+        "round": load_server_checkpoint(args.run)["round"],
         "sites": sites,
         "rows": rows,
         "seconds": time.perf_counter() - started,

@@ -27,11 +27,11 @@ import logging
 import time
 from pathlib import Path
 
-from fedst import plots, report, results
 from fedst.cli import compose_experiment, setup_logging
 from fedst.data.preview import write_previews
 from fedst.experiment import ExperimentConfig
 from fedst.federation.run_io import load_config
+from fedst.report import plots, results, tables
 from fedst.training import finalize_run, prepare_benchmark, run_training
 
 log = logging.getLogger("fedst.demo")
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         run_dirs.append(run_dir)
 
     runs = results.load_runs(run_dirs)
-    table = report.comparison_table(runs)
+    table = tables.comparison_table(runs)
     out = args.runs / "comparison"
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(table.to_markdown() + "\n")

@@ -17,7 +17,7 @@ to the frame's own size (bilinear) before the argmax, so overlays and label maps
 input's resolution.
 
 Writes into output= (default <run>/infer/<site>_<input name>/): overlay.mp4 (shaft / wrist / jaw
-in the colours of fedst/plots.py, with a legend), timing.csv (per frame: read, network, write and
+in the colours of fedst/report/plots.py, with a legend), timing.csv (per frame: read, network, write and
 total ms), labels/<frame>.png (uint8 class maps 0..3, with labels=true) and summary.json (with
 guard=dad: which DAD correction ran; "network": the runtime that ran, e.g. onnx-int8, and its
 graph file). runtime=onnx / onnx-int8 runs the graph exported by fedst/export.py (format=onnx
@@ -61,8 +61,8 @@ from fedst.experiment import ExperimentConfig, resolve_device
 from fedst.federation.run_io import load_config
 from fedst.methods import method_of
 from fedst.model.network import FedSTNet
-from fedst.plots import PART_COLORS, overlay_masks
 from fedst.progress import progress_bar
+from fedst.report.plots import PART_COLORS, overlay_masks
 
 __all__ = [
     "InferConfig",

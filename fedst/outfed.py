@@ -54,7 +54,7 @@ from fedst.model.network import FedSTNet
 log = logging.getLogger(__name__)
 
 
-def _site_state(run_dir: Path, site: str, server_round: int) -> dict:
+def load_site_state(run_dir: Path, site: str, server_round: int) -> dict:
     path = site_state_file(site_state_dir(run_dir, site), server_round)
     if not path.exists():
         raise FileNotFoundError(
@@ -63,7 +63,7 @@ def _site_state(run_dir: Path, site: str, server_round: int) -> dict:
     return load_checkpoint(path)
 
 
-def _server_checkpoint(run_dir: Path) -> dict:
+def load_server_checkpoint(run_dir: Path) -> dict:
     """The run's server checkpoint (read once per file version: it also holds the SERQ state)."""
     path = run_dir / SERVER_CHECKPOINT
     if not path.exists():
@@ -84,7 +84,7 @@ def _read_checkpoint(path: str, mtime_ns: int) -> dict:
     return load_checkpoint(Path(path))
 
 
-def _global_shared(cfg: ExperimentConfig, checkpoint: dict) -> dict[str, torch.Tensor]:
+def global_shared_state(cfg: ExperimentConfig, checkpoint: dict) -> dict[str, torch.Tensor]:
     """gamma_g after the checkpoint's round (empty when the method sends nothing)."""
     if not method_of(cfg).communicates:
         return {}
@@ -97,9 +97,9 @@ def personalized_model(
     """The model federated site ``site`` (a training party of the method: the upper bound's is
     its pool, Method.party_of) returns after the run's last completed round:
     gamma_k U rho_k or gamma_g U rho_k by method.returned_model (fedst/federation/returned.py)."""
-    checkpoint = _server_checkpoint(run_dir)
-    state = _site_state(run_dir, site, checkpoint["round"])
-    return site_model(cfg, state, _global_shared(cfg, checkpoint), device)
+    checkpoint = load_server_checkpoint(run_dir)
+    state = load_site_state(run_dir, site, checkpoint["round"])
+    return site_model(cfg, state, global_shared_state(cfg, checkpoint), device)
 
 
 PERSONAL_EXPORT = "personal_export.json"
@@ -127,7 +127,7 @@ def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -
     """Sample-count-weighted average of the models the federated sites return (personal parts
     included; fedst/federation/returned.py) over every site that contributed its rho_k
     (:func:`averaged_sites`)."""
-    checkpoint = _server_checkpoint(run_dir)
+    checkpoint = load_server_checkpoint(run_dir)
     sites, left_out = averaged_sites(cfg, run_dir)
     if left_out:
         log.warning("out-of-federation model leaves out %s", ", ".join(left_out))
@@ -136,7 +136,7 @@ def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -
             f"no site sent its personalized parameters ({', '.join(left_out)}): the "
             f"out-of-federation model cannot be built for {run_dir}"
         )
-    states = [{**_site_state(run_dir, s, checkpoint["round"]), "site": s} for s in sites]
+    states = [{**load_site_state(run_dir, s, checkpoint["round"]), "site": s} for s in sites]
     log.info(
         "out-of-federation model: the %s models of %s averaged with weights %s; unseen-site "
         "indicator rule: %s",
@@ -145,7 +145,7 @@ def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -
         [float(state["num_examples"]) for state in states],
         cfg.unseen_indicator_rule(),
     )
-    return averaged_site_model(cfg, states, _global_shared(cfg, checkpoint), device)
+    return averaged_site_model(cfg, states, global_shared_state(cfg, checkpoint), device)
 
 
 def evaluate_out_of_federation(
@@ -350,7 +350,7 @@ def evaluate_new_site(
         "binary": site.source.binary,
         "test_videos": len(dataset.videos),
         "eval_max_frames": cfg.train.eval_max_frames,
-        "round": _server_checkpoint(run_dir)["round"],
+        "round": load_server_checkpoint(run_dir)["round"],
         "averaged_sites": sites,
         "method": cfg.method.name,
         "seed": cfg.seed,

@@ -21,7 +21,7 @@ import torch
 from flwr.app import Context, RecordDict
 from omegaconf import OmegaConf
 
-from fedst import plots, report, results, units
+from fedst import units
 from fedst.accel import DeviceFacts, configure_device, device_facts, resolve_precision
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import make_client_app, release_sites
@@ -44,6 +44,7 @@ from fedst.federation.run_io import atomic_write_text, read_jsonl
 from fedst.federation.site_data import open_site_data
 from fedst.methods import method_of
 from fedst.outfed import averaged_sites, evaluate_out_of_federation, personalized_model
+from fedst.report import plots, results, tables
 from fedst.selection import run_selection
 
 log = logging.getLogger(__name__)
@@ -353,7 +354,7 @@ def finalize_run(
         final["benchmark"] = json.loads((run_dir / "benchmark.json").read_text())
     atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / "final.json")
     runs = results.load_runs([run_dir])
-    report.write_tables(runs, run_dir / "tables")
+    tables.write_tables(runs, run_dir / "tables")
     plots.plot_learning_curves(metrics, run_dir / "plots" / "learning_curves.png")
     plots.plot_communication(comm, run_dir / "plots" / "communication.png")
     plots.plot_serq(read_jsonl(run_dir / "train.jsonl"), run_dir / "plots" / "serq.png")

@@ -29,8 +29,8 @@ ENTRIES = {  # command -> (text its usage shows, the start of its one-line descr
     ),
     "-m fedst.demo": ("--methods", "`make demo`: the whole pipeline"),
     "-m fedst.model.indicators": ("--sites", "Frozen site indicators xi_k"),
-    "-m fedst.experiments": (
-        "usage: python -m fedst.experiments",
+    "-m fedst.paper": (
+        "usage: python -m fedst.paper",
         "One command per table of the paper",
     ),
     "-m fedst.guard": ("usage: python -m fedst.guard", "GEN-Guard's correction step"),

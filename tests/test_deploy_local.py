@@ -20,7 +20,7 @@ import pytest
 
 from fedst import deploy
 from fedst.data.procedural import generate
-from fedst.deploy import cli, site
+from fedst.deploy import cli, supernode
 from fedst.experiment import DeployConfig
 from tests.test_federation import experiment
 
@@ -138,15 +138,17 @@ def test_a_site_validates_its_data_before_its_supernode_starts(
     shutil.copytree(tiny_root, root)
     cfg = experiment(root, "data.federation=[A,B]", "data.out_of_federation=[]")
     with caplog.at_level(logging.INFO):
-        seconds = site.check_site_data(cfg, "A")
+        seconds = supernode.check_site_data(cfg, "A")
     assert seconds >= 0 and "site A: data validated in" in caplog.text
     for mask in (root / "A" / "videos").glob("*/masks/*.png"):
         mask.write_bytes(b"not a png")  # a bad label in every labelled frame of site A
     started = []
-    monkeypatch.setattr(site, "start", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setattr(supernode, "start", lambda *args, **kwargs: started.append(args))
     monkeypatch.setattr("fedst.training.prepare_data", lambda cfg, progress=False: None)
     with pytest.raises(deploy.DeploymentError) as caught:
-        site.serve_site(cfg, "A", DeployConfig(insecure=True, state_dir=str(tmp_path / "state")))
+        supernode.serve_site(
+            cfg, "A", DeployConfig(insecure=True, state_dir=str(tmp_path / "state"))
+        )
     message = str(caught.value)
     assert "\n" not in message and "site A: its data under" in message
     assert "python -m fedst.data.check site=A" in message

@@ -279,9 +279,9 @@ def test_a_sites_gpu_peaks_travel_in_its_reply_into_its_train_row(tmp_path):
     sizes = {"download_bytes": 0, "download_param_bytes": 0}
     memory = {"cuda-peak-allocated-bytes": 7_000_000_000, "cuda-peak-reserved-bytes": 8 * 2**30}
     on_gpu = train_reply({}, seconds=1.0, **memory)
-    reply_logs._log_training_reply(runlog, on_gpu, empty, sizes, 1, 2, None)
+    reply_logs.log_training_reply(runlog, on_gpu, empty, sizes, 1, 2, None)
     on_cpu = train_reply({}, seconds=1.0)
-    reply_logs._log_training_reply(runlog, on_cpu, empty, sizes, 2, 2, None)
+    reply_logs.log_training_reply(runlog, on_cpu, empty, sizes, 2, 2, None)
     gpu_row, cpu_row = read_jsonl(tmp_path / "train.jsonl")
     assert gpu_row["cuda_peak_allocated_bytes"] == 7_000_000_000
     assert gpu_row["cuda_peak_reserved_bytes"] == 8 * 2**30

@@ -131,7 +131,7 @@ def test_the_documentation_shows_every_entry_point():
         "fedst.demo",
         "fedst.infer",
         "fedst.export",
-        "fedst.experiments",
+        "fedst.paper",
         "fedst.guard",
     ):
         assert expected in programs

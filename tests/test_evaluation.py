@@ -10,10 +10,10 @@ import pytest
 import torch
 from flwr.app import MessageType
 
-from fedst import report
-from fedst.app.reply_logs import _metrics_row
+from fedst.app.reply_logs import metrics_row
 from fedst.cli import compose_experiment
 from fedst.methods import Method
+from fedst.report import tables
 from fedst.training import _scalars
 from tests.conftest import reply_of_one_site, write_generic_site
 
@@ -88,7 +88,7 @@ def test_a_site_without_jaw_is_evaluated_through_the_client_app_and_jaw_shows_un
     assert sent["jaw/frames"] == 0
     assert sent["shaft/frames"] == 4  # every frame has a shaft
 
-    row = _metrics_row(reply, 1)
+    row = metrics_row(reply, 1)
     assert row["per_class"]["jaw"]["dice"] is None
     assert row["per_class"]["shaft"]["dice"] is not None
     run = {
@@ -97,7 +97,7 @@ def test_a_site_without_jaw_is_evaluated_through_the_client_app_and_jaw_shows_un
         "experiment": "tiny",
         "final": {"sites": {"A": _scalars(row)}},
     }
-    table = report.per_class_table([run, {**run, "seed": 1}])
+    table = tables.per_class_table([run, {**run, "seed": 1}])
     cells = dict(zip([c.header for c in table.columns], table.rows["fedst"], strict=True))
     assert cells["A jaw"] is None and cells["A shaft"] is not None
     markdown_row = table.to_markdown().splitlines()[-1].split("|")

@@ -1,4 +1,4 @@
-"""Specification of the table runner (fedst.experiments): one command trains the runs a table
+"""Specification of the table runner (fedst.paper): one command trains the runs a table
 needs, skips finished ones, resumes interrupted ones, and writes the paper's layout."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fedst import experiments, plots, report
+from fedst import paper
 from fedst.cli import compose_experiment
 from fedst.data.procedural import generate
-from fedst.experiments import (
+from fedst.federation import site as site_module
+from fedst.paper import (
     Row,
     RunnerError,
     TableSpec,
@@ -22,7 +23,7 @@ from fedst.experiments import (
     plan_table,
     planning,
 )
-from fedst.federation import site as site_module
+from fedst.report import plots, tables
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -83,7 +84,7 @@ def test_the_runner_trains_missing_runs_skips_finished_ones_and_resumes_interrup
     # 1st invocation: Local trains; FedAvg is interrupted after round 1 (exit code 1)
     with monkeypatch.context() as patch:
         patch.setattr(site_module.Site, "train_round", power_cut_in_fedavg_round_two)
-        assert experiments.main(["table9", *args]) == 1
+        assert paper.main(["table9", *args]) == 1
     local, fedavg = runs / "tiny" / "local_s0", runs / "tiny" / "fedavg_s0"
     assert trained == ["local_s0", "fedavg_s0"]
     assert (local / "final.json").is_file() and not (fedavg / "final.json").exists()
@@ -92,7 +93,7 @@ def test_the_runner_trains_missing_runs_skips_finished_ones_and_resumes_interrup
 
     # 2nd: Local is skipped (not trained, final.json untouched); FedAvg resumes after round 1
     trained.clear()
-    assert experiments.main(["table9", *args]) == 0
+    assert paper.main(["table9", *args]) == 0
     assert trained == ["fedavg_s0"]
     assert (local / "final.json").stat().st_mtime_ns == local_final_mtime
     rows = [json.loads(line) for line in (fedavg / "train.jsonl").read_text().splitlines()]
@@ -113,7 +114,7 @@ def test_the_runner_trains_missing_runs_skips_finished_ones_and_resumes_interrup
 
     # 3rd: another table over the same runs trains nothing; its cells are the runs' final.json
     trained.clear()
-    assert experiments.main(["table2", *args]) == 0
+    assert paper.main(["table2", *args]) == 0
     assert trained == []
     by_row = csv_rows(out / "tiny" / "table2.csv")
     assert list(by_row) == ["Local Train", "FedAvg"]  # the paper's order among the chosen rows
@@ -207,7 +208,7 @@ def test_the_dry_run_lists_every_run_with_its_state_and_trains_nothing(tmp_path,
     runs = tmp_path / "runs"
     fake_finished_run(runs, tmp_path, "fedst", 0, [80.0, 60.0, 70.0, 50.0])
     args = ["--runs", str(runs), "--dry-run", "seeds=0,1", "rows=local,fedst"]
-    assert experiments.main(["table2", *args, "experiment=tiny", f"data.root={tmp_path}"]) == 0
+    assert paper.main(["table2", *args, "experiment=tiny", f"data.root={tmp_path}"]) == 0
     listing = capsys.readouterr().out
     assert "local                              seed 0  new" in listing
     assert "fedst                              seed 0  done" in listing
@@ -216,19 +217,19 @@ def test_the_dry_run_lists_every_run_with_its_state_and_trains_nothing(tmp_path,
 
 
 def test_seeds_and_rows_are_the_runners_keys_and_the_keys_it_sets_itself_are_refused():
-    seeds, rows, overrides = experiments.parse_arguments(
+    seeds, rows, overrides = paper.parse_arguments(
         ["seeds=3,4", "rows=local,fedst", "experiment=demo", "method.aggregation_weights=uniform"]
     )
     assert seeds == (3, 4) and rows == ["local", "fedst"]
     assert overrides == ["experiment=demo", "method.aggregation_weights=uniform"]
     for refused in ("seed=1", "method=fedavg", "+ablation=table4_row2_ts", "resume=runs/x"):
         with pytest.raises(RunnerError, match="the runner sets"):
-            experiments.parse_arguments([refused])
+            paper.parse_arguments([refused])
 
 
 def test_tables_of_another_runs_root_go_beside_those_runs_not_over_the_default_tables():
-    assert experiments.tables_root(Path("runs")) == Path("results")
-    assert experiments.tables_root(Path("runs/fp16")) == Path("runs/fp16/results")
+    assert paper.tables_root(Path("runs")) == Path("results")
+    assert paper.tables_root(Path("runs/fp16")) == Path("runs/fp16/results")
 
 
 # -- Fig. 5 and Fig. 7: the synthetic-data comparisons ---------------------------------------------
@@ -238,7 +239,7 @@ FIG7_METHODS = ("local", "upperbound", "fedld", "feddp", "fedavg", "fedrep", "fe
 
 def test_fig7_plans_each_baseline_without_and_with_synthetic_data_and_fedst_once(tmp_path):
     base = ["experiment=tiny", f"data.root={tmp_path}"]
-    plan = plan_table(experiments.TABLES["fig7"], [0], base, tmp_path / "runs")
+    plan = plan_table(paper.TABLES["fig7"], [0], base, tmp_path / "runs")
     expected = []
     for method in FIG7_METHODS:
         expected.append((f"{method}_s0", (f"method={method}", "seed=0")))
@@ -251,25 +252,25 @@ def test_fig7_plans_each_baseline_without_and_with_synthetic_data_and_fedst_once
     expected.append(("fedst_s0", ("method=fedst", "seed=0")))
     assert [(r.run_dir.name, r.overrides) for r in plan.runs] == expected
     # the "without" bars are Table II's runs: the same directories, the same configs
-    table2 = plan_table(experiments.TABLES["table2"], [0], base, tmp_path / "runs")
+    table2 = plan_table(paper.TABLES["table2"], [0], base, tmp_path / "runs")
     without = [r for r in plan.runs if not r.row.name.endswith("_synthetic")]
     assert [(r.run_dir, r.cfg) for r in without] == [(r.run_dir, r.cfg) for r in table2.runs]
     for run in plan.runs:
         synthetic = run.row.name.endswith("_synthetic")
         assert run.cfg.data.mix_synthetic == synthetic
-        assert experiments.synthetic_in_training(run.cfg) == (synthetic or run.row.name == "fedst")
+        assert paper.synthetic_in_training(run.cfg) == (synthetic or run.row.name == "fedst")
 
 
 def test_fig5_plans_its_three_lines_and_the_dry_run_lists_their_overrides(tmp_path, capsys):
     args = ["--runs", str(tmp_path / "runs"), "--dry-run", "seeds=0,1"]
-    assert experiments.main(["fig5", *args, "experiment=tiny", f"data.root={tmp_path}"]) == 0
+    assert paper.main(["fig5", *args, "experiment=tiny", f"data.root={tmp_path}"]) == 0
     listing = capsys.readouterr().out
     for seed in (0, 1):
         assert f"[+ablation=fig5_server_finetune seed={seed}]" in listing
         assert f"[+ablation=fig5_local_synthetic seed={seed} train.total_iters=8]" in listing
         assert f"[+ablation=fig5_serq seed={seed}]" in listing
     assert "0 done, 0 resume, 6 new" in listing
-    plan = plan_table(experiments.TABLES["fig5"], [0], ["experiment=tiny"], tmp_path / "runs")
+    plan = plan_table(paper.TABLES["fig5"], [0], ["experiment=tiny"], tmp_path / "runs")
     lines = {r.row.name: r.cfg for r in plan.runs}
     assert [r.run_dir.name for r in plan.runs] == [
         "fig5_server_finetune_s0",
@@ -301,8 +302,8 @@ def test_doubling_gives_twice_the_iterations_and_rounds_at_the_same_local_iterat
     single = Row("FedAvg", "fedavg")
     doubled = Row("FedAvg", "fedavg_synthetic", "ablation", config="fig7_synthetic",
                   method="fedavg", iters_factor=2)  # fmt: skip
-    base, _ = experiments.compose_row(single, 0, overrides)
-    cfg, own = experiments.compose_row(doubled, 0, overrides)
+    base, _ = paper.compose_row(single, 0, overrides)
+    cfg, own = paper.compose_row(doubled, 0, overrides)
     assert cfg.train.total_iters == 2 * base.train.total_iters
     assert cfg.train.rounds == 2 * base.train.rounds
     assert cfg.train.local_iters == base.train.local_iters
@@ -311,7 +312,7 @@ def test_doubling_gives_twice_the_iterations_and_rounds_at_the_same_local_iterat
 
 def test_doubling_refuses_rounds_that_do_not_follow_the_iterations(tmp_path):
     plan = plan_table(
-        experiments.TABLES["fig7"],
+        paper.TABLES["fig7"],
         [0],
         ["experiment=tiny", f"data.root={tmp_path}", "train.rounds=2"],
         tmp_path / "runs",
@@ -324,7 +325,7 @@ def test_doubling_refuses_rounds_that_do_not_follow_the_iterations(tmp_path):
     )
 
 
-def write_finished(run: experiments.PlannedRun, dice: dict[str, float]) -> None:
+def write_finished(run: paper.PlannedRun, dice: dict[str, float]) -> None:
     """A finished run at ``run.run_dir`` of ``run.cfg``: Dice ``dice`` per site (A-D, E)."""
     run.run_dir.mkdir(parents=True)
     (run.run_dir / "config.json").write_text(run.cfg.to_json())
@@ -343,7 +344,7 @@ def write_finished(run: experiments.PlannedRun, dice: dict[str, float]) -> None:
 def test_fig7_pairs_each_methods_runs_without_and_with_synthetic_data(tmp_path):
     runs, base = tmp_path / "runs", ["experiment=tiny", f"data.root={tmp_path}"]
     rows = ["fedavg", "fedavg_synthetic", "fedst", "local_synthetic"]
-    plan = plan_table(experiments.TABLES["fig7"], [0, 1], base, runs, rows=rows)
+    plan = plan_table(paper.TABLES["fig7"], [0, 1], base, runs, rows=rows)
     scores = {  # (row, seed) -> Dice of A, B, C, D, E
         ("fedavg", 0): [70, 50, 60, 40, 20],
         ("fedavg", 1): [72, 52, 62, 42, 22],
@@ -355,7 +356,7 @@ def test_fig7_pairs_each_methods_runs_without_and_with_synthetic_data(tmp_path):
     for run in plan.runs:
         if (run.row.name, run.seed) in scores:
             write_finished(run, dict(zip("ABCDE", scores[(run.row.name, run.seed)], strict=True)))
-    plan = plan_table(experiments.TABLES["fig7"], [0, 1], base, runs, rows=rows)
+    plan = plan_table(paper.TABLES["fig7"], [0, 1], base, runs, rows=rows)
     markdown, table = build_tables(plan)
     assert list(table.rows) == ["Local Train", "FedAvg", "FedST"]  # the paper's order
     cells = {
@@ -378,7 +379,7 @@ def test_fig7_pairs_each_methods_runs_without_and_with_synthetic_data(tmp_path):
     assert "train.total_iters doubled" in text and "Dice (%) A without" in text
 
     out = tmp_path / "results"
-    written = experiments.write_outputs(plan, markdown, table, out)
+    written = paper.write_outputs(plan, markdown, table, out)
     assert out / "tiny" / "fig7.png" in written and (out / "tiny" / "fig7.png").stat().st_size
     header = (out / "tiny" / "fig7.csv").read_text().splitlines()[0]
     assert header.startswith("method,runs,Runs without / with,dice_A_without_mean")
@@ -399,14 +400,14 @@ def test_fig5_curve_tables_are_mean_and_std_over_seeds_at_every_evaluated_round(
         ],
         "Local": [run(0, {("A", 4): 40, ("B", 4): 20})],
     }
-    tables = report.curve_tables(groups)
-    assert [panel for panel, _ in tables] == ["Average", "A", "B", ""]
-    average = tables[0][1]
+    panels = tables.curve_tables(groups)
+    assert [panel for panel, _ in panels] == ["Average", "A", "B", ""]
+    average = panels[0][1]
     assert [c.header for c in average.columns] == ["r2", "r4"]
     # Average per run and round first: seed 0 (60, 70), seed 1 (62, 71)
     assert [c.format() for c in average.rows["SERQ"]] == ["61.00 ± 1.41", "70.50 ± 0.71"]
     assert average.rows["Local"][0] is None and average.rows["Local"][1].format() == "30.00"
-    combined = tables[-1][1]
+    combined = panels[-1][1]
     assert [c.key for c in combined.columns] == [
         "dice_avg_r2", "dice_avg_r4", "dice_A_r2", "dice_A_r4", "dice_B_r2", "dice_B_r4",
     ]  # fmt: skip
@@ -429,7 +430,7 @@ def test_fig5_trains_its_three_lines_and_writes_the_curves_and_their_plot(
     args = ["--runs", str(runs), "--out", str(out), "seeds=0", "experiment=tiny"]
     args += [f"data.root={tiny_data}", "progress=false", "serq.pretrain_iters=1"]
     args += ["train.total_iters=2", "train.local_iters=1"]  # 2 rounds (green: 4), each evaluated
-    assert experiments.main(["fig5", *args]) == 0
+    assert paper.main(["fig5", *args]) == 0
 
     by_row = csv_rows(out / "tiny" / "fig5.csv")
     assert list(by_row) == ["Server fine-tuning", "Synthetic at the sites", "SERQ (FedST)"]

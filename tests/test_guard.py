@@ -27,7 +27,7 @@ from fedst.federation.evaluation import stream_test_clips
 from fedst.guard import GuardConfig, GuardedNet, ResidualHeadGenerator
 from fedst.infer import InferenceError, load_site_model
 from fedst.methods import method_of
-from fedst.report_selection import dad_rows, msf_report
+from fedst.report.selection import dad_rows, msf_report
 from tests.conftest import record_reads
 from tests.test_federation import experiment
 from tests.test_selection import held_out_run  # noqa: F401  (the tiny run with held-out D)

@@ -38,7 +38,7 @@ from fedst.infer import main as infer_main
 from fedst.methods import method_of
 from fedst.model.network import NetworkConfig, build_network
 from fedst.model.state import state_subset
-from fedst.plots import PART_COLORS
+from fedst.report.plots import PART_COLORS
 from fedst.training import save_config
 
 H, W = 32, 40

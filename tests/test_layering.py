@@ -16,22 +16,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # bottom-up; a module may import its ow
     ("fedst.data",),
     ("fedst.model", "fedst.metrics"),
     ("fedst.experiment",),  # the typed config
-    (  # algorithm pieces
-        "fedst.federation.aggregation",
-        "fedst.federation.privacy",
-        "fedst.federation.transport",
-        "fedst.federation.feature_bank",
-        "fedst.federation.serq",
-        "fedst.federation.pretraining",
-        "fedst.federation.evaluation",
-        "fedst.federation.run_io",
-    ),
-    ("fedst.methods",),  # choices over the pieces
-    ("fedst.federation", "fedst.outfed", "fedst.selection", "fedst.weights", "fedst.cli"),
-    ("fedst.results", "fedst.plots", "fedst.guard", "fedst.report_selection", "fedst.report"),
-    # apps and engines (fedst.onnx_stream, fedst.quantize: the ONNX Runtime engine of the export)
-    ("fedst.app", "fedst.training", "fedst.deploy", "fedst.onnx_stream", "fedst.quantize"),
-    ("fedst.experiments", "fedst.demo", "fedst.infer", "fedst.export"),  # entry points
+    ("fedst.methods",),  # what a method chooses: personalization, objective, aggregation, privacy
+    ("fedst.cli", "fedst.weights"),  # Hydra composition; weights provisioning
+    ("fedst.federation",),  # the algorithm's engine-agnostic pieces: sites, server, SERQ, transport
+    ("fedst.outfed", "fedst.selection"),  # a finished run's models scored
+    ("fedst.guard",),
+    ("fedst.report",),
+    ("fedst.app",),  # the Flower ServerApp and ClientApp, in-process and Ray engines
+    ("fedst.training",),  # train_fed.py's run: prepare, the engine, finalize
+    ("fedst.deploy",),  # SuperLink, SuperNodes and the deployed ServerApp
+    ("fedst.onnx_stream", "fedst.quantize"),  # the ONNX Runtime engine of the export
+    ("fedst.paper", "fedst.demo", "fedst.infer", "fedst.export"),  # entry points
 )
 
 
@@ -59,14 +54,14 @@ def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str
             if node.level:  # relative: from .x import y
                 anchor = package[: len(package) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            # "from fedst import plots" names the module fedst.plots, "from fedst.report import
-            # Table" the module fedst.report
+            # "from fedst.report import plots" names the module fedst.report.plots, "from
+            # fedst.report.results import Table" the module fedst.report.results
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
                 targets.append(submodule if submodule in modules else base)
     found = set()
     for target in targets:
-        while target and target not in modules:  # fedst.report.comparison_table -> fedst.report
+        while target and target not in modules:  # fedst.report.tables.main -> fedst.report.tables
             target = target.rpartition(".")[0]
         if target and target != name:
             found.add(target)
@@ -113,9 +108,9 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path
     assert import_cycles(graph) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from fedst import plots\n")
-    modules = {"fedst.m": source, "fedst.plots": source, "fedst": source}
-    assert imported_modules("fedst.m", source, modules) == {"fedst.plots"}
+    source.write_text("def f():\n    from fedst.report import plots\n")
+    modules = {"fedst.m": source, "fedst.report.plots": source, "fedst": source}
+    assert imported_modules("fedst.m", source, modules) == {"fedst.report.plots"}
 
 
 def test_no_module_of_fedst_or_models_imports_itself_through_others():

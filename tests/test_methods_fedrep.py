@@ -82,7 +82,7 @@ def test_the_body_is_frozen_during_head_iterations_and_the_head_during_body_iter
     cfg = experiment(tiny_root, "method=fedrep", "method.options.head_iters=1")
     site = Site("A", cfg, tmp_path, torch.device("cpu"))
     snapshots: list[tuple[str, dict[str, torch.Tensor]]] = []
-    original = site_module.Site._train_phase
+    original = site_module.Site.train_phase
 
     def recording_phase(self, phase, server_round):
         before = {k: v.clone() for k, v in self.model.state_dict().items()}
@@ -93,7 +93,7 @@ def test_the_body_is_frozen_during_head_iterations_and_the_head_during_body_iter
 
     received = {k: v.clone() for k, v in method_of(cfg).build_model().state_dict().items()}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(site_module.Site, "_train_phase", recording_phase)
+        patch.setattr(site_module.Site, "train_phase", recording_phase)
         site.train_round(received, server_round=1, local_iters=2)
     assert [name for name, _ in snapshots] == ["head", "head", "body", "body"]
     floats = [k for k, v in received.items() if v.is_floating_point()]

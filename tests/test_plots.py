@@ -1,4 +1,4 @@
-"""Specification of fedst.plots: each figure draws the data its name promises (read back from the
+"""Specification of fedst.report.plots: each figure draws the data its name promises (read back from the
 matplotlib Figure), every ``plot_*`` writes it as a PNG, overlays colour exactly the pixels the mask
 names."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedst.plots import (
+from fedst.report.plots import (
     BINARY_COLORS,
     PART_COLORS,
     communication_figure,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedst.report import (
+from fedst.report.results import RunError, Stat, find_runs, load_runs
+from fedst.report.tables import (
     comm_table,
     comparison_table,
     main,
@@ -16,7 +17,6 @@ from fedst.report import (
     sites_table,
     write_tables,
 )
-from fedst.results import RunError, Stat, find_runs, load_runs
 
 
 def make_run(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedst import report, results
+from fedst.report import results, tables
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 2  # configs/experiment/tiny.yaml
@@ -66,7 +66,7 @@ def test_train_log_times_the_aggregation_and_serq_steps_of_every_round(tiny_cli_
         parts = row["aggregation_seconds"] + row["eq_seconds"] + row["sc_seconds"]
         assert parts <= row["seconds"]  # the step's total covers its parts
         assert row["checkpoint_seconds"] > 0 and row["checkpoint_bytes"] > 0  # the round's save
-    table = report.timing_table(results.load_runs([run_dir]))
+    table = tables.timing_table(results.load_runs([run_dir]))
     assert [c.key for c in table.columns][-1] == "serq_over_site"
     assert table.rows["fedst"][-1] is not None
 
@@ -150,7 +150,7 @@ def test_the_report_gives_serq_time_per_round_over_the_mean_site_round():
         {"round": 2, "site": "server", "seconds": 11.5, "aggregation_seconds": 0.5,
          "eq_seconds": 5.0, "sc_seconds": 5.0},
     ]  # fmt: skip
-    table = report.timing_table([_run(0, rows)])
+    table = tables.timing_table([_run(0, rows)])
     cells = dict(zip([c.key for c in table.columns], table.rows["fedst"], strict=True))
     # by hand: sites (2 + 4 + 2 + 4) / 4 = 3 s; SERQ (6 + 10) / 2 = 8 s; server (7.5 + 11.5) / 2
     assert cells["site_seconds"].mean == pytest.approx(3.0)

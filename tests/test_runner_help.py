@@ -1,4 +1,4 @@
-"""Specification: every option of the table runner (``python -m fedst.experiments``) says in its
+"""Specification: every option of the table runner (``python -m fedst.paper``) says in its
 --help what it does."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def undocumented_options(help_text: str) -> list[str]:
 def test_every_option_of_the_runner_says_what_it_does():
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1", "COLUMNS": "100"}
     done = subprocess.run(
-        [sys.executable, "-m", "fedst.experiments", "--help"],
+        [sys.executable, "-m", "fedst.paper", "--help"],
         cwd=REPO,
         env=env,
         capture_output=True,

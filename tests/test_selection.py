@@ -31,7 +31,7 @@ from fedst.federation.site_data import open_site_data
 from fedst.federation.snapshots import snapshot_outfed_model, snapshot_site_model
 from fedst.methods import method_of
 from fedst.outfed import averaged_model, personalized_model
-from fedst.report_selection import cross_site_matrix
+from fedst.report.selection import cross_site_matrix
 from fedst.training import run_training
 from tests.conftest import record_reads
 from tests.test_federation import experiment

@@ -263,7 +263,7 @@ def test_evaluate_steps_wait_the_eval_timeout_and_training_steps_the_round_timeo
         "train.val_every=1",
     )
     timeouts: list[tuple[str, str, float | None]] = []
-    original = server_app._broadcast
+    original = server_app.broadcast
 
     def recording(grid, nodes, kind, payload, config, server_round, timeout=None, **kwargs):
         timeouts.append((kind, config.get("split", "test"), timeout))
@@ -271,7 +271,7 @@ def test_evaluate_steps_wait_the_eval_timeout_and_training_steps_the_round_timeo
 
     policy = RoundPolicy(round_timeout=100.0, eval_timeout=300.0)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(server_app, "_broadcast", recording)
+        patch.setattr(server_app, "broadcast", recording)
         _inprocess_run(cfg, tmp_path / "run", policy)
     assert ("train", "test", 100.0) in timeouts
     evaluations = {(split, t) for kind, split, t in timeouts if kind == "evaluate"}

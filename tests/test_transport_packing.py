@@ -86,7 +86,7 @@ def test_the_manifest_gives_the_audit_and_the_accounting_every_key_and_shape():
     state = payload()
     content = RecordDict(transport.pack(state, "fp16").records("personal"))
     assert transport.describe(content) == {"personal": {k: list(v.shape) for k, v in state.items()}}
-    by_component = reply_logs._bytes_by_component(transport.received(content, "personal"))
+    by_component = reply_logs.bytes_by_component(transport.received(content, "personal"))
     assert by_component == {
         "encoder": 2 * (35 + 1),
         "decoder": 2 * 1,  # decoder.one; decoder.empty has no value

@@ -44,7 +44,7 @@ MISTAKES = [  # (command line, exit status, a phrase of the error line, paths th
     (["train_fed.py", "train.rounds=5"], 2, "set train.total_iters=100 for 5 rounds", ["runs"]),
     (["train_fed.py", "method=upperbound", "method.communicate=true"], 2, "communicate=false", []),
     (["train_fed.py", "-m", "seed=0,1", "train.lr=abc"], 2, "expected a number", []),
-    (["-m", "fedst.experiments", "table2", "rows=fedsst", "--dry-run"], 2, "['fedsst']", []),
+    (["-m", "fedst.paper", "table2", "rows=fedsst", "--dry-run"], 2, "['fedsst']", []),
     (["-m", "fedst.report", "nope"], 2, "nope", ["nope/report"]),
     (["-m", "fedst.infer", "run=nope", "site=A", "input=a.mp4"], 2, "does not exist", ["nope"]),
 ]

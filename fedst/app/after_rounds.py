@@ -14,8 +14,8 @@ from typing import Any
 from flwr.app import MessageType
 from flwr.serverapp import Grid
 
-from fedst.app.messaging import _broadcast, _check_sites, _site_of
-from fedst.app.reply_logs import _bytes_by_component, _metrics_row
+from fedst.app.messaging import broadcast, check_sites, site_of
+from fedst.app.reply_logs import bytes_by_component, metrics_row
 from fedst.experiment import RoundPolicy
 from fedst.federation import transport
 from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
@@ -33,7 +33,7 @@ FINAL_STAGE = "train.final_stage"
 """The final stage itself: gamma_g ("arrays") and the other sites' rho_j ("personal")."""
 
 
-def _run_final_stage(
+def run_final_stage(
     grid: Grid,
     server: FederationServer,
     stage: FinalStage,
@@ -56,7 +56,7 @@ def _run_final_stage(
     nothing = transport.pack({}, precision)
     personal: dict[str, transport.Packed] = {}
     if stage.exchange_personal:
-        collected = _broadcast(
+        collected = broadcast(
             grid,
             nodes,
             PERSONAL_EXCHANGE,
@@ -67,14 +67,14 @@ def _run_final_stage(
             poll=policy.reply_poll,
             audit=audit,
         )
-        _check_sites(collected, sites_of, federation, min_sites, "personal exchange", stage_round)
+        check_sites(collected, sites_of, federation, min_sites, "personal exchange", stage_round)
         for reply in collected.replies:
             if int(reply.content["site"]["shared"]):
-                personal[_site_of(reply)] = transport.received(reply.content, "personal")
+                personal[site_of(reply)] = transport.received(reply.content, "personal")
             else:
                 log.warning(
                     "site %s keeps its personalized parameters: not in %s",
-                    _site_of(reply),
+                    site_of(reply),
                     stage.name,
                 )
     records = {
@@ -88,7 +88,7 @@ def _run_final_stage(
         sorted(personal) or "no site",
     )
     down = transport.pack(server.shared_payload(), precision)
-    tuned = _broadcast(
+    tuned = broadcast(
         grid,
         nodes,
         FINAL_STAGE,
@@ -100,10 +100,10 @@ def _run_final_stage(
         audit=audit,
         records=records,
     )
-    _check_sites(tuned, sites_of, federation, min_sites, stage.name, stage_round)
+    check_sites(tuned, sites_of, federation, min_sites, stage.name, stage_round)
     node_of = {site: node for node, site in sites_of.items()}
     for reply in tuned.replies:
-        site, metrics = _site_of(reply), reply.content["metrics"]
+        site, metrics = site_of(reply), reply.content["metrics"]
         received = records.get(node_of[site], {}).get("personal", nothing)
         sent = personal.get(site, nothing)
         runlog.write(
@@ -116,7 +116,7 @@ def _run_final_stage(
                 "download_param_bytes": down.param_bytes + received.param_bytes,
                 "upload_bytes": sent.wire_bytes,
                 "upload_param_bytes": sent.param_bytes,
-                "upload_param_bytes_by_component": _bytes_by_component(sent),
+                "upload_param_bytes_by_component": bytes_by_component(sent),
                 "personal_download_param_bytes": received.param_bytes,
                 "personal_upload_param_bytes": sent.param_bytes,
             },
@@ -133,7 +133,7 @@ def _run_final_stage(
                 "seconds": float(metrics["seconds"]),
             },
         )
-    evaluated = _broadcast(  # the sites' models are wholly their own now: nothing to send
+    evaluated = broadcast(  # the sites' models are wholly their own now: nothing to send
         grid,
         [n for n in nodes if n in sites_of],
         MessageType.EVALUATE,
@@ -144,10 +144,10 @@ def _run_final_stage(
         poll=policy.reply_poll,
         audit=audit,
     )
-    _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", stage_round)
+    check_sites(evaluated, sites_of, federation, min_sites, "evaluate", stage_round)
     last_metrics = {}
     for reply in evaluated.replies:
-        row = _metrics_row(reply, stage_round)
+        row = metrics_row(reply, stage_round)
         runlog.write("metrics", row)
         last_metrics[row["site"]] = row
     server.save(stage_round, extra={"last_metrics": last_metrics, "final_stage": stage.name})
@@ -172,7 +172,7 @@ def _others_personal(
     )
 
 
-def _collect_personal(
+def collect_personal(
     grid: Grid,
     sites_of: dict[int, str],
     base_config: dict[str, Any],
@@ -191,7 +191,7 @@ def _collect_personal(
     site that missed the last round has none: it is left out (``missed_last_round``)."""
     nodes = sorted(grid.get_node_ids())
     config = {**base_config, "server-round": last_round}
-    result = _broadcast(
+    result = broadcast(
         grid,
         nodes,
         "query.personal",
@@ -204,7 +204,7 @@ def _collect_personal(
     )
     shared, declined, missed = [], [], []
     for reply in result.replies:
-        site = _site_of(reply)
+        site = site_of(reply)
         if not int(reply.content["site"]["shared"]):
             declined.append(site)
             log.warning("site %s declined to send its personalized parameters", site)

@@ -35,11 +35,11 @@ from fedst.experiment import (
     experiment_from_json,
     run_device,
 )
-from fedst.federation import privacy, transport
-from fedst.federation.aggregation import UNIFORM_WEIGHT_KEY
+from fedst.federation import transport
 from fedst.federation.evaluation import metrics_record
 from fedst.federation.site import Site
-from fedst.methods import PERSONAL_KEY_SEPARATOR, method_of
+from fedst.methods import PERSONAL_KEY_SEPARATOR, method_of, privacy
+from fedst.methods.aggregation import UNIFORM_WEIGHT_KEY
 from fedst.metrics import METRIC_NAMES
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
-"""The ServerApp's side of the wire: :func:`_broadcast` sends one message kind to the sites'
+"""The ServerApp's side of the wire: :func:`broadcast` sends one message kind to the sites'
 nodes and collects their replies (a failure, a silent node or parameters that cannot be unpacked
 is returned, not raised), polling the SuperLink every ``deploy.reply_poll`` seconds; the wire
-audit (wire.jsonl); waiting for the nodes to connect; and :func:`_check_sites`, which learns which
+audit (wire.jsonl); waiting for the nodes to connect; and :func:`check_sites`, which learns which
 node is which site, orders the replies by federation and stops the run (:class:`FederationError`)
 when fewer than ``RoundPolicy.min_sites`` answered."""
 
@@ -33,7 +33,7 @@ class _Round:
         self.failed: dict[int, str] = {}
 
 
-def _broadcast(
+def broadcast(
     grid: Grid,
     nodes: list[int],
     kind: str,
@@ -154,11 +154,11 @@ def _audit(runlog: RunLog, direction: str, message: Message, server_round: int) 
     runlog.write("wire", row)
 
 
-def _site_of(reply: Message) -> str:
+def site_of(reply: Message) -> str:
     return str(reply.content["site"]["site"])
 
 
-def _wait_for_nodes(
+def wait_for_nodes(
     grid: Grid,
     expected: int,
     timeout: float,
@@ -188,7 +188,7 @@ def _wait_for_nodes(
     return nodes
 
 
-def _check_sites(
+def check_sites(
     result: _Round,
     sites_of: dict[int, str],
     federation: list[str],
@@ -200,7 +200,7 @@ def _check_sites(
     fewer than ``min_sites`` sites answered."""
     seen: dict[str, int] = {}
     for reply in result.replies:
-        node, site = reply.metadata.src_node_id, _site_of(reply)
+        node, site = reply.metadata.src_node_id, site_of(reply)
         if site not in federation:
             raise FederationError(f"node {node} says it is site {site!r}, not in {federation}")
         if site in seen:
@@ -212,7 +212,7 @@ def _check_sites(
         sites_of[node] = site
     # federation order, not arrival order: the floating-point sum of the aggregation (and the
     # logs) must not depend on which site answered first
-    result.replies.sort(key=lambda reply: federation.index(_site_of(reply)))
+    result.replies.sort(key=lambda reply: federation.index(site_of(reply)))
     failures = [f"{sites_of.get(n, f'node {n}')}: {reason}" for n, reason in result.failed.items()]
     if len(result.replies) < min_sites:
         raise FederationError(

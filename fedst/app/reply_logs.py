@@ -11,7 +11,7 @@ from typing import Any
 from flwr.app import Message
 
 from fedst.accel import REPLY_MEMORY_KEYS
-from fedst.app.messaging import _site_of
+from fedst.app.messaging import site_of
 from fedst.federation import transport
 from fedst.federation.evaluation import METRICS_RECORD, scored_site
 from fedst.federation.run_io import RunLog
@@ -19,7 +19,7 @@ from fedst.metrics import METRIC_NAMES
 from fedst.model.partition import COMPONENTS
 
 
-def _log_training_reply(
+def log_training_reply(
     runlog: RunLog,
     reply: Message,
     up: transport.Packed,
@@ -31,7 +31,7 @@ def _log_training_reply(
     """One comm row (``down_sizes`` measured once per round; ``up``: the reply's gamma_k as it
     travelled) and one train row per reply (``update_norm``: ||gamma_k - gamma_g^t||_2, what DP
     clipping bounds; None for Local)."""
-    site, metrics = _site_of(reply), reply.content["metrics"]
+    site, metrics = site_of(reply), reply.content["metrics"]
     runlog.write(
         "comm",
         {
@@ -40,7 +40,7 @@ def _log_training_reply(
             **down_sizes,
             "upload_bytes": up.wire_bytes,
             "upload_param_bytes": up.param_bytes,
-            "upload_param_bytes_by_component": _bytes_by_component(up),
+            "upload_param_bytes_by_component": bytes_by_component(up),
         },
     )
     runlog.write(
@@ -63,7 +63,7 @@ def _log_training_reply(
     )
 
 
-def _bytes_by_component(packed: transport.Packed) -> dict[str, int]:
+def bytes_by_component(packed: transport.Packed) -> dict[str, int]:
     """Parameter bytes of a payload per network component (fedst.model.partition.COMPONENTS),
     from its manifest (numel x element size of each tensor on the wire)."""
     sizes: dict[str, int] = {}
@@ -73,19 +73,19 @@ def _bytes_by_component(packed: transport.Packed) -> dict[str, int]:
     return sizes
 
 
-def _metrics_rows(reply: Message, server_round: int, split: str = "test") -> list[dict[str, Any]]:
+def metrics_rows(reply: Message, server_round: int, split: str = "test") -> list[dict[str, Any]]:
     """The metrics.jsonl rows of an evaluate reply: one per split it scored (its site's own;
     the upper bound's pool: every federated site's), each with the scored site as "site"."""
-    party = _site_of(reply)
+    party = site_of(reply)
     scored = {name: scored_site(name, party) for name in reply.content.metric_records}
     return [
-        _metrics_row(reply, server_round, record, site, split)
+        metrics_row(reply, server_round, record, site, split)
         for record, site in scored.items()
         if site is not None
     ]
 
 
-def _metrics_row(
+def metrics_row(
     reply: Message,
     server_round: int,
     record: str = METRICS_RECORD,
@@ -106,7 +106,7 @@ def _metrics_row(
         values.update({m: float(values[m]) if m in values else None for m in METRIC_NAMES})
     return {
         "round": server_round,
-        "site": site or _site_of(reply),
+        "site": site or site_of(reply),
         "split": split,
         "model": "personal",
         "num_frames": int(metrics.pop("num-examples")),

@@ -2,7 +2,7 @@
 
 Each round: send gamma_g to every connected site (a site's first round: the full initial model
 v_g^0) -> sites train and reply with gamma_k -> Flower's FedAvg (uniform or sample-count weights,
-fedst/federation/aggregation.py) or FedMedian aggregates the replies that came -> the server step
+fedst/methods/aggregation.py) or FedMedian aggregates the replies that came -> the server step
 (SERQ for FedST) -> every ``eval_every`` rounds the sites score their personalized models ->
 checkpoint. Only the
 record "arrays" carries parameters, packed as a few buffers with a manifest
@@ -13,7 +13,7 @@ Sites that fail or time out are left out of the round as long as ``RoundPolicy.m
 answered (participation.jsonl records who took part); they rejoin from their state on disk.
 
 The deployed ServerApp of ``flwr run .`` and of ``train_fed.py site=server`` is ``app`` in
-fedst/app/deployed.py: it reads its run directory from the run config ([tool.flwr.app.config] in
+fedst/deploy/server_app.py: it reads its run directory from the run config ([tool.flwr.app.config] in
 pyproject.toml) and calls :func:`run_federation`.
 
 The pieces the loop uses: fedst/app/messaging.py (broadcasts, replies, failures, the wire audit),
@@ -33,20 +33,21 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedst.accel import PhasePeaks, memory_usage, release_free_memory
-from fedst.app.after_rounds import _collect_personal, _run_final_stage
+from fedst.app.after_rounds import collect_personal, run_final_stage
 from fedst.app.messaging import (
     FederationError,
-    _broadcast,
-    _check_sites,
-    _site_of,
-    _wait_for_nodes,
+    broadcast,
+    check_sites,
+    site_of,
+    wait_for_nodes,
 )
-from fedst.app.reply_logs import _log_training_reply, _metrics_rows
+from fedst.app.reply_logs import log_training_reply, metrics_rows
 from fedst.experiment import ExperimentConfig, RoundPolicy, run_device, site_view
-from fedst.federation import privacy, transport
+from fedst.federation import transport
 from fedst.federation.run_io import RunLog
 from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
 from fedst.federation.snapshots import save_shared_snapshot
+from fedst.methods import privacy
 from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def run_federation(
     }
     sites_of: dict[int, str] = {}  # node id -> site, learnt from the sites' replies
     last_shared: dict[str, dict] = {}  # site -> its latest gamma_k as received (the returned v_k)
-    nodes = _wait_for_nodes(grid, len(federation), policy.join_timeout, federation)
+    nodes = wait_for_nodes(grid, len(federation), policy.join_timeout, federation)
 
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
     for server_round in progress_bar(
@@ -165,7 +166,7 @@ def run_federation(
         started = time.perf_counter()
         peaks = PhasePeaks()  # the process's peak memory per phase of this round
         if server_round > rounds.start:
-            nodes = _wait_for_nodes(
+            nodes = wait_for_nodes(
                 grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
             )
         # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
@@ -179,7 +180,7 @@ def run_federation(
         down = transport.pack(_train_payload(server, server_round), precision)
         first = _newcomer_payloads(server, server_round, nodes, sites_of)
         with peaks.phase("train"):  # in-process, the sites train in this process
-            trained = _broadcast(
+            trained = broadcast(
                 grid,
                 nodes,
                 MessageType.TRAIN,
@@ -191,7 +192,7 @@ def run_federation(
                 first_payloads=first,
                 audit=audit,
             )
-        _check_sites(trained, sites_of, federation, min_sites, "train", server_round)
+        check_sites(trained, sites_of, federation, min_sites, "train", server_round)
         down_sizes = {
             "download_bytes": down.wire_bytes,
             "download_param_bytes": down.param_bytes,
@@ -203,12 +204,12 @@ def run_federation(
             up = transport.received(reply.content)
             state = up.unpack(expected=received)
             norm = privacy.update_l2_norm(state, received) if received else None
-            _log_training_reply(
+            log_training_reply(
                 runlog, reply, up, down_sizes, server_round, cfg.train.local_iters, norm
             )
             unpacked.append(_with_arrays(reply, state))
-            last_shared[_site_of(reply)] = {"round": server_round, "shared": state}
-        participants = sorted(_site_of(r) for r in trained.replies)
+            last_shared[site_of(reply)] = {"round": server_round, "shared": state}
+        participants = sorted(site_of(r) for r in trained.replies)
         runlog.write(
             "participation",
             {
@@ -240,7 +241,7 @@ def run_federation(
                 server.shared_payload() if method.communicates else {}, precision
             )
             with peaks.phase("evaluation"):
-                evaluated = _broadcast(
+                evaluated = broadcast(
                     grid,
                     [n for n in nodes if n in sites_of],
                     MessageType.EVALUATE,
@@ -251,10 +252,10 @@ def run_federation(
                     poll=policy.reply_poll,
                     audit=audit,
                 )
-            _check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
+            check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
             frames = 0
             for reply in evaluated.replies:
-                for row in _metrics_rows(reply, server_round):
+                for row in metrics_rows(reply, server_round):
                     runlog.write("metrics", row)
                     last_metrics[row["site"]] = row
                     frames += row["num_frames"]
@@ -267,7 +268,7 @@ def run_federation(
             val_started = time.perf_counter()
             shared_params = server.shared_payload() if method.communicates else {}
             save_shared_snapshot(run_dir, server_round, shared_params)
-            validated = _broadcast(
+            validated = broadcast(
                 grid,
                 [n for n in nodes if n in sites_of],
                 MessageType.EVALUATE,
@@ -278,9 +279,9 @@ def run_federation(
                 poll=policy.reply_poll,
                 audit=audit,
             )
-            _check_sites(validated, sites_of, federation, min_sites, "validate", server_round)
+            check_sites(validated, sites_of, federation, min_sites, "validate", server_round)
             for reply in validated.replies:
-                for row in _metrics_rows(reply, server_round, split="val"):
+                for row in metrics_rows(reply, server_round, split="val"):
                     runlog.write("metrics", row)
             timing["validation_seconds"] = time.perf_counter() - val_started
         with peaks.phase("checkpoint"):
@@ -297,14 +298,14 @@ def run_federation(
         )
     stage = method.final_stage()
     if stage is not None and server.completed_round == cfg.train.rounds:
-        nodes = _wait_for_nodes(
+        nodes = wait_for_nodes(
             grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
         )
-        last_metrics = _run_final_stage(
+        last_metrics = run_final_stage(
             grid, server, stage, nodes, sites_of, base_config, policy, min_sites, runlog, audit
         )
     if policy.collect_personal and cfg.data.out_of_federation:
-        _collect_personal(
+        collect_personal(
             grid,
             sites_of,
             base_config,

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
 def exit_with_parent() -> None:
     """End this process when the process that started it is gone (even if it was killed
     with SIGKILL and could not stop its children): the site process for this executor, the
-    SuperExec for the deployed ServerApp (fedst.app.deployed.run_config_to_run)."""
+    SuperExec for the deployed ServerApp (fedst.deploy.server_app.run_config_to_run)."""
     parent = os.getppid()
 
     def watch() -> None:

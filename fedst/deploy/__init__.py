@@ -20,9 +20,12 @@ Nothing here is needed by the in-process engine; the apps are the same in both.
 
 The package: ``processes`` (environment, start and stop, the processes a stopped one detached,
 ports, signals; DeploymentError),
-``credentials`` (TLS certificates, site keys), ``server`` (SuperLink, key registration, ``flwr
-run``), ``site`` (a hospital's SuperNode and ClientApp process), ``local`` (everything on
+``credentials`` (TLS certificates, site keys), ``superlink`` (the server's SuperLink, key
+registration, ``flwr run``), ``supernode`` (a hospital's SuperNode and ClientApp process),
+``server_app`` (the deployed ServerApp that ``flwr run`` starts), ``local`` (everything on
 127.0.0.1) and ``cli`` (the command line of ``-m fedst.deploy``).
+
+Layer: the top of the training stack; imports fedst.training, fedst.app and below.
 """
 
 from fedst.deploy.cli import main
@@ -42,7 +45,7 @@ from fedst.deploy.processes import (
     terminate_on_signal,
     wait_for_port,
 )
-from fedst.deploy.server import (
+from fedst.deploy.superlink import (
     CONNECTION,
     register_sites,
     run_config_overrides,
@@ -51,7 +54,7 @@ from fedst.deploy.server import (
     superlink_command,
     write_connection,
 )
-from fedst.deploy.site import (
+from fedst.deploy.supernode import (
     CONNECTED,
     EXIT_AUTH_FAILED,
     EXIT_GRACE,

@@ -1,6 +1,6 @@
 """What authenticates a deployment: a throw-away CA and server certificate for TLS
 (:func:`make_certificates`), a site's EC key pair for Flower's SuperNode authentication
-(:func:`make_site_key`, :func:`site_key_path`), and :func:`_require`, which turns a missing
+(:func:`make_site_key`, :func:`site_key_path`), and :func:`require_file`, which turns a missing
 certificate or key into a :class:`DeploymentError` naming the fix."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def make_site_key(keys: Path, site: str) -> Path:
     return path
 
 
-def _require(path: Path, what: str, fix: str) -> Path:
+def require_file(path: Path, what: str, fix: str) -> Path:
     if not path.is_file():
         raise DeploymentError(f"{what} {path} is missing: {fix}")
     return path.resolve()

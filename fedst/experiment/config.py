@@ -352,7 +352,7 @@ class CommConfig:
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    """Central differential privacy with Flower's strategy wrappers (fedst/federation/privacy.py)
+    """Central differential privacy with Flower's strategy wrappers (fedst/methods/privacy.py)
     on the shared update gamma_k - gamma_g; personalized parameters never travel, so never need it."""
 
     dp: str = "none"

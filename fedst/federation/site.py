@@ -229,7 +229,7 @@ class Site:
         started, losses = time.perf_counter(), []
         self.loader_seconds = 0.0
         for phase in self.method.local_phases(local_iters):
-            losses += self._train_phase(phase, server_round)
+            losses += self.train_phase(phase, server_round)
         self.completed_round = server_round
         self.save(server_round)
         return LocalRoundResult(
@@ -241,7 +241,7 @@ class Site:
             loader_seconds=self.loader_seconds,
         )
 
-    def _train_phase(
+    def train_phase(
         self,
         phase: LocalPhase,
         server_round: int,

@@ -42,8 +42,8 @@ from torch import nn
 from fedst.config import ConfigError, build
 from fedst.data.clips import ClipDataset
 from fedst.experiment import ExperimentConfig
-from fedst.federation import privacy
-from fedst.federation.aggregation import (
+from fedst.methods import privacy
+from fedst.methods.aggregation import (
     SAMPLES_WEIGHT_KEY,
     UNIFORM_WEIGHT_KEY,
     WEIGHT_KEYS,
@@ -87,7 +87,7 @@ class TrainingSite(Protocol):
     completed_round: int
     data: TrainingData
 
-    def _train_phase(
+    def train_phase(
         self,
         phase: LocalPhase,
         server_round: int,
@@ -352,7 +352,7 @@ class Method:
         MetricRecord "metrics"); ``current`` is gamma_g^t, what the sites received.
 
         Partial averaging: Flower's FedAvg with uniform (1/K, Algorithm 1 line 8) or sample-count
-        weights, or FedMedian (fedst/federation/aggregation.py)."""
+        weights, or FedMedian (fedst/methods/aggregation.py)."""
         privacy.prepare_aggregation(self.strategy, ArrayRecord(current))
         aggregated, _ = self.strategy.aggregate_train(server_round, replies)
         return aggregated.to_torch_state_dict() if aggregated else {}

@@ -42,7 +42,7 @@ from fedst.accel import LossLog
 from fedst.config import require_at_least, require_positive
 from fedst.data.clips import BatchStream
 from fedst.experiment import ExperimentConfig
-from fedst.federation.aggregation import FISHER_WEIGHT_KEY
+from fedst.methods.aggregation import FISHER_WEIGHT_KEY
 from fedst.methods.base import Method, TrainingSite
 from fedst.methods.head import head_input, is_head, with_private_head
 from fedst.model.partition import Partition

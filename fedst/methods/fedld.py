@@ -44,7 +44,7 @@ from flwr.app import Message
 
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
-from fedst.federation.aggregation import WEIGHT_KEYS
+from fedst.methods.aggregation import WEIGHT_KEYS
 from fedst.methods.base import Method, TrainingSite
 
 log = logging.getLogger(__name__)

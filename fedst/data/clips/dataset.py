@@ -20,7 +20,7 @@ from fedst.data.base import (
 )
 from fedst.data.clips.augmentation import AUG_SEED_HIGH, AugmentConfig, build_augmentation
 from fedst.data.clips.clip import ClipConfig, clip_frame_positions
-from fedst.data.clips.normalization import _channels_first, normalize_clips, resize_frame
+from fedst.data.clips.normalization import channels_first, normalize_clips, resize_frame
 
 logger = logging.getLogger("fedst.data.clips")  # the package's name, as before the split
 
@@ -124,7 +124,7 @@ class ClipDataset(Dataset):
         clip = [resized[p] for p in positions]  # T x [H, W, 3] uint8, oldest first
         if self._augment is not None:
             clip, label = self._apply_augmentation(clip, label, aug_seed)
-        clip_tensor = torch.from_numpy(_channels_first(np.stack(clip)))  # [T, 3, H, W] uint8
+        clip_tensor = torch.from_numpy(channels_first(np.stack(clip)))  # [T, 3, H, W] uint8
         return clip_tensor, torch.from_numpy(label), self.sample_id(int(index))
 
     def _read_label(
@@ -163,7 +163,7 @@ class ClipDataset(Dataset):
     ) -> tuple[torch.Tensor, tuple[int, int]]:
         """:meth:`read_frame` before normalisation: (uint8 [3, H, W], size on disk (H0, W0))."""
         rgb = self.source.read_frame(video.frames[position])
-        frame = torch.from_numpy(_channels_first(resize_frame(rgb, self.clip.image_size)[None])[0])
+        frame = torch.from_numpy(channels_first(resize_frame(rgb, self.clip.image_size)[None])[0])
         return frame, (rgb.shape[0], rgb.shape[1])
 
     def _apply_augmentation(

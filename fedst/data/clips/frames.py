@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fedst.data.clips.dataset import ClipDataset
-from fedst.data.clips.loaders import _seed_worker, _worker_context, resolve_num_workers
+from fedst.data.clips.loaders import resolve_num_workers, seed_worker, worker_context
 
 FrameItem = tuple[torch.Tensor, torch.Tensor | None, int]
 """One item of :class:`FrameDataset`: (frame uint8 [3, H, W], native label uint8 [H0, W0] or
@@ -65,8 +65,8 @@ def frame_loader(dataset: FrameDataset, batch_size: int, num_workers: int | str)
         batch_size=batch_size,
         shuffle=False,
         num_workers=num_workers,
-        multiprocessing_context=_worker_context(num_workers),
+        multiprocessing_context=worker_context(num_workers),
         collate_fn=collate_frames,
         pin_memory=torch.cuda.is_available(),
-        worker_init_fn=_seed_worker,
+        worker_init_fn=seed_worker,
     )

@@ -111,7 +111,7 @@ def collate_clips(samples: Sequence[tuple[torch.Tensor, torch.Tensor, str]]) -> 
     return torch.stack(clips), torch.stack(masks), list(sample_ids)
 
 
-def _worker_context(num_workers: int) -> multiprocessing.context.BaseContext | None:
+def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | None:
     """The start method of DataLoader workers (None: no workers, load in this process)."""
     if num_workers == 0:
         return None
@@ -120,7 +120,7 @@ def _worker_context(num_workers: int) -> multiprocessing.context.BaseContext | N
     return context
 
 
-def _seed_worker(worker_id: int) -> None:
+def seed_worker(worker_id: int) -> None:
     """Seed numpy/random in a DataLoader worker from torch's per-worker seed; one cv2 thread."""
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
@@ -146,12 +146,12 @@ def make_loader(
         batch_size=batch_size,
         sampler=_EpochSampler(len(dataset), seed, shuffle),
         num_workers=num_workers,
-        multiprocessing_context=_worker_context(num_workers),
+        multiprocessing_context=worker_context(num_workers),
         drop_last=drop_last,
         collate_fn=collate_clips,
         persistent_workers=num_workers > 0,
         pin_memory=torch.cuda.is_available(),
-        worker_init_fn=_seed_worker,
+        worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed),
     )
 
@@ -323,10 +323,10 @@ class BatchStream:
             _RawClips(dataset),
             batch_sampler=source,
             num_workers=workers,
-            multiprocessing_context=_worker_context(workers),
+            multiprocessing_context=worker_context(workers),
             collate_fn=collate_clips,
             pin_memory=self.device.type == "cuda",
-            worker_init_fn=_seed_worker,
+            worker_init_fn=seed_worker,
             generator=torch.Generator().manual_seed(self.seed),
             persistent_workers=workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,

@@ -29,10 +29,10 @@ def resize_frame(rgb: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
 def normalize_frames(frames: np.ndarray) -> torch.Tensor:
     """uint8 [T, H, W, 3] -> float32 [T, 3, H, W]: scaled to [0, 1], minus :data:`IMAGENET_MEAN`,
     divided by :data:`IMAGENET_STD` (:func:`normalize_clips` after the channel transpose)."""
-    return normalize_clips(torch.from_numpy(_channels_first(frames)))
+    return normalize_clips(torch.from_numpy(channels_first(frames)))
 
 
-def _channels_first(frames: np.ndarray) -> np.ndarray:
+def channels_first(frames: np.ndarray) -> np.ndarray:
     """uint8 [T, H, W, 3] -> contiguous uint8 [T, 3, H, W]."""
     return np.ascontiguousarray(frames.transpose(0, 3, 1, 2))
 

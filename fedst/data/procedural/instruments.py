@@ -1,6 +1,6 @@
 """The instruments, the same at every site up to a metal tint: their parts (rigid shaft, articulated
 wrist, two-blade jaw; mask labels 1-3), their smooth pivoting motion from an image border
-(:class:`_InstrumentTrack`), and their drawing: every part one polygon rasterised into the image
+(:class:`InstrumentTrack`), and their drawing: every part one polygon rasterised into the image
 (anti-aliased, cylinder-shaded) and into the mask (exact), image-only details, and the soft shadow
 the instruments cast on the tissue."""
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from fedst.data.procedural.noise import _Sinusoids
+from fedst.data.procedural.noise import Sinusoids
 from fedst.data.procedural.sites import RGB
 
 SHAFT, WRIST, JAW = 1, 2, 3
@@ -58,7 +58,7 @@ def _capsule(start: np.ndarray, end: np.ndarray, width: float, rounded: bool) ->
     return np.stack([start + normal, *arc, start - normal])
 
 
-class _InstrumentTrack:
+class InstrumentTrack:
     """One instrument entering from the image border, with smooth pivoting motion."""
 
     def __init__(self, rng: np.random.Generator, height: int, width: int, moving: bool):
@@ -75,11 +75,11 @@ class _InstrumentTrack:
         toward = _unit(self.pivot_angle) * np.array([width, height]) * rng.uniform(0.05, 0.3)
         self.rest = centre + toward + rng.uniform(-0.15, 0.15, 2) * np.array([width, height])
         amp = 0.22 * size if moving else 0.0
-        self.dx, self.dy = _Sinusoids(rng, amp, 0.12), _Sinusoids(rng, amp, 0.12)
+        self.dx, self.dy = Sinusoids(rng, amp, 0.12), Sinusoids(rng, amp, 0.12)
         self.jitter = rng.uniform(-0.25, 0.25, 2) * np.array([width, height]) * (not moving)
         self.wrist_rest = rng.uniform(-0.7, 0.7)
-        self.wrist = _Sinusoids(rng, 0.5 if moving else 0.0, 0.2)
-        self.jaw_pitch = _Sinusoids(rng, 0.4 if moving else 0.0, 0.25)
+        self.wrist = Sinusoids(rng, 0.5 if moving else 0.0, 0.2)
+        self.jaw_pitch = Sinusoids(rng, 0.4 if moving else 0.0, 0.25)
         self.open_phase = rng.uniform(0, 2 * math.pi)
         self.open_hz = rng.uniform(0.1, 0.3) if moving else 0.0
         self.open_static = rng.uniform(0, 1)
@@ -139,7 +139,7 @@ def _tinted(colour: RGB, tint: RGB) -> RGB:
     return (colour[0] * tint[0], colour[1] * tint[1], colour[2] * tint[2])
 
 
-def _draw_part(image: np.ndarray, mask: np.ndarray, part: _Part, cartoon: bool) -> None:
+def draw_part(image: np.ndarray, mask: np.ndarray, part: _Part, cartoon: bool) -> None:
     """Rasterise ``part`` into ``image`` [H, W, 3] (anti-aliased, shaded) and ``mask`` [H, W]."""
     height, width = mask.shape
     vertices = np.round(part.polygon * 16).astype(np.int32)  # 4 fractional bits (shift=4)
@@ -172,7 +172,7 @@ def _draw_part(image: np.ndarray, mask: np.ndarray, part: _Part, cartoon: bool) 
         cv2.polylines(image, [vertices], True, (0.05, 0.05, 0.05), 1, cv2.LINE_AA, shift=4)
 
 
-def _draw_details(image: np.ndarray, parts: list[_Part]) -> None:
+def draw_details(image: np.ndarray, parts: list[_Part]) -> None:
     """Image-only details inside the drawn parts: a ring at the shaft end and a wrist pin."""
     shaft, wrist = parts[0], parts[1]
     ring_centre = shaft.origin - shaft.axis * 0.5 * shaft.half_width * 2
@@ -185,7 +185,7 @@ def _draw_details(image: np.ndarray, parts: list[_Part]) -> None:
     cv2.circle(image, tuple(int(v) for v in pin), radius, (0.3, 0.3, 0.32), -1, cv2.LINE_AA, 4)
 
 
-def _shadow(parts_per_tool: list[list[_Part]], height: int, width: int) -> np.ndarray:
+def instrument_shadow(parts_per_tool: list[list[_Part]], height: int, width: int) -> np.ndarray:
     """Soft shadow [H, W] in 0..1 cast by the instruments onto the tissue."""
     layer = np.zeros((height, width), np.float32)
     offset = np.array([0.035 * width, 0.05 * height])

@@ -13,13 +13,13 @@ import numpy as np
 from fedst.data.procedural.sites import RGB
 
 
-def _rng(seed: int, *keys: str) -> np.random.Generator:
+def seeded_rng(seed: int, *keys: str) -> np.random.Generator:
     """A Generator determined by ``seed`` and string ``keys`` (SHA-256, not Python's hash)."""
     digest = hashlib.sha256("/".join([str(seed), *keys]).encode()).digest()
     return np.random.default_rng(np.frombuffer(digest, dtype=np.uint32))
 
 
-def _value_noise(
+def value_noise(
     rng: np.random.Generator,
     height: int,
     width: int,
@@ -43,18 +43,18 @@ def _value_noise(
     return total / (total.std() + 1e-6)
 
 
-def _smoothstep(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+def smoothstep(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     t = np.clip((x - lo) / (hi - lo), 0.0, 1.0)
     return t * t * (3.0 - 2.0 * t)
 
 
-def _mix(a: np.ndarray, colour: RGB, weight: np.ndarray) -> np.ndarray:
+def mix_colour(a: np.ndarray, colour: RGB, weight: np.ndarray) -> np.ndarray:
     """Blend image ``a`` [H, W, 3] towards ``colour`` by ``weight`` [H, W]."""
     w = weight[..., None]
     return a * (1.0 - w) + np.asarray(colour, np.float32) * w
 
 
-class _Sinusoids:
+class Sinusoids:
     """A smooth scalar signal: sum of sinusoids with random frequencies (continuous velocity)."""
 
     def __init__(self, rng: np.random.Generator, amplitude: float, max_hz: float, terms: int = 3):

@@ -13,21 +13,21 @@ import numpy as np
 
 from fedst.data.base import SPLITS, DataError
 from fedst.data.procedural.instruments import (
-    _draw_details,
-    _draw_part,
-    _InstrumentTrack,
-    _shadow,
+    InstrumentTrack,
+    draw_details,
+    draw_part,
+    instrument_shadow,
 )
-from fedst.data.procedural.noise import _rng, _smoothstep
-from fedst.data.procedural.scene import _TissueScene
+from fedst.data.procedural.noise import seeded_rng, smoothstep
+from fedst.data.procedural.scene import TissueScene
 from fedst.data.procedural.sites import (
     FPS,
     GENERATOR_VERSION,
     PRESETS,
     SITES,
     SiteStyle,
-    _check_names,
-    _check_version,
+    check_names,
+    check_version,
     video_ids,
 )
 
@@ -60,7 +60,7 @@ def _vignette(style: SiteStyle, height: int, width: int) -> tuple[np.ndarray, np
         return falloff, None
     rc = np.sqrt((xx - (width - 1) / 2) ** 2 + (yy - (height - 1) / 2) ** 2) / (2 * half_diag)
     inside = rc <= camera.fov_radius
-    falloff = falloff * _smoothstep(camera.fov_radius - rc, 0.0, 0.02)
+    falloff = falloff * smoothstep(camera.fov_radius - rc, 0.0, 0.02)
     return falloff, inside
 
 
@@ -78,8 +78,8 @@ def render_video(
     plus the preset's frame size. Masks hold the part labels 0..3 (0/1 for a binary site), in draw
     order. ``version``: one of :data:`GENERATOR_VERSIONS`.
     """
-    _check_names(preset, [site])
-    _check_version(version)
+    check_names(preset, [site])
+    check_version(version)
     style, spec = SITES[site], PRESETS[preset]
     height, width = spec.height, spec.width
     if frames is None:
@@ -92,12 +92,12 @@ def render_video(
                 f"frames=N to render it anyway, or pick one of {known}"
             )
         frames = spec.sites[site].split(splits[0]).frames
-    rng = _rng(seed, site, video_id)
-    clutter_rng = _rng(seed, site, video_id, "clutter") if version >= 2 else None
-    scene = _TissueScene(rng, style, height, width, clutter_rng)
+    rng = seeded_rng(seed, site, video_id)
+    clutter_rng = seeded_rng(seed, site, video_id, "clutter") if version >= 2 else None
+    scene = TissueScene(rng, style, height, width, clutter_rng)
     moving = not style.independent_frames
     n_tools = int(rng.choice([1, 2, 3], p=[0.3, 0.5, 0.2]))
-    tools = [_InstrumentTrack(rng, height, width, moving) for _ in range(n_tools)]
+    tools = [InstrumentTrack(rng, height, width, moving) for _ in range(n_tools)]
     time_offset = rng.uniform(0, 60)  # start somewhere inside the motion pattern
     noise_rng = np.random.default_rng(rng.integers(2**63))
     vignette, field_of_view = _vignette(style, height, width)
@@ -105,14 +105,14 @@ def render_video(
         t = time_offset + index / FPS
         image = scene.render(t)
         parts_per_tool = [tool.parts(t, style.metal_tint) for tool in tools]
-        shadow = _shadow(parts_per_tool, height, width)
+        shadow = instrument_shadow(parts_per_tool, height, width)
         image = image * (1.0 - 0.45 * shadow)[..., None]
         mask = np.zeros((height, width), np.uint8)
         for parts in parts_per_tool:
             for part in parts:
-                _draw_part(image, mask, part, style.cartoon)
+                draw_part(image, mask, part, style.cartoon)
             if not style.cartoon:
-                _draw_details(image, parts)
+                draw_details(image, parts)
         frame = _camera(image, style, noise_rng, vignette)
         if field_of_view is not None:
             mask[~field_of_view] = 0

@@ -11,11 +11,11 @@ import math
 import cv2
 import numpy as np
 
-from fedst.data.procedural.noise import _mix, _Sinusoids, _smoothstep, _value_noise
+from fedst.data.procedural.noise import Sinusoids, mix_colour, smoothstep, value_noise
 from fedst.data.procedural.sites import CLUTTER, ClutterStyle, SiteStyle, TissueStyle
 
 
-class _TissueScene:
+class TissueScene:
     """A tissue canvas with per-frame camera drift, non-rigid deformation and wet shading."""
 
     def __init__(
@@ -40,15 +40,15 @@ class _TissueScene:
 
         moving = not style.independent_frames
         drift = 0.5 * pad if moving else 0.0
-        self.shift_x = _Sinusoids(rng, drift, 0.08)
-        self.shift_y = _Sinusoids(rng, drift, 0.08)
-        self.rotation = _Sinusoids(rng, 0.06 if moving else 0.0, 0.05)
-        self.zoom = _Sinusoids(rng, 0.05 if moving else 0.0, 0.05)
+        self.shift_x = Sinusoids(rng, drift, 0.08)
+        self.shift_y = Sinusoids(rng, drift, 0.08)
+        self.rotation = Sinusoids(rng, 0.06 if moving else 0.0, 0.05)
+        self.zoom = Sinusoids(rng, 0.05 if moving else 0.0, 0.05)
         wobble = 0.02 * max(height, width) if moving else 0.0
         self.deform_fields = [
-            cv2.GaussianBlur(_value_noise(rng, height, width, 3, 1), (0, 0), 2) for _ in range(4)
+            cv2.GaussianBlur(value_noise(rng, height, width, 3, 1), (0, 0), 2) for _ in range(4)
         ]
-        self.deform = [_Sinusoids(rng, wobble, 0.3, terms=2) for _ in range(4)]
+        self.deform = [Sinusoids(rng, wobble, 0.3, terms=2) for _ in range(4)]
         yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
         self.xc, self.yc = xx - (width - 1) / 2, yy - (height - 1) / 2
 
@@ -58,40 +58,40 @@ class _TissueScene:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Albedo [ch, cw, 3] and relief [ch, cw, 2] (fold height, fine wet bumps) of the tissue."""
         scale = ch / frame_h
-        broad = _value_noise(rng, ch, cw, 2.5 * scale, 3)
-        mid = _value_noise(rng, ch, cw, 6 * scale, 3, stretch=1 / tissue.stretch)
-        fine = _value_noise(rng, ch, cw, 24 * scale, 2, stretch=1 / tissue.stretch)
+        broad = value_noise(rng, ch, cw, 2.5 * scale, 3)
+        mid = value_noise(rng, ch, cw, 6 * scale, 3, stretch=1 / tissue.stretch)
+        fine = value_noise(rng, ch, cw, 24 * scale, 2, stretch=1 / tissue.stretch)
         albedo = np.empty((ch, cw, 3), np.float32)
         albedo[:] = tissue.base
-        albedo = _mix(albedo, tissue.dark, 0.9 * _smoothstep(broad + 0.4 * mid, -0.4, 1.6))
-        patch_field = _value_noise(rng, ch, cw, 3 * scale, 3) + 0.25 * fine
+        albedo = mix_colour(albedo, tissue.dark, 0.9 * smoothstep(broad + 0.4 * mid, -0.4, 1.6))
+        patch_field = value_noise(rng, ch, cw, 3 * scale, 3) + 0.25 * fine
         threshold = float(np.quantile(patch_field, 1 - tissue.patch_share))
-        patches = 0.8 * _smoothstep(patch_field, threshold - 0.35, threshold + 0.5)
-        albedo = _mix(albedo, tissue.patch, patches)
+        patches = 0.8 * smoothstep(patch_field, threshold - 0.35, threshold + 0.5)
+        albedo = mix_colour(albedo, tissue.patch, patches)
         albedo *= (1.0 + 0.12 * tissue.roughness * (0.6 * mid + 0.6 * fine))[..., None]
 
         relief = tissue.folds * (1.3 * broad + 0.5 * mid) + 0.2 * tissue.roughness * fine
         relief += 0.25 * patches
         if tissue.cells > 0:
-            network = np.abs(_value_noise(rng, ch, cw, 14 * scale, 1))
-            lines = 1.0 - _smoothstep(network, 0.0, 0.18)
-            albedo = _mix(albedo, tissue.dark, tissue.cells * 0.6 * lines)
+            network = np.abs(value_noise(rng, ch, cw, 14 * scale, 1))
+            lines = 1.0 - smoothstep(network, 0.0, 0.18)
+            albedo = mix_colour(albedo, tissue.dark, tissue.cells * 0.6 * lines)
             relief -= 0.3 * tissue.cells * lines
         if tissue.speckle > 0:
-            dots = _value_noise(rng, ch, cw, 40 * scale, 1) + 0.8 * mid
+            dots = value_noise(rng, ch, cw, 40 * scale, 1) + 0.8 * mid
             cutoff = float(np.quantile(dots, 1 - tissue.speckle))
-            speckles = _smoothstep(dots, cutoff, cutoff + 0.3)
-            albedo = _mix(albedo, (0.12, 0.11, 0.13), 0.85 * speckles)
+            speckles = smoothstep(dots, cutoff, cutoff + 0.3)
+            albedo = mix_colour(albedo, (0.12, 0.11, 0.13), 0.85 * speckles)
 
         vessels = np.zeros((ch, cw), np.float32)
         for _ in range(tissue.vessels):
             _draw_vessel_tree(rng, vessels, frame_h)
         vessels = cv2.GaussianBlur(vessels, (0, 0), max(0.7, frame_h / 110))
-        albedo = _mix(albedo, tissue.vessel, np.clip(vessels, 0, 1) * 0.6)
+        albedo = mix_colour(albedo, tissue.vessel, np.clip(vessels, 0, 1) * 0.6)
         relief += 0.3 * vessels
         # Fine wet bumps: only shape the specular highlights (see _shade).
-        wet = _smoothstep(_value_noise(rng, ch, cw, 2 * scale, 2), 0.2, 1.6)
-        bumps = _value_noise(rng, ch, cw, 9 * scale, 2) * wet
+        wet = smoothstep(value_noise(rng, ch, cw, 2 * scale, 2), 0.2, 1.6)
+        bumps = value_noise(rng, ch, cw, 9 * scale, 2) * wet
         relief = np.stack([relief, bumps], axis=-1)  # (ch, cw, 2)
         return np.clip(albedo, 0, 1), relief.astype(np.float32)
 
@@ -154,18 +154,18 @@ def _add_clutter(
     albedo = luminance[..., None] + saturation * (albedo - luminance[..., None])
     albedo = albedo * rng.uniform(*clutter.brightness)
 
-    sheet_field = _value_noise(rng, ch, cw, 2.5 * scale, 3, stretch=0.6)
-    streaks = _value_noise(rng, ch, cw, 10 * scale, 2, stretch=0.35)
+    sheet_field = value_noise(rng, ch, cw, 2.5 * scale, 3, stretch=0.6)
+    streaks = value_noise(rng, ch, cw, 10 * scale, 2, stretch=0.35)
     cutoff = float(np.quantile(sheet_field, 1 - clutter.fascia_share))
-    sheets = _smoothstep(sheet_field, cutoff - 0.2, cutoff + 0.4) * np.clip(
+    sheets = smoothstep(sheet_field, cutoff - 0.2, cutoff + 0.4) * np.clip(
         0.75 + 0.2 * streaks, 0, 1
     )
-    albedo = _mix(albedo, clutter.fascia, sheets)
+    albedo = mix_colour(albedo, clutter.fascia, sheets)
 
-    marks = _value_noise(rng, ch, cw, 18 * scale, 2) + 0.6 * _value_noise(rng, ch, cw, 4 * scale, 1)
+    marks = value_noise(rng, ch, cw, 18 * scale, 2) + 0.6 * value_noise(rng, ch, cw, 4 * scale, 1)
     cutoff = float(np.quantile(marks, 1 - clutter.char_share))
-    char = _smoothstep(marks, cutoff, cutoff + 0.25)
-    albedo = _mix(albedo, clutter.char, 0.9 * char)
+    char = smoothstep(marks, cutoff, cutoff + 0.25)
+    albedo = mix_colour(albedo, clutter.char, 0.9 * char)
 
     relief[..., 0] += 0.2 * sheets - 0.2 * char  # the scene's own canvas: changed in place
     return np.clip(albedo, 0, 1).astype(np.float32), relief

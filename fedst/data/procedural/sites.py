@@ -443,7 +443,7 @@ def video_ids(site: str, preset: Preset) -> dict[str, list[str]]:
     return ids
 
 
-def _check_version(version: int) -> None:
+def check_version(version: int) -> None:
     if version not in GENERATOR_VERSIONS:
         raise DataError(
             f"unknown generator version {version!r}; choose one of {sorted(GENERATOR_VERSIONS)} "
@@ -451,7 +451,7 @@ def _check_version(version: int) -> None:
         )
 
 
-def _check_names(preset: str, sites: Sequence[str]) -> None:
+def check_names(preset: str, sites: Sequence[str]) -> None:
     if preset not in PRESETS:
         raise DataError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     unknown = [s for s in sites if s not in SITES]

@@ -33,8 +33,8 @@ from fedst.data.procedural.sites import (
     PRESETS,
     SITES,
     Preset,
-    _check_names,
-    _check_version,
+    check_names,
+    check_version,
     video_ids,
 )
 from fedst.progress import progress_bar
@@ -238,8 +238,8 @@ def generate(
     frame counts per split, total ``frames`` and whether it was ``generated`` in this call.
     """
     names = list(SITES) if sites is None else list(sites)
-    _check_names(preset, names)
-    _check_version(version)
+    check_names(preset, names)
+    check_version(version)
     spec = PRESETS[preset]
     out = Path(out)
     with _generation_lock(out):
@@ -310,8 +310,8 @@ def generate_oracle_split(
     ``preset``, for diagnosis only (an oracle trained on the site's domain). Refused when ``out``
     holds a benchmark site (it must never become part of a federation's data folder). Returns the
     counts of :func:`generate`."""
-    _check_names(preset, [site])
-    _check_version(version)
+    check_names(preset, [site])
+    check_version(version)
     spec = PRESETS[preset]
     out = Path(out)
     if not spec.sites[site].test.videos or spec.sites[site].train.videos:

@@ -14,15 +14,15 @@ from typing import Any
 
 import torch
 
-from fedst import plots, report, results
 from fedst.accel import device_name
 from fedst.experiment import resolve_device
-from fedst.experiments.planning import Plan, PlannedRun
-from fedst.experiments.tables import Row, RunnerError, synthetic_in_training
 from fedst.federation.run_io import atomic_write_text, load_config
 from fedst.federation.site_data import open_site_data
+from fedst.paper.planning import Plan, PlannedRun
+from fedst.paper.tables import Row, RunnerError, synthetic_in_training
+from fedst.report import plots, results, tables
 
-log = logging.getLogger("fedst.experiments")
+log = logging.getLogger("fedst.paper")
 
 # -- Table IX: training time and inference speed --------------------------------------------------
 
@@ -186,16 +186,16 @@ def build_tables(
     order = list(dict.fromkeys(row.label for row in spec.rows if row in {r.row for r in plan.runs}))
     builders: dict[str, Callable[[Sequence[dict]], list[tuple[str, results.Table]]]] = {
         "sites": lambda rs: [
-            (": Dice, IoU", report.sites_table(rs, ("dice", "iou"))),
-            (": HD95, ASSD", report.sites_table(rs, ("hd95", "assd"))),
-            ("", report.sites_table(rs)),
+            (": Dice, IoU", tables.sites_table(rs, ("dice", "iou"))),
+            (": HD95, ASSD", tables.sites_table(rs, ("hd95", "assd"))),
+            ("", tables.sites_table(rs)),
         ],
-        "outfed": lambda rs: [("", report.outfed_table(rs, sites=[spec.site or ""]))],
-        "dice": lambda rs: [("", report.dice_table(rs, spec.name, spec.caption))],
+        "outfed": lambda rs: [("", tables.outfed_table(rs, sites=[spec.site or ""]))],
+        "dice": lambda rs: [("", tables.dice_table(rs, spec.name, spec.caption))],
         "efficiency": lambda rs: [("", _efficiency_table(rs, plan, fps))],
         "curves": lambda rs: [
             (f": {panel}" if panel else "", table)
-            for panel, table in report.curve_tables(results.group_by_method(rs))
+            for panel, table in tables.curve_tables(results.group_by_method(rs))
         ],
         "paired": lambda rs: [("", _paired_table(plan, grouped))],
     }
@@ -221,7 +221,7 @@ def _paired_table(plan: Plan, grouped: dict[Row, list[dict]]) -> results.Table:
         without, with_synthetic = pairs.setdefault(row.label, ([], []))
         if row in uses_synthetic:
             (with_synthetic if uses_synthetic[row] else without).extend(grouped.get(row, []))
-    return report.paired_dice_table(
+    return tables.paired_dice_table(
         pairs, plan.spec.name, plan.spec.caption, outfed=[plan.spec.site or ""]
     )
 
@@ -266,7 +266,7 @@ def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -
         except Exception as err:  # the row shows n/a for this run's FPS and says why
             log.exception("FPS of %s not measured", run["path"])
             unmeasured.append(f"* FPS of {run['path']} not measured: {type(err).__name__}: {err}")
-    columns, values = report.comm_columns()
+    columns, values = tables.comm_columns()
     columns += [
         results.Column("local_minutes", "Local training (min)"),
         results.Column("server_minutes", "Server (min)"),
@@ -281,7 +281,7 @@ def _efficiency_table(runs: Sequence[dict], plan: Plan, settings: FpsSettings) -
     ]
     table = results.build_table(plan.spec.name, plan.spec.caption, runs, columns, values)
     table.notes = [
-        f"* Communication: parameter values (fp32) per site and round; {report.SIZE_NOTE}.",
+        f"* Communication: parameter values (fp32) per site and round; {tables.SIZE_NOTE}.",
         "* Training time: sum over rounds of every site's local round and of the server step "
         "(aggregation, SERQ), from train.jsonl; the in-process engine runs the sites one after "
         "the other. The synthetic pre-training every method starts from is not included.",
@@ -343,13 +343,13 @@ def _plot_curves(plan: Plan, png: Path) -> list[Path]:
         log.warning("%s: no finished run, no plot", plan.spec.name)
         return []
     colors = {row.label: row.marks[0] for row in plan.spec.rows if row.marks}
-    return [plots.plot_learning_curves(report.curve_series(grouped), png, colors=colors)]
+    return [plots.plot_learning_curves(tables.curve_series(grouped), png, colors=colors)]
 
 
 def _plot_pairs(table: results.Table, png: Path) -> Path:
     """Fig. 7's layout: a panel per site (federated, Avg., out of federation), the methods along
     x, a lighter bar without and a darker bar with synthetic data."""
-    without, with_synthetic = report.PAIR_VARIANTS
+    without, with_synthetic = tables.PAIR_VARIANTS
     panels = {}
     for column in table.columns:  # keys <metric>_<site | avg>_<variant>
         if column.key.endswith(f"_{without}"):

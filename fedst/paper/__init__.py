@@ -1,7 +1,7 @@
 """One command per table of the paper: train the runs a table needs, then write the table.
 
-    python -m fedst.experiments table2 [--dry-run] [seeds=0,1,2] [experiment=demo]
-    python -m fedst.experiments table4 [--runs runs] [--out results] [rows=table4_row2_ts]
+    python -m fedst.paper table2 [--dry-run] [seeds=0,1,2] [experiment=demo]
+    python -m fedst.paper table4 [--runs runs] [--out results] [rows=table4_row2_ts]
 
 The table (first argument) is one of :data:`TABLES`: ``table2`` (sites A-D: Dice / IoU / HD95 / ASSD per site and
 Avg.), ``table3`` (site E, out of federation), ``table8`` (GraSP, binary), ``table9``
@@ -34,7 +34,7 @@ in the table as "n/a" with 0 runs and a note saying why; it is never dropped. A 
 logged, the others still run, its row shows the runs that finished, and the command exits with 1.
 The tables (markdown and CSV) go to ``<out>/<experiment name>/<TABLE>.md|csv`` (``<out>``:
 ``results``, or ``<runs>/results`` when ``--runs`` is not the default): mean ± sample std
-over seeds (fedst/results.py, fedst/report.py); Figs. 5, 6 and 7 also write ``<TABLE>.png`` there. ``--dry-run``
+over seeds (fedst/report/results.py, fedst/report/tables.py); Figs. 5, 6 and 7 also write ``<TABLE>.png`` there. ``--dry-run``
 lists every run, its state and the overrides the row adds, and trains nothing.
 
 Seeds and rows are the runner's own keys (``seeds=0,1,2``, ``rows=local,fedavg``); every other
@@ -47,8 +47,8 @@ The package reads top to bottom: ``tables.py`` (what each table needs: rows and 
 speed, the tables and figures), ``cli.py`` (the command).
 """
 
-from fedst.experiments.cli import DEFAULT_RUNS, main, tables_root
-from fedst.experiments.planning import (
+from fedst.paper.cli import DEFAULT_RUNS, main, tables_root
+from fedst.paper.planning import (
     LABEL_KEYS,
     Plan,
     PlannedRun,
@@ -58,8 +58,8 @@ from fedst.experiments.planning import (
     parse_arguments,
     plan_table,
 )
-from fedst.experiments.tables import TABLES, Row, RunnerError, TableSpec, synthetic_in_training
-from fedst.experiments.writing import FpsSettings, build_tables, measure_fps, write_outputs
+from fedst.paper.tables import TABLES, Row, RunnerError, TableSpec, synthetic_in_training
+from fedst.paper.writing import FpsSettings, build_tables, measure_fps, write_outputs
 
 __all__ = [
     "DEFAULT_RUNS",

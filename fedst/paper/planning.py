@@ -13,12 +13,12 @@ from typing import Any
 from fedst.cli import CONFIG_DIR, compose_experiment, learning_differences, setup_logging
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
-from fedst.experiments.tables import DEFAULT_SEEDS, REFUSED_KEYS, Row, RunnerError, TableSpec
 from fedst.federation.run_io import load_config
 from fedst.federation.server import SERVER_CHECKPOINT
+from fedst.paper.tables import DEFAULT_SEEDS, REFUSED_KEYS, Row, RunnerError, TableSpec
 from fedst.training import run_training
 
-log = logging.getLogger("fedst.experiments")
+log = logging.getLogger("fedst.paper")
 
 # -- runs: planned, done, to resume, to train -----------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Finished runs as data: run directories found and loaded (config, metrics, communication,
 final scores), grouped by method, summarised as mean ± std over seeds, and the table model the
 reports and plots share (:class:`Table`, :class:`Stat`). The tables in the paper's layouts are
-built from these by :mod:`fedst.report`, the figures by :mod:`fedst.plots`.
+built from these by :mod:`fedst.report.tables`, the figures by :mod:`fedst.report.plots`.
 
 Runs of one method (several seeds) are summarised as ``mean ± std``; the std is the sample
 standard deviation (``ddof=1``, the usual choice for a few repeated seeds as in the paper's three);

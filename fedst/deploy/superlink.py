@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedst.deploy.credentials import _require, site_key_path
+from fedst.deploy.credentials import require_file, site_key_path
 from fedst.deploy.processes import (
     APP_DIR,
     BIN,
@@ -69,7 +69,7 @@ def superlink_command(dcfg: DeployConfig, certs: Path | None) -> list[str]:
 def register_sites(sites: Sequence[str], keys: Path, env: dict[str, str]) -> None:
     """``flwr supernode register`` every site's public key (only registered keys may join)."""
     for site in sites:
-        public = _require(
+        public = require_file(
             site_key_path(keys, site).with_suffix(".pub"),
             f"site {site}'s public key",
             f"copy the hospital's {site}_key.pub there (made by python -m fedst.deploy key "
@@ -114,7 +114,7 @@ def superlink(sites: Sequence[str], dcfg: DeployConfig, log_dir: Path) -> Iterat
     if not dcfg.insecure:
         certs = Path(dcfg.certs)
         for name in ("ca.crt", "server.pem", "server.key"):
-            _require(
+            require_file(
                 certs / name,
                 "TLS file",
                 "make certificates with python -m fedst.deploy certs --out <folder> --hosts "

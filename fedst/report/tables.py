@@ -14,11 +14,11 @@ CLI::
     python -m fedst.report msf RUN_DIR [RUN_DIR ...] [--out DIR]
     python -m fedst.report matrix RUN_DIR [--out DIR]
 
-``msf`` and ``matrix``: fedst/report_selection.py.
+``msf`` and ``matrix``: fedst/report/selection.py.
 
 A RUN_DIR may also be a Hydra multirun directory: every run directory below it is used. A row
 pools only runs whose configs differ in the seed alone; runs of one method that differ otherwise
-get rows of their own (:func:`fedst.results.group_by_method` says why). A folder that is not a
+get rows of their own (:func:`fedst.report.results.group_by_method` says why). A folder that is not a
 finished run is an error naming it, or with ``--skip-incomplete`` skipped in one warning line.
 Every score is printed rounded once from its unrounded value (:func:`fedst.metrics.format_score`).
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from fedst import units
-from fedst.results import (
+from fedst.report.results import (
     AVERAGE_PANEL,
     METRIC_LABELS,
     STD_DDOF,
@@ -407,7 +407,7 @@ def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
 
 
 def _usage() -> str:
-    from fedst.report_selection import RULE_ORDER
+    from fedst.report.selection import RULE_ORDER
 
     prog = "python -m fedst.report"
     return (
@@ -418,7 +418,7 @@ def _usage() -> str:
 
 
 def _epilog() -> str:
-    from fedst.report_selection import SUBCOMMANDS
+    from fedst.report.selection import SUBCOMMANDS
 
     width = max(map(len, SUBCOMMANDS))
     lines = [f"  {name:<{width}}  {text}" for name, text in SUBCOMMANDS.items()]
@@ -445,14 +445,14 @@ def default_out(run_dirs: Sequence[str | Path], runs: Sequence[dict]) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     """Print the markdown tables of the given runs and write tables (and plots) to ``--out``;
-    ``msf`` and ``matrix`` as first argument: fedst/report_selection.py."""
+    ``msf`` and ``matrix`` as first argument: fedst/report/selection.py."""
     import sys
 
-    from fedst import report_selection
+    from fedst.report import selection
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in report_selection.SUBCOMMANDS:
-        return report_selection.main(argv)
+    if argv and argv[0] in selection.SUBCOMMANDS:
+        return selection.main(argv)
     parser = argparse.ArgumentParser(
         prog="python -m fedst.report",
         usage=_usage(),
@@ -479,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     out = Path(args.out) if args.out else default_out(args.run_dirs, runs)
     written = write_tables(runs, out)
     if not args.no_plots:
-        from fedst import plots
+        from fedst.report import plots
 
         groups = group_by_method(runs)
         written.append(
@@ -501,9 +501,3 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     for path in written:
         print(f"wrote {path}")
     return written
-
-
-if __name__ == "__main__":
-    from fedst.errors import run_entry_point
-
-    run_entry_point(main, "python -m fedst.report")

@@ -1,5 +1,5 @@
 """The deployed ServerApp (``flwr run .``, pyproject.toml's ``serverapp``): it reads the run
-config that ``train_fed.py site=server`` passes (fedst/deploy/server.py), prepares or resumes the run
+config that ``train_fed.py site=server`` passes (fedst/deploy/superlink.py), prepares or resumes the run
 directory, runs :func:`fedst.app.server_app.run_federation` over Flower's grid and finalizes the
 run on the server."""
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from fedst.app.nodes import site_node_config
-from fedst.deploy.credentials import _require, site_key_path
+from fedst.deploy.credentials import require_file, site_key_path
 from fedst.deploy.processes import BIN, DeploymentError, process_env, start, stop_child
 from fedst.experiment import DeployConfig, ExperimentConfig
 
@@ -57,12 +57,12 @@ def supernode_command(
     if dcfg.insecure:
         return [*command, "--insecure"]
     certs, keys = Path(dcfg.certs), Path(dcfg.keys)
-    ca = _require(
+    ca = require_file(
         certs / "ca.crt",
         "the server's CA certificate",
         "copy ca.crt from the server's admin into deploy.certs",
     )
-    key = _require(
+    key = require_file(
         site_key_path(keys, site),
         f"site {site}'s private key",
         f"make it with python -m fedst.deploy key --out {keys} --site {site} and send "

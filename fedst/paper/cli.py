@@ -11,11 +11,11 @@ from pathlib import Path
 
 from fedst.cli import setup_logging
 from fedst.config import ConfigError
-from fedst.experiments.planning import describe, execute, parse_arguments, plan_table
-from fedst.experiments.tables import TABLES, RunnerError
-from fedst.experiments.writing import FpsSettings, build_tables, write_outputs
+from fedst.paper.planning import describe, execute, parse_arguments, plan_table
+from fedst.paper.tables import TABLES, RunnerError
+from fedst.paper.writing import FpsSettings, build_tables, write_outputs
 
-log = logging.getLogger("fedst.experiments")
+log = logging.getLogger("fedst.paper")
 
 DESCRIPTION = (
     "One command per table of the paper: train the runs a table needs, then write the table."
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokens = list(sys.argv[1:] if argv is None else argv)
     key_values = [t for t in tokens if "=" in t and not t.startswith("-")]  # anywhere on the line
     parser = argparse.ArgumentParser(
-        prog="python -m fedst.experiments",
+        prog="python -m fedst.paper",
         usage="%(prog)s TABLE [--dry-run] [--runs DIR] [--out DIR] [--fps-*] [seeds=0,1,2] "
         "[rows=NAME,NAME] [Hydra overrides]",
         description=DESCRIPTION,
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="root of the tables (default: results, or <runs>/results with another --runs)",
     )
     # the FPS column of table9: each run's model of its first federated site streams that site's
-    # test videos frame by frame (batch 1, on the run's train.device; fedst.experiments.writing)
+    # test videos frame by frame (batch 1, on the run's train.device; fedst.paper.writing)
     parser.add_argument(
         "--fps-frames",
         type=int,

@@ -1,5 +1,5 @@
 """Figures: learning curves (paper Fig. 5), communication, per-site comparison bars, and
-qualitative overlays (Figs. 3/4). Matplotlib with the Agg backend; each ``*_figure`` function
+qualitative overlays (Figs. 3/4). Matplotlib with the Agg backend; each ``*new_figure`` function
 builds the matplotlib Figure (tests read its data) and the matching ``plot_*`` / ``qualitative_grid``
 writes it as a PNG and returns the path.
 
@@ -19,7 +19,7 @@ from matplotlib.patches import Patch
 
 from fedst import units
 from fedst.data.base import IGNORE_INDEX
-from fedst.results import (
+from fedst.report.results import (
     AVERAGE_PANEL,
     METRIC_LABELS,
     STD_DDOF,
@@ -60,7 +60,7 @@ DPI = 120
 MetricRows = Sequence[Mapping]
 
 
-def _figure(
+def new_figure(
     nrows: int, ncols: int, figsize: tuple[float, float], **kwargs
 ) -> tuple[Figure, np.ndarray]:
     """A pyplot-free figure and its axes as a 2-D array [nrows, ncols]."""
@@ -69,7 +69,7 @@ def _figure(
     return fig, axes
 
 
-def _save(fig: Figure, out_png: str | Path) -> Path:
+def save_figure(fig: Figure, out_png: str | Path) -> Path:
     path = Path(out_png)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
@@ -98,7 +98,7 @@ def learning_curves(
     model: str | None = None,
 ) -> dict[str, dict[str, Curve]]:
     """{label: {"Average" | site: (rounds, mean, std)}}: the data of :func:`plot_learning_curves`,
-    the per-round values of :func:`fedst.results.curve_values` summarised over seeds."""
+    the per-round values of :func:`fedst.report.results.curve_values` summarised over seeds."""
     series = dict(metrics_rows) if isinstance(metrics_rows, Mapping) else {"run": metrics_rows}
     return {
         label: {
@@ -118,7 +118,7 @@ def plot_learning_curves(
     colors: Mapping[str, str] | None = None,
 ) -> Path:
     """Write :func:`learning_curves_figure` to ``out_png``."""
-    return _save(learning_curves_figure(metrics_rows, metric, model, colors), out_png)
+    return save_figure(learning_curves_figure(metrics_rows, metric, model, colors), out_png)
 
 
 def learning_curves_figure(
@@ -141,7 +141,7 @@ def learning_curves_figure(
             f"no test rows with a site and {metric!r} to plot in {list(curves)} (model={model!r})"
         )
     panel_names = [AVERAGE_PANEL, *sites]
-    fig, grid = _figure(1, len(panel_names), (3.4 * len(panel_names), 3.2), sharey=True)
+    fig, grid = new_figure(1, len(panel_names), (3.4 * len(panel_names), 3.2), sharey=True)
     axes = grid[0]
     for label, panels in curves.items():
         color = (colors or {}).get(label)
@@ -171,7 +171,7 @@ def plot_communication(
     comm_rows: Sequence[Mapping], out_png: str | Path, title: str | None = None
 ) -> Path:
     """Write :func:`communication_figure` to ``out_png``."""
-    return _save(communication_figure(comm_rows, title), out_png)
+    return save_figure(communication_figure(comm_rows, title), out_png)
 
 
 def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None) -> Figure:
@@ -188,7 +188,7 @@ def communication_figure(comm_rows: Sequence[Mapping], title: str | None = None)
     sites = sorted({str(r["site"]) for r in comm_rows})
     rounds = sorted({int(r["round"]) for r in comm_rows})
     round_index = {t: i for i, t in enumerate(rounds)}
-    fig, grid = _figure(1, 2, (10, 3.4), sharex=True)
+    fig, grid = new_figure(1, 2, (10, 3.4), sharex=True)
     for ax, key, name in zip(
         grid[0], ("upload_bytes", "download_bytes"), ("Upload", "Download"), strict=True
     ):
@@ -235,7 +235,7 @@ def plot_serq(train_rows: Sequence[Mapping], out_png: str | Path) -> Path | None
     rows = [
         r for r in train_rows if r.get("site") == "server" and r.get("descriptor_rms") is not None
     ]
-    return _save(serq_figure(rows), out_png) if rows else None
+    return save_figure(serq_figure(rows), out_png) if rows else None
 
 
 def serq_figure(server_rows: Sequence[Mapping]) -> Figure:
@@ -244,7 +244,7 @@ def serq_figure(server_rows: Sequence[Mapping]) -> Figure:
     server pull ||gamma after SC - gamma_agg|| / ||gamma_agg - gamma_g^t||."""
     rows = sorted(server_rows, key=lambda r: int(r["round"]))
     rounds = [int(r["round"]) for r in rows]
-    fig, grid = _figure(1, 3, (13, 3.4))
+    fig, grid = new_figure(1, 3, (13, 3.4))
     magnitudes, losses, pull = grid[0]
     for key, label in SERQ_MAGNITUDES:
         magnitudes.plot(rounds, [r[key] for r in rows], marker=".", label=label)
@@ -265,14 +265,14 @@ def serq_figure(server_rows: Sequence[Mapping]) -> Figure:
 
 def plot_setting_curves(table: Table, out_png: str | Path, xlabel: str) -> Path:
     """Write :func:`setting_curves_figure` to ``out_png``."""
-    return _save(setting_curves_figure(table, xlabel), out_png)
+    return save_figure(setting_curves_figure(table, xlabel), out_png)
 
 
 def setting_curves_figure(table: Table, xlabel: str) -> Figure:
     """One line per column of ``table`` (e.g. Dice of each site, Avg., E) over its rows (the
     settings, e.g. Fig. 6's communication intervals), mean ± std over seeds; rows without runs
     are gaps."""
-    fig, axes = _figure(1, 1, (7, 3.6))
+    fig, axes = new_figure(1, 1, (7, 3.6))
     ax = axes[0, 0]
     labels = list(table.rows)
     x = np.arange(len(labels))
@@ -296,7 +296,7 @@ def plot_paired_bars(
     legend: tuple[str, str],
 ) -> Path:
     """Write :func:`paired_bars_figure` to ``out_png``."""
-    return _save(paired_bars_figure(table, panels, legend), out_png)
+    return save_figure(paired_bars_figure(table, panels, legend), out_png)
 
 
 def paired_bars_figure(
@@ -313,7 +313,7 @@ def paired_bars_figure(
     labels = list(table.rows)
     ncols = min(3, len(panels))
     nrows = -(-len(panels) // ncols)
-    fig, grid = _figure(
+    fig, grid = new_figure(
         nrows, ncols, (max(4.0, 0.55 * len(labels) + 1.5) * ncols, 3.4 * nrows), sharey=True
     )
     x = np.arange(len(labels))
@@ -347,7 +347,7 @@ def _mib_to_mb(mib: float) -> float:
 
 def plot_comparison(runs: Sequence[dict], out_png: str | Path, metric: str = "dice") -> Path:
     """Write :func:`comparison_figure` to ``out_png``."""
-    return _save(comparison_figure(runs, metric), out_png)
+    return save_figure(comparison_figure(runs, metric), out_png)
 
 
 def comparison_figure(runs: Sequence[dict], metric: str = "dice") -> Figure:
@@ -357,7 +357,7 @@ def comparison_figure(runs: Sequence[dict], metric: str = "dice") -> Figure:
     categories = [*sites, "Avg.", *outfed]
     groups = group_by_method(runs)
     width = 0.8 / max(len(groups), 1)
-    fig, grid = _figure(1, 1, (max(6.0, 0.45 * len(categories) * len(groups) + 3), 3.6))
+    fig, grid = new_figure(1, 1, (max(6.0, 0.45 * len(categories) * len(groups) + 3), 3.6))
     ax = grid[0, 0]
     for i, (method, group) in enumerate(groups.items()):
         stats: list[Stat | None] = []
@@ -431,7 +431,7 @@ def qualitative_grid(
     alpha: float = 0.5,
 ) -> Path:
     """Write :func:`qualitative_figure` to ``out_png``."""
-    return _save(qualitative_figure(rows, binary, alpha), out_png)
+    return save_figure(qualitative_figure(rows, binary, alpha), out_png)
 
 
 def qualitative_figure(rows: Sequence[tuple], binary: bool = False, alpha: float = 0.5) -> Figure:
@@ -454,7 +454,7 @@ def qualitative_figure(rows: Sequence[tuple], binary: bool = False, alpha: float
     columns = ["Image", "Ground truth", *methods]
     height, width = np.asarray(rows[0][1]).shape[:2]
     cell = 2.4
-    fig, axes = _figure(
+    fig, axes = new_figure(
         len(rows), len(columns), (cell * len(columns), cell * height / width * len(rows) + 0.6)
     )
     palettes: dict[str, dict[int, tuple[str, tuple[int, int, int]]]] = {}

@@ -39,7 +39,7 @@ import numpy as np
 from fedst.experiment import ExperimentConfig
 from fedst.federation.run_io import load_config, read_jsonl
 from fedst.metrics import format_score
-from fedst.results import RunError
+from fedst.report.results import RunError
 from fedst.selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ def dad_markdown(guards: Mapping[Path, Mapping[str, Any]]) -> str:
 
 def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
     """Validation (solid) and test (dashed) Dice per site against the round, chosen rounds marked."""
-    from fedst.plots import _figure, _save
+    from fedst.report.plots import new_figure, save_figure
 
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     val = validation_rows(run_dir)
@@ -271,7 +271,7 @@ def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
     held_out = record.get("held_out_site")
     if held_out:
         panels.append(held_out)
-    fig, axes = _figure(1, len(panels), figsize=(3.2 * len(panels), 3.0), sharey=True)
+    fig, axes = new_figure(1, len(panels), figsize=(3.2 * len(panels), 3.0), sharey=True)
     styles = {"last": ("grey", ":"), "mixed": ("tab:blue", "--"), "cbe": ("tab:red", "-.")}
     for ax, site in zip(axes[0], panels, strict=True):
         model = OUTFED_MODEL if site == held_out else "personal"
@@ -304,7 +304,7 @@ def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("Dice (%)")
     fig.suptitle(f"{run_dir.name}: validation and test curves, selected rounds", fontsize=9)
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def msf_report(run_dirs: Sequence[Path], out: Path, progress: bool = False) -> list[Path]:
@@ -469,12 +469,12 @@ def matrix_markdown(matrix: Mapping[str, Any], metric: str = "dice") -> str:
 
 
 def plot_matrix(matrix: Mapping[str, Any], out_png: Path, metric: str = "dice") -> Path:
-    from fedst.plots import _figure, _save
+    from fedst.report.plots import new_figure, save_figure
 
     values = np.array(
         [[np.nan if v is None else v for v in row] for row in matrix[metric]], dtype=float
     )
-    fig, axes = _figure(
+    fig, axes = new_figure(
         1, 1, figsize=(1.0 + 0.9 * len(matrix["sites"]), 1.0 + 0.6 * len(matrix["models"]))
     )
     ax = axes[0][0]
@@ -495,7 +495,7 @@ def plot_matrix(matrix: Mapping[str, Any], out_png: Path, metric: str = "dice") 
                 color="white" if np.isnan(value) or value < 50 else "black",
             )
     fig.colorbar(image, ax=ax, label=f"{metric} (%)")
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def matrix_report(
