@@ -37,8 +37,9 @@ from fedst.cli import (
     unknown_key_error,
 )
 from fedst.config import ConfigError, build
-from fedst.experiment import UNSEEN_INDICATOR_RULES, ExperimentConfig, resolve_device
-from fedst.federation.run_io import load_config
+from fedst.experiment import UNSEEN_INDICATOR_RULES, resolve_device
+from fedst.runs import Run
+from fedst.runs.files import load_config
 
 register_resolvers()
 log = logging.getLogger("eval_outfed")
@@ -130,7 +131,7 @@ def evaluate(cfg: DictConfig) -> None:
                 f"guard={options.guard}: guard=dad scores configured sites (sites=[...]) with the "
                 "DAD-corrected out-of-federation model; a new site (site_root) has no correction"
             )
-        _evaluate_guarded(experiment, run_dir, options)
+        _evaluate_guarded(Run(run_dir, experiment), options)
         return
     if options.site_root is not None:
         if options.sites is not None:
@@ -138,14 +139,10 @@ def evaluate(cfg: DictConfig) -> None:
                 f"sites={list(options.sites)} and site_root={options.site_root}: score either "
                 "configured sites or one new site per call"
             )
-        site = open_new_site(
-            experiment,
-            Path(options.site_root),
-            options.site_name,
-            options.surgery_type,
-        )
+        run = Run(run_dir, experiment)
+        site = open_new_site(run, Path(options.site_root), options.site_name, options.surgery_type)
         _, record = evaluate_new_site(
-            experiment, run_dir, site, resolve_device(experiment.train.device), options.progress
+            run, site, resolve_device(experiment.train.device), options.progress
         )
         path, line = write_new_site_result(run_dir, record)
         print(line)
@@ -155,30 +152,29 @@ def evaluate(cfg: DictConfig) -> None:
         raise ConfigError("site_name and surgery_type describe a new site: give site_root too")
     if options.sites is None:
         finalize_run(
-            experiment, run_dir, progress=options.progress, qualitative=options.qualitative
+            Run(run_dir, experiment), progress=options.progress, qualitative=options.qualitative
         )
         print(tables.comparison_table(results.load_runs([run_dir])).to_markdown())
         return
-    results = evaluate_out_of_federation(
-        experiment,
-        run_dir,
+    scored = evaluate_out_of_federation(
+        Run(run_dir, experiment),
         resolve_device(experiment.train.device),
         sites=options.sites,
         progress=options.progress,
     )
-    summary = {site: result.summary for site, result in results.items()}
+    summary = {site: result.summary for site, result in scored.items()}
     _write_summary(summary, run_dir / f"outfed_{'_'.join(options.sites)}.json")
 
 
-def _evaluate_guarded(experiment: ExperimentConfig, run_dir: Path, options: EvalOptions) -> None:
+def _evaluate_guarded(run: Run, options: EvalOptions) -> None:
     """guard=dad: the DAD-corrected out-of-federation model on the chosen sites."""
     from fedst.guard import evaluate_guarded_sites
 
-    sites = tuple(experiment.data.out_of_federation) if options.sites is None else options.sites
+    sites = tuple(run.cfg.data.out_of_federation) if options.sites is None else options.sites
     summary = evaluate_guarded_sites(
-        experiment, run_dir, sites, resolve_device(experiment.train.device), options.progress
+        run, sites, resolve_device(run.cfg.train.device), options.progress
     )
-    _write_summary(summary, run_dir / f"outfed_dad_{'_'.join(sites)}.json")
+    _write_summary(summary, run.dir / f"outfed_dad_{'_'.join(sites)}.json")
 
 
 def _write_summary(summary: dict, out: Path) -> None:

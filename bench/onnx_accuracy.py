@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def sites_of(args: argparse.Namespace) -> list[str]:
-    from fedst.federation.run_io import load_config
+    from fedst.runs.files import load_config
 
     cfg = load_config(args.run)
     return list(args.sites or [*cfg.data.federation, *cfg.data.out_of_federation])
@@ -89,7 +89,7 @@ def sites_of(args: argparse.Namespace) -> list[str]:
 
 def site_accuracy(args: argparse.Namespace, site: str, folder: Path) -> SiteAccuracy:
     """Export ``site``'s model as fp32 and int8 into ``folder`` and score both on its test set."""
-    from fedst.federation.run_io import load_config
+    from fedst.runs.files import load_config
 
     federated = site in load_config(args.run).data.federation
     model_site, prompt = (site, None) if federated else (OUTFED, site)

@@ -44,19 +44,17 @@ import torch
 
 from fedst.experiment import ExperimentConfig, resolve_device
 from fedst.federation.evaluation import evaluate_model, native_class_map, predict_test_frames
-from fedst.federation.returned import build_returned_model, returned_shared, sample_weighted
-from fedst.federation.run_io import load_config
 from fedst.federation.site_data import open_site_data
-from fedst.methods import method_of
 from fedst.model.channel_selection import ChannelSelection
 from fedst.model.network import FedSTNet
 from fedst.model.state import load_subset
 from fedst.model.temporal import TemporalCrossAttention
-from fedst.outfed import (
-    averaged_model,
-    global_shared_state,
-    load_server_checkpoint,
-    load_site_state,
+from fedst.runs import Run
+from fedst.runs.returned import (
+    build_returned_model,
+    returned_shared,
+    site_model,
+    weighted_by_samples,
 )
 
 log = logging.getLogger("outfed_diagnostic")
@@ -174,42 +172,42 @@ def mean_gates(model: FedSTNet, dataset, indicator, device) -> dict[str, torch.T
 # -- the rows -------------------------------------------------------------------------------------
 
 
-def fedst_probes(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> Iterator[Probe]:
+def fedst_probes(run: Run, device: torch.device) -> Iterator[Probe]:
     """The rows of one FedST-like run (module docstring), built lazily, one model at a time."""
-    method = method_of(cfg)
+    cfg, method = run.cfg, run.method
     indicators = method.indicators()
     federation = list(cfg.data.federation)
     dim = cfg.indicator.dim
     zeros = torch.zeros(dim)
-    checkpoint = load_server_checkpoint(run_dir)
-    states = {s: load_site_state(run_dir, s, checkpoint["round"]) for s in federation}
-    global_shared = global_shared_state(cfg, checkpoint)
-    own_cfg = with_rule(cfg, "own")
+    states = {s: run.site_state(s) for s in federation}
+    global_shared = run.global_shared()
+    own = run.with_config(with_rule(cfg, "own"))
     for rule in ("own", "fold", "mean"):
         # an own-rule model reads the scored site's indicator: None = "the site's own"
-        yield Probe(
-            f"average, rule {rule}", averaged_model(with_rule(cfg, rule), run_dir, device), None
-        )
-    plain = averaged_model(own_cfg, run_dir, device)
+        model = run.with_config(with_rule(cfg, rule)).outfed_model(device)
+        yield Probe(f"average, rule {rule}", model, None)
+    plain = own.outfed_model(device)
     yield Probe("average, input zeros", plain, zeros)
     for site in federation:
         yield Probe(f"average, input xi_{site}", plain, indicators[site])
     for site in federation:
         yield Probe(
             f"v_{site}, own xi",
-            _site_model(own_cfg, states[site], global_shared, device),
+            site_model(own.method, states[site], global_shared, device),
             indicators[site],
         )
     shared_states = [
-        {**st, "shared": returned_shared(cfg, st, global_shared)} for st in states.values()
+        dataclasses.replace(st, shared=returned_shared(method, st, global_shared))
+        for st in states.values()
     ]
-    mean_gamma = sample_weighted(shared_states, "shared")
+    mean_gamma = weighted_by_samples(shared_states, "shared")
     for site in federation:
-        model = build_returned_model(cfg, mean_gamma, states[site]["personal"], device)
+        model = build_returned_model(method, mean_gamma, states[site].personal, device)
         yield Probe(f"rho_{site} + mean gamma, xi_{site}", model, indicators[site])
-    folded = averaged_model(with_rule(cfg, "fold"), run_dir, device)
+    fold = run.with_config(with_rule(cfg, "fold"))
+    folded = fold.outfed_model(device)
     if global_shared:
-        server = averaged_model(with_rule(cfg, "fold"), run_dir, device)
+        server = fold.outfed_model(device)
         load_subset(server, dict(global_shared))
         yield Probe("fold, server gamma_g (post-SERQ)", server, zeros)
     if cfg.method.temporal:
@@ -217,21 +215,15 @@ def fedst_probes(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> 
         yield Probe("fold, t-3 t-2 masked", folded, zeros, masked_frames((0, 1)))
         yield Probe("fold, earlier frames masked", folded, zeros, masked_frames((0, 1, 2)))
     if cfg.method.channel_selection:
-        weights = {s: float(states[s]["num_examples"]) for s in federation}
+        weights = {s: states[s].num_examples for s in federation}
         total = sum(weights.values())
         gates: dict[str, torch.Tensor] = {}
         for site in federation:
-            model = _site_model(own_cfg, states[site], global_shared, device)
+            model = site_model(own.method, states[site], global_shared, device)
             test = open_site_data(cfg, site, ("test",)).test
             for name, gate in mean_gates(model, test, indicators[site].to(device), device).items():
                 gates[name] = gates.get(name, 0) + weights[site] / total * gate
         yield Probe("fold, gate = sites' mean", folded, zeros, fixed_gate(gates))
-
-
-def _site_model(cfg, state, global_shared, device) -> FedSTNet:
-    return build_returned_model(
-        cfg, returned_shared(cfg, state, global_shared), state["personal"], device
-    )
 
 
 # -- scoring --------------------------------------------------------------------------------------
@@ -298,17 +290,18 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     started = time.perf_counter()
-    cfg = load_config(args.run)
+    run = Run(args.run)
+    cfg = run.cfg
     device = resolve_device(cfg.train.device)
     sites = args.sites or list(cfg.data.out_of_federation)
-    indicators = method_of(cfg).indicators()
+    indicators = run.method.indicators()
     num_classes = cfg.network.num_classes
     data = {s: open_site_data(cfg, s, ("test",)).test for s in sites}
     rows: dict[str, dict[str, dict]] = {}
-    probes = fedst_probes(cfg, args.run, device)
+    probes = fedst_probes(run, device)
     if args.only_returned:
         rule = cfg.unseen_indicator_rule() or "none"
-        probes = iter([Probe(f"average, rule {rule}", averaged_model(cfg, args.run, device), None)])
+        probes = iter([Probe(f"average, rule {rule}", run.outfed_model(device), None)])
     for probe in probes:
         rows[probe.label] = {
             s: score(probe, s, data[s], indicators.get(s), device, num_classes) for s in sites
@@ -317,9 +310,9 @@ def main(argv: list[str] | None = None) -> None:
             probe.label, {s: round(r["dice"], 2) for s, r in rows[probe.label].items()}, flush=True
         )
     if args.fedavg is not None:
-        fedavg_cfg = load_config(args.fedavg)
-        model = averaged_model(fedavg_cfg, args.fedavg, device)
-        fedavg_data = {s: open_site_data(fedavg_cfg, s, ("test",)).test for s in sites}
+        fedavg = Run(args.fedavg)
+        model = fedavg.outfed_model(device)
+        fedavg_data = {s: open_site_data(fedavg.cfg, s, ("test",)).test for s in sites}
         probe = Probe("FedAvg (global model)", model, None)
         rows[probe.label] = {
             s: score(probe, s, fedavg_data[s], None, device, num_classes) for s in sites
@@ -329,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     record = {
         "run": str(args.run),
         "fedavg": str(args.fedavg) if args.fedavg else None,
-        "round": load_server_checkpoint(args.run)["round"],
+        "round": run.last_round,
         "sites": sites,
         "rows": rows,
         "seconds": time.perf_counter() - started,

@@ -16,10 +16,8 @@ from pathlib import Path
 
 from fedst.experiment import resolve_device
 from fedst.federation.evaluation import evaluate_model
-from fedst.federation.run_io import load_config
 from fedst.federation.site_data import open_site_data
-from fedst.methods import method_of
-from fedst.outfed import averaged_model, personalized_model
+from fedst.runs import Run
 
 
 def _row(label: str, summary: dict) -> str:
@@ -40,13 +38,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     for run_dir in args.runs:
-        cfg = load_config(run_dir)
+        run = Run(run_dir)
+        cfg = run.cfg
         device = resolve_device(cfg.train.device)
-        indicators = method_of(cfg).indicators()
-        models = {"average": averaged_model(cfg, run_dir, device)}
-        models.update(
-            {f"site {s}": personalized_model(cfg, run_dir, s, device) for s in cfg.data.federation}
-        )
+        indicators = run.method.indicators()
+        models = {"average": run.outfed_model(device)}
+        models.update({f"site {s}": run.site_model(s, device) for s in cfg.data.federation})
         for site in args.sites or cfg.data.out_of_federation:
             data = open_site_data(cfg, site, ("test",))
             print(f"{run_dir} [{cfg.method.name}] on {site}:")

@@ -18,7 +18,7 @@ SERQ ``--local-iters`` server batches per round (the paper's ratio: 100 per 100)
 at its last round, on at most ``--eval-frames`` test frames per site, and pre-trains v_pre
 for ``--pretrain-iters`` iterations.
 
-Per round it prints, from the run's own log (train.jsonl; fedst/federation/run_io.py):
+Per round it prints, from the run's own log (train.jsonl; fedst/runs/files.py):
 the sites' training compute and loader wait, the server step (aggregation, SERQ's EQ and SC),
 the checkpoint's time and bytes, the evaluation's time per frame, everything else in the round
 (messages, packing, restoring site states), and the process's resident memory (the in-process

@@ -19,14 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import torch
 
 from fedst.cli import compose_experiment
-from fedst.federation.snapshots import (
-    personal_snapshot_path,
-    save_personal_snapshot,
-    save_shared_snapshot,
-    shared_snapshot_path,
-)
+from fedst.federation.snapshots import save_personal_snapshot, save_shared_snapshot
 from fedst.methods import method_of
 from fedst.model.state import state_subset
+from fedst.runs.layout import personal_snapshot_path, shared_snapshot_path
 
 MB = 1e6
 

@@ -30,8 +30,9 @@ from pathlib import Path
 from fedst.cli import compose_experiment, setup_logging
 from fedst.data.preview import write_previews
 from fedst.experiment import ExperimentConfig
-from fedst.federation.run_io import load_config
 from fedst.report import plots, results, tables
+from fedst.runs import Run
+from fedst.runs.files import load_config
 from fedst.training import finalize_run, prepare_benchmark, run_training
 
 log = logging.getLogger("fedst.demo")
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         run_dir = args.runs / f"{method}_s{args.seed}_{args.rounds}rounds"
         if (run_dir / "final.json").exists() and load_config(run_dir) == cfg:
             log.info("%s: finished run found in %s; refreshing its evaluation", method, run_dir)
-            finalize_run(cfg, run_dir)
+            finalize_run(Run(run_dir, cfg))
         else:
             log.info("%s: training in %s", method, run_dir)
             run_training(cfg, run_dir, progress=runtime.get("progress", True))

@@ -58,11 +58,10 @@ from fedst.config import build
 from fedst.data.clips import normalize_frames, resize_frame
 from fedst.errors import UserError
 from fedst.experiment import ExperimentConfig, resolve_device
-from fedst.federation.run_io import load_config
-from fedst.methods import method_of
 from fedst.model.network import FedSTNet
 from fedst.progress import progress_bar
 from fedst.report.plots import PART_COLORS, overlay_masks
+from fedst.runs import Run
 
 __all__ = [
     "InferConfig",
@@ -248,7 +247,8 @@ def load_site_model(
         raise InferenceError(f"run directory {run_dir} does not exist")
     if guard not in (None, "dad"):
         raise InferenceError(f"guard={guard!r}: choose dad (GEN-Guard's correction) or null")
-    cfg = load_config(run_dir)
+    run = Run(run_dir)
+    cfg = run.cfg
     federation = list(cfg.data.federation)
     if site == OUTFED:
         if cfg.uses_indicator() and prompt_site is None:
@@ -269,28 +269,25 @@ def load_site_model(
             f"run {run_dir} has no site {site!r}: its federated sites are {federation} "
             f"(or site=outfed prompt_site=<site>)"
         )
-    model = _trained_model(cfg, run_dir, site, device, guard)
-    indicator = method_of(cfg).indicators().get(indicator_site) if indicator_site else None
+    model = _trained_model(run, site, device, guard)
+    indicator = run.method.indicators().get(indicator_site) if indicator_site else None
     if indicator is not None:
         indicator = indicator.to(device)
     return cfg, model.eval(), indicator
 
 
-def _trained_model(
-    cfg: ExperimentConfig, run_dir: Path, site: str, device: torch.device, guard: str | None
-) -> torch.nn.Module:
+def _trained_model(run: Run, site: str, device: torch.device, guard: str | None) -> torch.nn.Module:
     """The model of ``site`` (a federated site: its training party's; or "outfed") after the
     run's last round, or with ``guard="dad"`` the DAD-corrected one (logged with its file)."""
     from fedst.guard import GuardError, load_guarded_model
-    from fedst.outfed import averaged_model, personalized_model
 
     if guard is None:
         if site == OUTFED:
-            return averaged_model(cfg, run_dir, device)
-        return personalized_model(cfg, run_dir, method_of(cfg).party_of(site), device)
-    owner, correction = dad_correction(cfg, run_dir, site)
+            return run.outfed_model(device)
+        return run.site_model(run.method.party_of(site), device)
+    owner, correction = dad_correction(run, site)
     try:
-        model = load_guarded_model(cfg, run_dir, owner, device)
+        model = load_guarded_model(run, owner, device)
     except GuardError as err:
         raise InferenceError(str(err)) from err
     log.info(
@@ -302,17 +299,17 @@ def _trained_model(
     return model
 
 
-def dad_correction(cfg: ExperimentConfig, run_dir: Path, site: str) -> tuple[str, Path]:
+def dad_correction(run: Run, site: str) -> tuple[str, Path]:
     """(owner, file) of the DAD correction that ``guard=dad`` applies to ``site``'s model: the
     correction of the site's training party, or for "outfed" the held-out site's, saved as
     ``<owner's site state dir>/guard/dad.pt`` (fedst/guard/)."""
     from fedst.guard import GuardError, guard_file, held_out_site
 
     try:
-        owner = held_out_site(cfg) if site == OUTFED else method_of(cfg).party_of(site)
+        owner = held_out_site(run.cfg) if site == OUTFED else run.method.party_of(site)
     except GuardError as err:
         raise InferenceError(str(err)) from err
-    return owner, guard_file(run_dir, owner)
+    return owner, guard_file(run.dir, owner)
 
 
 # -- the input -----------------------------------------------------------------------------------
@@ -516,7 +513,7 @@ def run_inference(cfg: InferConfig) -> dict[str, Any]:
         raise
     guard = None
     if cfg.guard is not None:
-        owner, correction = dad_correction(experiment, run_dir, cfg.site)
+        owner, correction = dad_correction(Run(run_dir, experiment), cfg.site)
         guard = {"name": cfg.guard, "corrected_at": owner, "correction": str(correction)}
     default_dir = run_dir / "infer" / f"{cfg.site}_{Path(source.name).stem}"
     out_dir = Path(cfg.output) if cfg.output else default_dir

@@ -2,7 +2,7 @@
 
 The out-of-federation model is the sample-count-weighted average of the models the sites return
 (v_k = gamma_k^T U rho_k^T for FedST, gamma_g U rho_k for the methods that return the global
-shared part; fedst/federation/returned.py), personalized parts included, so inference is a single
+shared part; fedst/runs/returned.py, built by ``Run.outfed_model``), personalized parts included, so inference is a single
 forward pass. An unseen
 site is prompted with its own text (e.g. "... surgery type is lobectomy"). On a binary site
 (GraSP) every predicted part class counts as instrument.
@@ -19,7 +19,6 @@ writes ``<run>/external/<site>.json`` and a line of ``<run>/external/results.md`
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import re
@@ -34,14 +33,8 @@ from fedst.config import ConfigError
 from fedst.data.base import DataError
 from fedst.data.clips import ClipDataset
 from fedst.data.generic import GenericLayoutSource
-from fedst.experiment import ExperimentConfig, site_state_dir
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
-from fedst.federation.returned import averaged_site_model, site_model
-from fedst.federation.run_io import atomic_write_text, load_checkpoint
-from fedst.federation.server import SERVER_CHECKPOINT
-from fedst.federation.site import site_state_file
 from fedst.federation.site_data import open_site_data
-from fedst.methods import method_of
 from fedst.metrics import format_score
 from fedst.model.indicators import (
     IndicatorUnavailableError,
@@ -49,108 +42,18 @@ from fedst.model.indicators import (
     site_indicators,
     site_prompt,
 )
-from fedst.model.network import FedSTNet
+from fedst.runs import Run
+from fedst.runs.files import atomic_write_text
+from fedst.runs.layout import (
+    EXTERNAL_DIR,
+    EXTERNAL_TABLE,
+)
 
 log = logging.getLogger(__name__)
 
 
-def load_site_state(run_dir: Path, site: str, server_round: int) -> dict:
-    path = site_state_file(site_state_dir(run_dir, site), server_round)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"{path} is missing: site {site} has no saved state for round {server_round}"
-        )
-    return load_checkpoint(path)
-
-
-def load_server_checkpoint(run_dir: Path) -> dict:
-    """The run's server checkpoint (read once per file version: it also holds the SERQ state)."""
-    path = run_dir / SERVER_CHECKPOINT
-    if not path.exists():
-        raise FileNotFoundError(
-            f"{path} is missing: {run_dir} is not a (started) FedST run directory"
-        )
-    checkpoint = _read_checkpoint(str(path), path.stat().st_mtime_ns)
-    if checkpoint["round"] < 1:
-        raise FileNotFoundError(
-            f"no completed round in {run_dir}: the run stopped before round 1 finished, so no site "
-            f"model exists yet; continue it with python train_fed.py resume={run_dir}"
-        )
-    return checkpoint
-
-
-@functools.lru_cache(maxsize=1)
-def _read_checkpoint(path: str, mtime_ns: int) -> dict:
-    return load_checkpoint(Path(path))
-
-
-def global_shared_state(cfg: ExperimentConfig, checkpoint: dict) -> dict[str, torch.Tensor]:
-    """gamma_g after the checkpoint's round (empty when the method sends nothing)."""
-    if not method_of(cfg).communicates:
-        return {}
-    return {k: checkpoint["global_model"][k] for k in checkpoint["shared_keys"]}
-
-
-def personalized_model(
-    cfg: ExperimentConfig, run_dir: Path, site: str, device: torch.device
-) -> FedSTNet:
-    """The model federated site ``site`` (a training party of the method: the upper bound's is
-    its pool, Method.party_of) returns after the run's last completed round:
-    gamma_k U rho_k or gamma_g U rho_k by method.returned_model (fedst/federation/returned.py)."""
-    checkpoint = load_server_checkpoint(run_dir)
-    state = load_site_state(run_dir, site, checkpoint["round"])
-    return site_model(cfg, state, global_shared_state(cfg, checkpoint), device)
-
-
-PERSONAL_EXPORT = "personal_export.json"
-"""Written by the deployed server (fedst/app/after_rounds.py): which sites sent rho_k at the end."""
-
-
-def averaged_sites(cfg: ExperimentConfig, run_dir: Path) -> tuple[list[str], list[str]]:
-    """(sites whose rho_k enters the out-of-federation average, sites left out and why).
-
-    In-process every federated site's state is in the run directory. In deployment only the
-    sites that agreed to send rho_k at the end are averaged (personal_export.json).
-    """
-    parties = method_of(cfg).training_sites()  # the federated sites (upper bound: its pool)
-    path = run_dir / PERSONAL_EXPORT
-    if not path.exists():
-        return list(parties), []
-    export = json.loads(path.read_text())
-    left_out = [f"{s} (declined)" for s in export["declined"]]
-    left_out += [f"{s} (unreachable)" for s in export["unreachable"]]
-    left_out += [f"{s} (no gamma_k of the last round)" for s in export.get("missed_last_round", [])]
-    return [s for s in parties if s in export["shared"]], left_out
-
-
-def averaged_model(cfg: ExperimentConfig, run_dir: Path, device: torch.device) -> FedSTNet:
-    """Sample-count-weighted average of the models the federated sites return (personal parts
-    included; fedst/federation/returned.py) over every site that contributed its rho_k
-    (:func:`averaged_sites`)."""
-    checkpoint = load_server_checkpoint(run_dir)
-    sites, left_out = averaged_sites(cfg, run_dir)
-    if left_out:
-        log.warning("out-of-federation model leaves out %s", ", ".join(left_out))
-    if not sites:
-        raise FileNotFoundError(
-            f"no site sent its personalized parameters ({', '.join(left_out)}): the "
-            f"out-of-federation model cannot be built for {run_dir}"
-        )
-    states = [{**load_site_state(run_dir, s, checkpoint["round"]), "site": s} for s in sites]
-    log.info(
-        "out-of-federation model: the %s models of %s averaged with weights %s; unseen-site "
-        "indicator rule: %s",
-        cfg.method.returned_model,
-        sites,
-        [float(state["num_examples"]) for state in states],
-        cfg.unseen_indicator_rule(),
-    )
-    return averaged_site_model(cfg, states, global_shared_state(cfg, checkpoint), device)
-
-
 def evaluate_out_of_federation(
-    cfg: ExperimentConfig,
-    run_dir: Path,
+    run: Run,
     device: torch.device,
     sites: tuple[str, ...] | None = None,
     keep_examples: int = 0,
@@ -158,14 +61,15 @@ def evaluate_out_of_federation(
 ) -> dict[str, EvaluationResult]:
     """Score the averaged model on each out-of-federation site's test split, given that site's
     own indicator (which the model ignores under ``indicator.unseen`` fold or mean)."""
+    cfg = run.cfg
     unknown = [s for s in sites or () if s not in cfg.data.sites]
     if unknown:
         raise ConfigError(
-            f"sites={list(sites or ())}: {unknown} not configured in {run_dir}; known sites: "
+            f"sites={list(sites or ())}: {unknown} not configured in {run.dir}; known sites: "
             f"{sorted(cfg.data.sites)} (out of federation: {list(cfg.data.out_of_federation)})"
         )
-    model = averaged_model(cfg, run_dir, device)
-    indicators = method_of(cfg).indicators()
+    model = run.outfed_model(device)
+    indicators = run.method.indicators()
     results = {}
     for site in sites or cfg.data.out_of_federation:
         data = open_site_data(cfg, site, ("test",))
@@ -189,9 +93,6 @@ def evaluate_out_of_federation(
 
 # -- a new site the run never listed (external validation) ---------------------------------------
 
-EXTERNAL_DIR = "external"
-"""Sub-folder of a run directory with the results of new sites (never final.json)."""
-EXTERNAL_TABLE = "results.md"
 SITE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -209,7 +110,7 @@ class NewSite:
 
 
 def open_new_site(
-    cfg: ExperimentConfig,
+    run: Run,
     site_root: Path,
     site_name: str | None = None,
     surgery_type: str | None = None,
@@ -236,7 +137,7 @@ def open_new_site(
             f"site_name={name!r}: use letters, digits, '_', '.' or '-' (it names the results "
             f"file {EXTERNAL_DIR}/<site_name>.json); pass site_name=..."
         )
-    known = sorted({*cfg.data.sites, *method_of(cfg).site_order()})
+    known = sorted({*run.cfg.data.sites, *run.method.site_order()})
     if name in known:
         raise ConfigError(
             f"site_name={name!r} is already a site of this run ({known}); a new site needs its "
@@ -259,28 +160,27 @@ def open_new_site(
     return NewSite(name=name, folder=folder, surgery_type=surgery, source=source)
 
 
-def new_site_indicator(
-    cfg: ExperimentConfig, run_dir: Path, site: str, surgery_type: str
-) -> torch.Tensor | None:
+def new_site_indicator(run: Run, site: str, surgery_type: str) -> torch.Tensor | None:
     """The indicator input [dim] of the out-of-federation model at a site outside the run (None
     when the method uses none).
 
     Under ``indicator.unseen`` fold or mean (auto for onehot, gaussian, random) the averaged model
-    reads no indicator (fedst/federation/returned.py): zeros. Under own: clip, the embedding of the
+    reads no indicator (fedst/runs/returned.py): zeros. Under own: clip, the embedding of the
     site's own prompt (:func:`site_prompt`, paper Eq. 7 text); onehot, the next id after every
     site of the run (``Method.site_order``); random, seeded by the name; gaussian places a site by
     its position among the run's N sites, which a new site does not have: a ConfigError.
     """
+    cfg = run.cfg
     rule = cfg.unseen_indicator_rule()
     if rule is None:
         return None
     if rule != "own":
         return torch.zeros(cfg.indicator.dim)
     kind = cfg.method.indicator
-    order = method_of(cfg).site_order()
+    order = run.method.site_order()
     if kind == "gaussian":
         raise ConfigError(
-            f"{run_dir} uses method.indicator=gaussian, whose bump sits at a site's position "
+            f"{run.dir} uses method.indicator=gaussian, whose bump sits at a site's position "
             f"among the run's {len(order)} sites; a new site has none. Score it with a "
             f"run using clip, onehot or random indicators, list it in a run's "
             f"data.out_of_federation before training, or score it with unseen_indicator=fold"
@@ -303,7 +203,7 @@ def new_site_indicator(
             f"new site {site!r} (surgery type {surgery_type!r}): its prompt "
             f"{site_prompt(site, surgery_type)!r} has no CLIP text embedding in {cache} and CLIP "
             f"cannot be loaded here. Prepare it where the CLIP weights are: `python -m "
-            f"fedst.weights --run {shlex.quote(str(run_dir))} --extra-site "
+            f"fedst.weights --run {shlex.quote(str(run.dir))} --extra-site "
             f"{shlex.quote(f'{site}:{surgery_type}')} --prepare`, then "
             f"copy {cache.name} into {cache.parent}. Details: {err}"
         ) from err
@@ -311,18 +211,18 @@ def new_site_indicator(
 
 
 def evaluate_new_site(
-    cfg: ExperimentConfig,
-    run_dir: Path,
+    run: Run,
     site: NewSite,
     device: torch.device,
     progress: bool = False,
 ) -> tuple[EvaluationResult, dict[str, Any]]:
-    """Score the out-of-federation model (:func:`averaged_model`) on a new site's test split,
+    """Score the out-of-federation model (``Run.outfed_model``) on a new site's test split,
     prompted as that site; returns the result and the record :func:`write_new_site_result`
     stores (what was scored, with which prompt, after which round)."""
-    indicator = new_site_indicator(cfg, run_dir, site.name, site.surgery_type)
+    cfg = run.cfg
+    indicator = new_site_indicator(run, site.name, site.surgery_type)
     dataset = ClipDataset(site.source, "test", cfg.clip_config(), None)
-    model = averaged_model(cfg, run_dir, device)
+    model = run.outfed_model(device)
     result = evaluate_model(
         model,
         dataset,
@@ -337,7 +237,7 @@ def evaluate_new_site(
         format_score(result.summary["dice"]),
         format_score(result.summary["iou"]),
     )
-    sites, _ = averaged_sites(cfg, run_dir)
+    sites, _ = run.averaged_sites()
     record = {
         "site": site.name,
         "site_root": str(site.folder),
@@ -350,7 +250,7 @@ def evaluate_new_site(
         "binary": site.source.binary,
         "test_videos": len(dataset.videos),
         "eval_max_frames": cfg.train.eval_max_frames,
-        "round": load_server_checkpoint(run_dir)["round"],
+        "round": run.last_round,
         "averaged_sites": sites,
         "method": cfg.method.name,
         "seed": cfg.seed,

@@ -40,17 +40,11 @@ import torch
 
 from fedst.config import ConfigError
 from fedst.errors import UserError
-from fedst.experiment import ExperimentConfig
 from fedst.federation.evaluation import evaluate_model
-from fedst.federation.run_io import atomic_write_text, read_jsonl
 from fedst.federation.site_data import open_site_data
-from fedst.federation.snapshots import (
-    SELECTION_DIR,
-    snapshot_outfed_model,
-    snapshot_rounds,
-    snapshot_site_model,
-)
-from fedst.methods import method_of
+from fedst.runs import Run
+from fedst.runs.files import atomic_write_text, read_jsonl
+from fedst.runs.layout import SELECTION_DIR
 
 log = logging.getLogger(__name__)
 
@@ -185,21 +179,22 @@ def model_selection_failure(choices: Mapping[str, Choice]) -> bool | None:
 
 
 def held_out_validation(
-    cfg: ExperimentConfig, run_dir: Path, device: torch.device, progress: bool = False
+    run: Run, device: torch.device, progress: bool = False
 ) -> list[dict[str, Any]]:
     """Score the out-of-federation model of every kept validation round on the held-out site's
     validation split; rows in metrics.jsonl's layout (split "val", model "outfed"), also written
     to ``selection/held_out_val.jsonl``."""
     from fedst.data.splits import validation_dataset
 
+    cfg = run.cfg
     held_out = cfg.selection.held_out_site
     if held_out is None:
         return []
     dataset = validation_dataset(cfg.data.open(held_out), cfg.data.val_split, cfg.clip_config())
-    indicator = method_of(cfg).indicators().get(held_out)
+    indicator = run.method.indicators().get(held_out)
     rows = []
-    for server_round in snapshot_rounds(run_dir):
-        model = snapshot_outfed_model(cfg, run_dir, server_round, device)
+    for server_round in run.snapshot_rounds():
+        model = run.outfed_model(device, round=server_round)
         result = evaluate_model(
             model,
             dataset,
@@ -218,7 +213,7 @@ def held_out_validation(
             }
         )
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-    atomic_write_text(text, run_dir / HELD_OUT_ROWS)
+    atomic_write_text(text, run.path(HELD_OUT_ROWS))
     return rows
 
 
@@ -230,18 +225,17 @@ def validation_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def select_rounds(
-    cfg: ExperimentConfig, run_dir: Path, device: torch.device, progress: bool = False
-) -> dict[str, Choice]:
+def select_rounds(run: Run, device: torch.device, progress: bool = False) -> dict[str, Choice]:
     """The selection phase: validation scores only (the held-out site's computed here)."""
+    cfg = run.cfg
     if cfg.train.val_every is None:
         raise ConfigError(
-            f"{run_dir}: the run scored no validation round (train.val_every=null); rerun with "
+            f"{run.dir}: the run scored no validation round (train.val_every=null); rerun with "
             f"train.val_every=<k> to select a round"
         )
-    held_out_validation(cfg, run_dir, device, progress)
+    held_out_validation(run, device, progress)
     return choose(
-        validation_rows(run_dir),
+        validation_rows(run.dir),
         cfg.data.federation,
         cfg.selection.held_out_site,
         cfg.selection.metric,
@@ -249,8 +243,7 @@ def select_rounds(
 
 
 def evaluate_choices(
-    cfg: ExperimentConfig,
-    run_dir: Path,
+    run: Run,
     choices: Mapping[str, Choice],
     device: torch.device,
     progress: bool = False,
@@ -258,7 +251,8 @@ def evaluate_choices(
     """After selection: each choice's test scores, in federation (each site's v_k at its chosen
     round on its test split) and out of federation (the averaged model at the chosen round on
     every data.out_of_federation site). A (model, round) scored once is reused by other rules."""
-    indicators = method_of(cfg).indicators()
+    cfg = run.cfg
+    indicators = run.method.indicators()
     tests = {s: open_site_data(cfg, s, ("test",)).test for s in cfg.data.federation}
     tests.update({s: open_site_data(cfg, s, ("test",)).test for s in cfg.data.out_of_federation})
     cache: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -267,9 +261,9 @@ def evaluate_choices(
         key = (model_name, site, server_round)
         if key not in cache:
             if model_name == OUTFED_MODEL:
-                model = snapshot_outfed_model(cfg, run_dir, server_round, device)
+                model = run.outfed_model(device, round=server_round)
             else:
-                model = snapshot_site_model(cfg, run_dir, site, server_round, device)
+                model = run.site_model(site, device, round=server_round)
             summary = evaluate_model(
                 model,
                 tests[site],
@@ -294,12 +288,11 @@ def evaluate_choices(
     return results
 
 
-def run_selection(
-    cfg: ExperimentConfig, run_dir: Path, device: torch.device, progress: bool = False
-) -> dict[str, Any]:
+def run_selection(run: Run, device: torch.device, progress: bool = False) -> dict[str, Any]:
     """Choose rounds by every rule (validation only), then score the choices on test; write
     ``selection/selection.json`` and return it."""
-    choices = select_rounds(cfg, run_dir, device, progress)
+    cfg = run.cfg
+    choices = select_rounds(run, device, progress)
     msf = model_selection_failure(choices)
     record = {
         "rule": cfg.selection.rule,
@@ -307,9 +300,9 @@ def run_selection(
         "held_out_site": cfg.selection.held_out_site,
         "choices": {rule: asdict(choice) for rule, choice in choices.items()},
         "model_selection_failure": msf,
-        "test": evaluate_choices(cfg, run_dir, choices, device, progress),
+        "test": evaluate_choices(run, choices, device, progress),
     }
-    atomic_write_text(json.dumps(record, indent=1, sort_keys=True), run_dir / SELECTION_FILE)
+    atomic_write_text(json.dumps(record, indent=1, sort_keys=True), run.path(SELECTION_FILE))
     log.info(
         "selection (%s): %s; MSF %s",
         cfg.selection.metric,

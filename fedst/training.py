@@ -33,18 +33,14 @@ from fedst.config import ConfigError
 from fedst.data.clips import resolve_num_workers, usable_cpu_count
 from fedst.data.procedural import SITES, generate
 from fedst.data.site_checks import validate_experiment_data
-from fedst.experiment import (
-    ExperimentConfig,
-    RayConfig,
-    run_device,
-    site_state_dir,
-)
+from fedst.experiment import ExperimentConfig, RayConfig, run_device
 from fedst.federation.evaluation import evaluate_model
-from fedst.federation.run_io import atomic_write_text, read_jsonl
 from fedst.federation.site_data import open_site_data
-from fedst.methods import method_of
-from fedst.outfed import averaged_sites, evaluate_out_of_federation, personalized_model
+from fedst.outfed import evaluate_out_of_federation
 from fedst.report import plots, results, tables
+from fedst.runs import Run
+from fedst.runs.files import atomic_write_text, read_jsonl
+from fedst.runs.layout import site_state_dir
 from fedst.selection import run_selection
 
 log = logging.getLogger(__name__)
@@ -186,8 +182,9 @@ def run_training(
     if engine == "ray":
         require_ray()
     prepare_run(cfg, run_dir, progress, regenerate)
+    run = Run(run_dir, cfg)
     server_app = make_server_app(cfg, run_dir, progress=progress)
-    parties = method_of(cfg).training_sites()  # the federated sites (upper bound: its pool)
+    parties = run.method.training_sites()  # the federated sites (upper bound: its pool)
     num_sites = len(parties)
     # each site's own settings (data folder, state folder, hardware) travel as node config, as
     # on a hospital's SuperNode; the messages carry no path
@@ -226,7 +223,7 @@ def run_training(
                 num_supernodes=num_sites,
                 backend_config={"client_resources": resources},
             )
-    return finalize_run(cfg, run_dir, progress=progress)
+    return finalize_run(run, progress=progress)
 
 
 def validate_data(cfg: ExperimentConfig, federated: bool = True) -> None:
@@ -273,8 +270,7 @@ def prepare_benchmark(
 
 
 def finalize_run(
-    cfg: ExperimentConfig,
-    run_dir: Path,
+    run: Run,
     progress: bool = False,
     qualitative: int = 2,
     site_data: bool = True,
@@ -284,6 +280,7 @@ def finalize_run(
     ``site_data=False`` (deployment): the server holds no federated site's data, so qualitative
     examples come from the out-of-federation sites only.
     """
+    cfg, run_dir = run.cfg, run.dir
     device = run_device(cfg)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     last_round = max((r["round"] for r in metrics), default=0)
@@ -298,16 +295,15 @@ def finalize_run(
     examples: list[tuple] = []
     if cfg.data.out_of_federation:
         evaluated = evaluate_out_of_federation(
-            cfg, run_dir, device, keep_examples=qualitative, progress=progress
+            run, device, keep_examples=qualitative, progress=progress
         )
         for site, result in evaluated.items():
             outfed[site] = _scalars(result.summary)
             examples += _example_rows(cfg, result)
     if qualitative and site_data:
-        method = method_of(cfg)
-        indicators = method.indicators()
+        indicators = run.method.indicators()
         for site in cfg.data.federation:
-            model = personalized_model(cfg, run_dir, method.party_of(site), device)
+            model = run.site_model(run.method.party_of(site), device)
             data = open_site_data(cfg, site, ("test",))
             result = evaluate_model(
                 model,
@@ -328,7 +324,7 @@ def finalize_run(
         "rounds": min(last_round, cfg.train.rounds),  # federated rounds (not a final stage)
         "sites": sites,
         "out_of_federation": outfed,
-        **_outfed_average(cfg, run_dir),
+        **_outfed_average(run),
         # which indicator the out-of-federation model gave its sites (indicator.unseen resolved)
         "unseen_indicator": cfg.unseen_indicator_rule() if outfed else None,
         # per site and round, parameter values only (fp32), as in the paper's Table IX; MB =
@@ -338,7 +334,7 @@ def finalize_run(
         **_final_stage_comm(comm),
     }
     if cfg.train.val_every is not None:  # rounds chosen on validation only, then tested
-        record = run_selection(cfg, run_dir, device, progress=progress)
+        record = run_selection(run, device, progress=progress)
         rule = cfg.selection.rule
         final["selection"] = {
             "rule": rule,
@@ -409,11 +405,11 @@ def _final_stage_comm(comm: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _outfed_average(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any]:
+def _outfed_average(run: Run) -> dict[str, Any]:
     """Which sites the out-of-federation model averages (written only when one is left out)."""
-    if not cfg.data.out_of_federation:
+    if not run.cfg.data.out_of_federation:
         return {}
-    sites, left_out = averaged_sites(cfg, run_dir)
+    sites, left_out = run.averaged_sites()
     return {"out_of_federation_average": {"sites": sites, "left_out": left_out}} if left_out else {}
 
 

@@ -15,14 +15,16 @@ import torch
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
 from fedst.data.procedural import generate
-from fedst.federation.run_io import (
+from fedst.federation.server import FederationServer
+from fedst.outfed import evaluate_out_of_federation
+from fedst.runs import Run
+from fedst.runs.files import (
     CheckpointError,
     atomic_torch_save,
     load_checkpoint,
     read_jsonl,
 )
-from fedst.federation.server import SERVER_CHECKPOINT, SERVER_PREVIOUS, FederationServer
-from fedst.outfed import evaluate_out_of_federation
+from fedst.runs.layout import SERVER_CHECKPOINT, SERVER_PREVIOUS
 from fedst.training import run_training
 
 
@@ -35,7 +37,7 @@ def test_eval_outfed_on_a_run_without_a_completed_round_says_so(tmp_path):
     run_dir = tmp_path / "run"
     FederationServer(cfg, run_dir, torch.device("cpu")).save(0)  # killed during round 1
     with pytest.raises(FileNotFoundError) as caught:
-        evaluate_out_of_federation(cfg, run_dir, torch.device("cpu"), sites=("E",))
+        evaluate_out_of_federation(Run(run_dir, cfg), torch.device("cpu"), sites=("E",))
     assert f"no completed round in {run_dir}" in str(caught.value)
     assert "state_r0000" not in str(caught.value)
 
@@ -43,7 +45,7 @@ def test_eval_outfed_on_a_run_without_a_completed_round_says_so(tmp_path):
 def test_eval_outfed_with_an_unknown_site_lists_the_known_sites(tmp_path):
     cfg = tiny_cfg()
     with pytest.raises(ConfigError) as caught:
-        evaluate_out_of_federation(cfg, tmp_path, torch.device("cpu"), sites=("X",))
+        evaluate_out_of_federation(Run(tmp_path, cfg), torch.device("cpu"), sites=("X",))
     message = str(caught.value)
     assert "'X'" in message and all(f"'{s}'" in message for s in cfg.data.sites)
 

@@ -17,8 +17,8 @@ from fedst.app.inprocess import InProcessGrid
 from fedst.cli import compose_experiment
 from fedst.data.procedural import generate
 from fedst.federation import transport
-from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.methods import method_of
+from fedst.runs.layout import SERVER_CHECKPOINT
 from fedst.training import run_training
 from tests.conftest import reply_of_one_site, sent_keys
 

@@ -21,12 +21,8 @@ from conftest import record_reads, write_generic_site
 from hydra import compose, initialize_config_dir
 
 from fedst.cli import register_resolvers, split_config
-from fedst.experiment import site_state_dir
 from fedst.export import OnnxStreamer, export_onnx
 from fedst.export import main as export_main
-from fedst.federation.run_io import atomic_torch_save
-from fedst.federation.server import SERVER_CHECKPOINT
-from fedst.federation.site import site_state_file
 from fedst.infer import InferConfig, InferenceError, run_inference
 from fedst.methods import method_of
 from fedst.model.network import NetworkConfig, build_network
@@ -39,6 +35,8 @@ from fedst.quantize import (
     quantize_step,
     training_videos,
 )
+from fedst.runs.files import atomic_torch_save
+from fedst.runs.layout import SERVER_CHECKPOINT, site_state_dir, site_state_file
 from fedst.training import save_config
 
 pytest.importorskip("onnxruntime")

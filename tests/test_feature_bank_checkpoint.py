@@ -15,8 +15,9 @@ import torch
 
 from fedst.data.procedural import generate
 from fedst.federation.feature_bank import FEATURE_BANK_DIR, SERQ_BANK_SCRATCH, DiskFeatureBank
-from fedst.federation.run_io import load_checkpoint
-from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
+from fedst.federation.server import FederationServer
+from fedst.runs.files import load_checkpoint
+from fedst.runs.layout import SERVER_CHECKPOINT
 from fedst.seeding import seed_everything
 from tests.test_federation import experiment
 

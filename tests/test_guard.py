@@ -28,6 +28,7 @@ from fedst.guard import GuardConfig, GuardedNet, ResidualHeadGenerator
 from fedst.infer import InferenceError, load_site_model
 from fedst.methods import method_of
 from fedst.report.selection import dad_rows, msf_report
+from fedst.runs import Run
 from tests.conftest import record_reads
 from tests.test_federation import experiment
 from tests.test_selection import held_out_run  # noqa: F401  (the tiny run with held-out D)
@@ -207,7 +208,7 @@ def guarded_run(held_out_run, tmp_path_factory):  # noqa: F811
     shutil.copytree(run_dir, run)
     with pytest.MonkeyPatch.context() as patch:
         read = record_reads(patch)
-        written = guard.run_guard(cfg, run, GuardConfig(epochs=EPOCHS))
+        written = guard.run_guard(Run(run, cfg), GuardConfig(epochs=EPOCHS))
     return cfg, root, run, written, read
 
 
@@ -251,7 +252,7 @@ def test_the_corrected_model_streams_what_it_predicts_clip_by_clip(guarded_run):
     """evaluate_model / fedst.infer use the stream; it must give forward()'s Eq. 9 logits."""
     cfg, _, run, _, _ = guarded_run
     cpu = resolve_device("cpu")
-    model = guard.load_guarded_model(cfg, run, "A", cpu)
+    model = guard.load_guarded_model(Run(run, cfg), "A", cpu)
     assert any(v.abs().sum() > 0 for v in model.generator.residual[-1].state_dict().values())
     dataset = validation_dataset(cfg.data.open("A"), cfg.data.val_split, cfg.clip_config())
     indicator = method_of(cfg).indicators().get("A")
@@ -315,14 +316,14 @@ def test_the_msf_report_shows_the_corrected_models_before_and_after(guarded_run,
     cfg, _, run, _, _ = guarded_run
     msf_report([run], tmp_path / "report")
     text = (tmp_path / "report" / "msf.md").read_text()
-    scores = guard.guard_test_scores(cfg, run, resolve_device("cpu"))  # cached by the report
+    scores = guard.guard_test_scores(Run(run, cfg), resolve_device("cpu"))  # cached by the report
     rounds = scores["rounds"]
     assert f"| run | mixed (student, round {rounds['student']}) |" in text
     assert f"| run | mixed + DAD (teacher: cbe round {rounds['teacher']}) |" in text
     assert "| D Dice | E Dice | grasp Dice | out-fed mean | worst site |" in text
     assert set(scores["in_federation"]) == {"A", "B", "C"} and set(scores["held_out"]) == {"D"}
     assert set(scores["out_of_federation"]) == {"E", "grasp"}
-    by_eval_outfed = guard.evaluate_guarded_sites(cfg, run, ["E"], resolve_device("cpu"))
+    by_eval_outfed = guard.evaluate_guarded_sites(Run(run, cfg), ["E"], resolve_device("cpu"))
     assert by_eval_outfed["E"]["dice"] == scores["out_of_federation"]["E"]["after"]["dice"]
     every = {**scores["in_federation"], **scores["held_out"], **scores["out_of_federation"]}
     worst = min(every, key=lambda s: every[s]["after"]["dice"])

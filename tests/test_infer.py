@@ -26,19 +26,17 @@ from fedst.data.clips import (
 )
 from fedst.data.generic import GenericLayoutSource
 from fedst.errors import UserError
-from fedst.experiment import site_state_dir
 from fedst.export import OnnxStreamer
 from fedst.export import main as export_main
 from fedst.federation.evaluation import evaluate_model, stream_test_clips
-from fedst.federation.run_io import atomic_torch_save
-from fedst.federation.server import SERVER_CHECKPOINT
-from fedst.federation.site import site_state_file
 from fedst.infer import InferConfig, draw_legend, load_site_model, run_inference
 from fedst.infer import main as infer_main
 from fedst.methods import method_of
 from fedst.model.network import NetworkConfig, build_network
 from fedst.model.state import state_subset
 from fedst.report.plots import PART_COLORS
+from fedst.runs.files import atomic_torch_save
+from fedst.runs.layout import SERVER_CHECKPOINT, site_state_dir, site_state_file
 from fedst.training import save_config
 
 H, W = 32, 40

@@ -22,7 +22,6 @@ from fedst.export import ExportConfig
 from fedst.export import main as export_main
 from fedst.infer import InferConfig, InferenceError, run_inference
 from fedst.infer import main as infer_main
-from fedst.outfed import personalized_model
 
 NOTES = "Meeting notes: the federated run on site A finished after 8 rounds, Dice 72.5.\n" * 200
 """A plain text file long enough that FFmpeg's "tty" demuxer opens a .txt of it (as 640x400 frames)."""
@@ -163,9 +162,9 @@ def test_the_dad_corrected_model_is_named_in_the_log_and_summary(
     the site's own model stands in for it, so only what infer records is under test."""
     loaded = []
 
-    def stand_in(cfg, run, site, device):
+    def stand_in(run, site, device):
         loaded.append(site)
-        return personalized_model(cfg, run, site, device)
+        return run.site_model(site, device)
 
     monkeypatch.setattr("fedst.guard.load_guarded_model", stand_in)
     write_video(tmp_path / "case.mp4", 2)

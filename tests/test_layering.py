@@ -17,6 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # bottom-up; a module may import its ow
     ("fedst.model", "fedst.metrics"),
     ("fedst.experiment",),  # the typed config
     ("fedst.methods",),  # what a method chooses: personalization, objective, aggregation, privacy
+    ("fedst.runs",),  # a run directory: its layout, files, and the models it returns
     ("fedst.cli", "fedst.weights"),  # Hydra composition; weights provisioning
     ("fedst.federation",),  # the algorithm's engine-agnostic pieces: sites, server, SERQ, transport
     ("fedst.outfed", "fedst.selection"),  # a finished run's models scored
@@ -148,3 +149,41 @@ def test_the_code_reads_bottom_up_data_model_methods_runtime_apps_entry_points()
         if layer_of(other) > layer_of(name)
     ]
     assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+def test_no_module_imports_another_modules_private_name():
+    """``from fedst.x import _y`` across modules is a name that should be public, or should live
+    with its one user (tests may reach in; the project's code may not)."""
+    modules = module_files()
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                project = node.level > 0 or (node.module or "").split(".")[0] in PACKAGES
+                private = [
+                    a.name
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+                if project and private:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {private}")
+    assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+def test_every_package_says_what_it_holds_and_which_layers_it_may_import():
+    packages = sorted(
+        path
+        for package in PACKAGES
+        for path in (REPO / package).rglob("*")
+        if path.is_dir() and any(path.glob("*.py")) and path.name != "__pycache__"
+    )
+    assert len(packages) >= 14
+    undocumented = []
+    for folder in packages:
+        init = folder / "__init__.py"
+        docstring = ast.get_docstring(ast.parse(init.read_text())) if init.exists() else None
+        if not docstring or "Layer:" not in docstring:
+            undocumented.append(str(folder.relative_to(REPO)))
+    assert not undocumented, (
+        f"packages without an __init__ docstring naming their layer: {undocumented}"
+    )

@@ -34,7 +34,7 @@ from fedst.methods.feddp import (
 from fedst.model.channel_selection import SiteChannelSelection
 from fedst.model.partition import bytes_of
 from fedst.model.state import state_subset
-from fedst.outfed import personalized_model
+from fedst.runs import Run
 from fedst.training import run_training
 from tests.conftest import reply_of_one_site
 from tests.test_federation import experiment, read_jsonl, tiny_root  # noqa: F401 (fixture)
@@ -203,7 +203,7 @@ def test_feddp_run_ends_with_the_tuned_models_scored_and_finite_metrics(feddp_ru
     assert checkpoint["round"] == 2 and checkpoint["extra"]["final_stage"] == STAGE
     tuned = torch.load(run_dir / "sites/A/state_r0002.pt", weights_only=False)
     assert tuned["whole_model"]
-    model = personalized_model(cfg, run_dir, "A", torch.device("cpu"))
+    model = Run(run_dir, cfg).site_model("A", torch.device("cpu"))
     live = state_subset(model, list(tuned["personal"]))
     assert all(torch.equal(live[k], v) for k, v in tuned["personal"].items())
     shared = checkpoint["shared_keys"]

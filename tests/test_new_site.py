@@ -21,10 +21,10 @@ from fedst.config import ConfigError
 from fedst.data.base import DataError
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
-from fedst.federation.run_io import load_config
 from fedst.model import indicators
 from fedst.model.indicators import IndicatorUnavailableError
 from fedst.outfed import evaluate_out_of_federation, new_site_indicator, open_new_site
+from fedst.runs import Run
 from fedst.training import run_training
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,9 +125,9 @@ def test_a_new_site_scores_as_the_configured_out_of_federation_path_on_the_same_
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the subprocess: bit-identical float sums
     try:
-        reference = evaluate_out_of_federation(
-            load_config(run_dir), run_dir, torch.device("cpu"), sites=("E",)
-        )["E"].summary
+        reference = evaluate_out_of_federation(Run(run_dir), torch.device("cpu"), sites=("E",))[
+            "E"
+        ].summary
     finally:
         torch.set_num_threads(threads)
     assert reference["dice"] > 1.0  # not the all-background model: the comparison can fail
@@ -140,16 +140,16 @@ def test_a_new_site_scores_as_the_configured_out_of_federation_path_on_the_same_
 
 def test_a_new_site_is_prompted_with_its_own_name_and_surgery_type(clip_run, lung_site):
     run_dir, cache_file = clip_run
-    cfg = load_config(run_dir)
-    site = open_new_site(cfg, lung_site)
+    run = Run(run_dir)
+    site = open_new_site(run, lung_site)
     assert (site.name, site.surgery_type) == ("lung", "lobectomy")  # folder name, meta.json
 
     pleura = "This is the Local site pleura model and the surgery type is wedge resection"
     cache = json.loads(cache_file.read_text())
     cache[pleura] = [0.0] * 511 + [1.0]  # a vector no other prompt has
     cache_file.write_text(json.dumps(cache))
-    site = open_new_site(cfg, lung_site, site_name="pleura", surgery_type="wedge resection")
-    vector = new_site_indicator(cfg, run_dir, site.name, site.surgery_type)
+    site = open_new_site(run, lung_site, site_name="pleura", surgery_type="wedge resection")
+    vector = new_site_indicator(run, site.name, site.surgery_type)
     assert torch.equal(vector, torch.tensor(cache[pleura], dtype=torch.float32))
 
 
@@ -160,7 +160,7 @@ def test_an_unknown_surgery_type_without_clip_says_how_to_prepare_it(
     monkeypatch.setenv("FEDST_WEIGHTS_DIR", str(tmp_path / "no_weights"))
     run_dir, _ = clip_run
     with pytest.raises(IndicatorUnavailableError) as err:
-        new_site_indicator(load_config(run_dir), run_dir, "lung", "pneumonectomy")
+        new_site_indicator(Run(run_dir), "lung", "pneumonectomy")
     message = str(err.value)
     assert "This is the Local site lung model and the surgery type is pneumonectomy" in message
     assert (
@@ -188,14 +188,14 @@ def test_prepare_with_an_extra_site_builds_the_prompt_the_new_site_evaluation_re
         raise AssertionError("the evaluation had to embed a prompt: prepare wrote another cache")
 
     monkeypatch.setattr(indicators, "_encode_prompts", forbidden)
-    vector = new_site_indicator(load_config(run_dir), run_dir, "lung", "segmentectomy")
+    vector = new_site_indicator(Run(run_dir), "lung", "segmentectomy")
     assert vector[0] == 1.0 and float(vector.abs().sum()) == 1.0
 
 
 def test_a_new_sites_one_hot_indicator_is_a_slot_no_site_of_the_run_has(tiny_root, tmp_path):
     # indicator.unseen=own; configs/data/tiny.yaml lists 7 sites (ids 0..6)
     cfg = experiment(tiny_root, "indicator.unseen=own")
-    vector = new_site_indicator(cfg, tmp_path, "lung", "lobectomy")
+    vector = new_site_indicator(Run(tmp_path, cfg), "lung", "lobectomy")
     assert int(vector.argmax()) == 7 and float(vector.sum()) == 1.0
 
 
@@ -204,14 +204,14 @@ def test_under_the_fold_rule_a_new_site_gives_no_indicator_and_gaussian_runs_acc
     tiny_root, tmp_path, kind
 ):
     cfg = experiment(tiny_root, f"method.indicator={kind}")  # auto: fold
-    vector = new_site_indicator(cfg, tmp_path, "lung", "lobectomy")
+    vector = new_site_indicator(Run(tmp_path, cfg), "lung", "lobectomy")
     assert vector.shape == (cfg.indicator.dim,) and vector.abs().sum() == 0
 
 
 def test_a_gaussian_run_refuses_a_new_site_only_under_the_own_rule(tiny_root, tmp_path):
     cfg = experiment(tiny_root, "method.indicator=gaussian", "indicator.unseen=own")
     with pytest.raises(ConfigError, match="unseen_indicator=fold"):
-        new_site_indicator(cfg, tmp_path, "lung", "lobectomy")
+        new_site_indicator(Run(tmp_path, cfg), "lung", "lobectomy")
 
 
 # -- clear errors -------------------------------------------------------------------------------
@@ -224,13 +224,13 @@ def cfg(tiny_root: Path) -> ExperimentConfig:
 
 def test_a_missing_folder_is_an_error_naming_it(cfg, tmp_path):
     with pytest.raises(DataError, match=r"site_root=.*nowhere: folder does not exist"):
-        open_new_site(cfg, tmp_path / "nowhere")
+        open_new_site(Run("run-not-read", cfg), tmp_path / "nowhere")
 
 
 def test_a_folder_of_sites_is_an_error_naming_the_site_folder_to_pass(cfg, write_site, tmp_path):
     write_site("lung", videos={"v1": 4})
     with pytest.raises(DataError, match=r"holds the site folder\(s\) \['lung'\]: pass one"):
-        open_new_site(cfg, tmp_path)
+        open_new_site(Run("run-not-read", cfg), tmp_path)
 
 
 def test_a_wrong_layout_is_an_error_naming_the_file_and_line(cfg, write_site):
@@ -239,21 +239,21 @@ def test_a_wrong_layout_is_an_error_naming_the_file_and_line(cfg, write_site):
     del meta["surgery_type"]
     (site.site_dir / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DataError, match=r"lung/meta\.json: missing key\(s\) \['surgery_type'\]"):
-        open_new_site(cfg, site.site_dir)
+        open_new_site(Run("run-not-read", cfg), site.site_dir)
 
     site = write_site("lung2", videos={"v1": 4})
     (site.site_dir / "splits" / "test.txt").write_text("v1\nghost\n")
     with pytest.raises(DataError, match=r"test\.txt: lists unknown video 'ghost' on line 2"):
-        open_new_site(cfg, site.site_dir)
+        open_new_site(Run("run-not-read", cfg), site.site_dir)
 
 
 def test_a_site_without_test_split_is_an_error_saying_what_to_write(cfg, write_site):
     site = write_site("lung", videos={"v1": 4}, splits={"train": ["v1"]})
     with pytest.raises(DataError, match=r"splits/test\.txt: the site has no test split"):
-        open_new_site(cfg, site.site_dir)
+        open_new_site(Run("run-not-read", cfg), site.site_dir)
 
 
 def test_a_name_the_run_already_has_is_an_error(cfg, write_site):
     site = write_site("lung", videos={"v1": 4})
     with pytest.raises(ConfigError, match=r"site_name='E' is already a site of this run"):
-        open_new_site(cfg, site.site_dir, site_name="E")
+        open_new_site(Run("run-not-read", cfg), site.site_dir, site_name="E")

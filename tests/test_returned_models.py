@@ -27,7 +27,7 @@ from fedst.data.procedural import generate
 from fedst.federation import site as site_module
 from fedst.federation import transport
 from fedst.methods import method_of
-from fedst.outfed import averaged_model
+from fedst.runs import Run
 from fedst.training import run_training
 from tests.test_federation import experiment
 
@@ -127,7 +127,7 @@ def test_the_out_of_federation_model_is_the_sample_weighted_average_of_the_retur
     counts = {site: float(state["num_examples"]) for site, state in states.items()}
     assert len(set(counts.values())) > 1  # the tiny sites differ in size: weights matter
     total = sum(counts.values())
-    model = averaged_model(cfg, run_dir, torch.device("cpu")).state_dict()
+    model = Run(run_dir, cfg).outfed_model(torch.device("cpu")).state_dict()
     for part in ("shared", "personal"):
         for key in states["A"][part]:
             if not states["A"][part][key].is_floating_point():
@@ -165,7 +165,7 @@ def test_with_onehot_indicators_each_site_folds_its_own_indicator_column_before_
     counts = {site: float(state["num_examples"]) for site, state in states.items()}
     total = sum(counts.values())
     order = method_of(cfg).site_order()
-    model = averaged_model(cfg, run_dir, torch.device("cpu")).state_dict()
+    model = Run(run_dir, cfg).outfed_model(torch.device("cpu")).state_dict()
     channels = states["A"]["personal"][CS_BIAS].numel()
     # by hand: xi_k = e_{id(k)}, so W^xi_k xi_k is column C + id(k) of W_k
     expected_bias = sum(
@@ -187,7 +187,9 @@ def test_with_onehot_indicators_each_site_folds_its_own_indicator_column_before_
     )
     assert model[CS_WEIGHT][:, channels:].abs().sum() == 0  # the average reads no indicator
     # everything else is the plain sample-weighted average
-    plain = averaged_model(with_unseen_rule(cfg, "own"), run_dir, torch.device("cpu")).state_dict()
+    plain = (
+        Run(run_dir, with_unseen_rule(cfg, "own")).outfed_model(torch.device("cpu")).state_dict()
+    )
     for key, value in plain.items():
         if key not in (CS_WEIGHT, CS_BIAS):
             torch.testing.assert_close(model[key], value, rtol=0, atol=1e-6)
@@ -199,8 +201,12 @@ def test_the_mean_rule_runs_the_average_at_the_sample_weighted_mean_indicator(fe
     counts = {site: float(state["num_examples"]) for site, state in states.items()}
     total = sum(counts.values())
     order = method_of(cfg).site_order()
-    plain = averaged_model(with_unseen_rule(cfg, "own"), run_dir, torch.device("cpu")).state_dict()
-    model = averaged_model(with_unseen_rule(cfg, "mean"), run_dir, torch.device("cpu")).state_dict()
+    plain = (
+        Run(run_dir, with_unseen_rule(cfg, "own")).outfed_model(torch.device("cpu")).state_dict()
+    )
+    model = (
+        Run(run_dir, with_unseen_rule(cfg, "mean")).outfed_model(torch.device("cpu")).state_dict()
+    )
     channels = plain[CS_BIAS].numel()
     # by hand: xi_bar = sum_k n_k / n e_{id(k)}, so W_bar xi_bar weighs W_bar's site columns
     expected_bias = plain[CS_BIAS].double() + sum(

@@ -21,17 +21,15 @@ from fedst.data.generic import GenericLayoutSource
 from fedst.data.procedural import generate
 from fedst.data.sites import DataConfig, SiteSpec
 from fedst.data.splits import CarvedValidationSource, validation_videos, with_validation_split
-from fedst.experiment import resolve_device, site_state_dir
-from fedst.federation import snapshots
+from fedst.experiment import resolve_device
 from fedst.federation.evaluation import stream_test_clips
-from fedst.federation.run_io import load_checkpoint, read_jsonl
-from fedst.federation.server import SERVER_CHECKPOINT
-from fedst.federation.site import Site, site_state_file
+from fedst.federation.site import Site
 from fedst.federation.site_data import open_site_data
-from fedst.federation.snapshots import snapshot_outfed_model, snapshot_site_model
 from fedst.methods import method_of
-from fedst.outfed import averaged_model, personalized_model
 from fedst.report.selection import cross_site_matrix
+from fedst.runs import Run
+from fedst.runs.files import load_checkpoint, read_jsonl
+from fedst.runs.layout import SERVER_CHECKPOINT, site_state_dir, site_state_file
 from fedst.training import run_training
 from tests.conftest import record_reads
 from tests.test_federation import experiment
@@ -234,16 +232,14 @@ def test_the_kept_snapshots_of_the_last_round_rebuild_the_runs_final_models(held
     equals the one rebuilt from the run's final checkpoints (server.pt, sites' state_r0002.pt)."""
     cfg, _, run_dir, _, _ = held_out_run
     cpu = resolve_device("cpu")
-    pairs = [
-        (snapshot_site_model(cfg, run_dir, s, 2, cpu), personalized_model(cfg, run_dir, s, cpu))
-        for s in cfg.data.federation
-    ]
-    pairs.append((snapshot_outfed_model(cfg, run_dir, 2, cpu), averaged_model(cfg, run_dir, cpu)))
+    run = Run(run_dir, cfg)
+    pairs = [(run.site_model(s, cpu, round=2), run.site_model(s, cpu)) for s in cfg.data.federation]
+    pairs.append((run.outfed_model(cpu, round=2), run.outfed_model(cpu)))
     for kept, final in pairs:
         final_state = final.state_dict()
         for key, value in kept.state_dict().items():
             assert torch.equal(value, final_state[key]), key
-    earlier = snapshot_site_model(cfg, run_dir, "A", 1, cpu).state_dict()
+    earlier = run.site_model("A", cpu, round=1).state_dict()
     assert any(not torch.equal(v, pairs[0][1].state_dict()[k]) for k, v in earlier.items())
 
 
@@ -255,7 +251,7 @@ def test_no_test_split_frame_or_label_is_read_while_rounds_are_selected(held_out
             test_files.update(ref.path for ref in video.frames)
             test_files.update(ref.path for ref in video.labels.values())
     read = record_reads(monkeypatch)
-    choices = selection.select_rounds(cfg, run_dir, resolve_device("cpu"))
+    choices = selection.select_rounds(Run(run_dir, cfg), resolve_device("cpu"))
     assert read, "selection read no frame at all: the instrumentation is not in the path"
     assert not set(read) & test_files
     assert set(choices) == {"last", "val", "mixed", "cbe"}
@@ -271,7 +267,7 @@ def test_the_matrix_diagonal_equals_each_sites_own_result_of_the_same_checkpoint
     cfg, _, run_dir, _, _ = held_out_run
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
-    model = personalized_model(cfg, run, "A", resolve_device("cpu"))
+    model = Run(run, cfg).site_model("A", resolve_device("cpu"))
     test_a = open_site_data(cfg, "A", ("test",)).test
     indicator = method_of(cfg).indicators().get("A")
     _, _, _, logits = next(stream_test_clips(model, test_a, indicator, resolve_device("cpu"), 1))
@@ -311,18 +307,18 @@ def test_the_matrix_of_a_selection_rule_evaluates_each_model_at_the_round_the_ru
     }
     (run / selection.SELECTION_FILE).write_text(json.dumps({"choices": choices}))
     rebuilt: list[tuple[str, int]] = []
-    site_model, outfed_model = snapshots.snapshot_site_model, snapshots.snapshot_outfed_model
+    site_model, outfed_model = Run.site_model, Run.outfed_model
 
-    def record_site(cfg, run_dir, site, server_round, device):
-        rebuilt.append((site, server_round))
-        return site_model(cfg, run_dir, site, server_round, device)
+    def record_site(self, site, device, round=None):
+        rebuilt.append((site, round))
+        return site_model(self, site, device, round=round)
 
-    def record_outfed(cfg, run_dir, server_round, device):
-        rebuilt.append(("outfed", server_round))
-        return outfed_model(cfg, run_dir, server_round, device)
+    def record_outfed(self, device, round=None):
+        rebuilt.append(("outfed", round))
+        return outfed_model(self, device, round=round)
 
-    monkeypatch.setattr(snapshots, "snapshot_site_model", record_site)
-    monkeypatch.setattr(snapshots, "snapshot_outfed_model", record_outfed)
+    monkeypatch.setattr(Run, "site_model", record_site)
+    monkeypatch.setattr(Run, "outfed_model", record_outfed)
     by_val = cross_site_matrix(run, "val")
     assert rebuilt == [("A", 1), ("B", 2), ("C", 1)]
     assert by_val["models"] == ["A", "B", "C"] and by_val["rounds"] == {"A": 1, "B": 2, "C": 1}

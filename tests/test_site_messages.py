@@ -45,6 +45,7 @@ from fedst.federation.site import (
     StateMismatchError,
 )
 from fedst.methods import method_of
+from fedst.runs import Run
 from fedst.training import finalize_run, prepare_run, run_training
 from tests.test_federation import experiment, read_jsonl
 
@@ -241,7 +242,7 @@ def test_a_round_goes_on_without_a_failing_site_which_rejoins_and_may_decline_ex
     assert train_d == [1, 3]
     export = json.loads((tmp_path / "run" / "personal_export.json").read_text())
     assert export["shared"] == ["A", "B", "D"] and export["declined"] == ["C"]
-    final = finalize_run(cfg, tmp_path / "run", qualitative=0, site_data=False)
+    final = finalize_run(Run(tmp_path / "run", cfg), qualitative=0, site_data=False)
     assert final["out_of_federation_average"] == {
         "sites": ["A", "B", "D"],
         "left_out": ["C (declined)"],

@@ -18,11 +18,10 @@ from fedst.app.messaging import broadcast, check_sites, site_of
 from fedst.app.reply_logs import bytes_by_component, metrics_row
 from fedst.experiment import RoundPolicy
 from fedst.federation import transport
-from fedst.federation.run_io import RunLog, atomic_torch_save, atomic_write_text
 from fedst.federation.server import FederationServer
-from fedst.federation.site import site_state_file
 from fedst.methods import PERSONAL_KEY_SEPARATOR, FinalStage
-from fedst.outfed import PERSONAL_EXPORT
+from fedst.runs.files import RunLog, atomic_torch_save, atomic_write_text
+from fedst.runs.layout import PERSONAL_EXPORT, site_state_file
 
 log = logging.getLogger("fedst.app.server_app")  # the ServerApp's log, as before the split
 

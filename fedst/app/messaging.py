@@ -16,7 +16,7 @@ from flwr.serverapp import Grid
 
 from fedst.experiment import RoundPolicy
 from fedst.federation import transport
-from fedst.federation.run_io import RunLog
+from fedst.runs.files import RunLog
 
 log = logging.getLogger("fedst.app.server_app")  # the ServerApp's log, as before the split
 

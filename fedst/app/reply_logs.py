@@ -14,9 +14,9 @@ from fedst.accel import REPLY_MEMORY_KEYS
 from fedst.app.messaging import site_of
 from fedst.federation import transport
 from fedst.federation.evaluation import METRICS_RECORD, scored_site
-from fedst.federation.run_io import RunLog
 from fedst.metrics import METRIC_NAMES
 from fedst.model.partition import COMPONENTS
+from fedst.runs.files import RunLog
 
 
 def log_training_reply(

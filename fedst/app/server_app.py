@@ -44,11 +44,12 @@ from fedst.app.messaging import (
 from fedst.app.reply_logs import log_training_reply, metrics_rows
 from fedst.experiment import ExperimentConfig, RoundPolicy, run_device, site_view
 from fedst.federation import transport
-from fedst.federation.run_io import RunLog
-from fedst.federation.server import SERVER_CHECKPOINT, FederationServer
+from fedst.federation.server import FederationServer
 from fedst.federation.snapshots import save_shared_snapshot
 from fedst.methods import privacy
 from fedst.progress import progress_bar
+from fedst.runs.files import RunLog
+from fedst.runs.layout import SERVER_CHECKPOINT
 
 log = logging.getLogger(__name__)
 

@@ -6,4 +6,6 @@
 * :mod:`fedst.data.clips`: ClipDataset, augmentation, validation, ``make_loader``, ``BatchStream``.
 
 Nothing is imported here, so that reading the contract does not import torch or albumentations.
+
+Layer: above the root; imports the root modules only (no model, method or run).
 """

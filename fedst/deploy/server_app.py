@@ -18,7 +18,8 @@ from fedst.app.server_app import run_federation
 from fedst.app.site_executor import exit_with_parent
 from fedst.cli import compose_experiment, setup_logging
 from fedst.experiment import RoundPolicy, default_eval_timeout
-from fedst.federation.run_io import load_config
+from fedst.runs import Run
+from fedst.runs.files import load_config
 from fedst.training import finalize_run, prepare_run
 
 log = logging.getLogger(__name__)
@@ -66,4 +67,4 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
     )
     log.info("deployed run %s", run_dir)
     run_federation(grid, cfg, run_dir, progress=False, policy=policy)
-    finalize_run(cfg, run_dir, site_data=False)
+    finalize_run(Run(run_dir, cfg), site_data=False)

@@ -11,6 +11,8 @@ indicator, then :class:`ExperimentConfig`, which holds them with the data, netwo
 configs, and how a mapping or a saved config.json becomes one), ``site_view`` (what a site
 receives of it and adds from its own node: :class:`SiteNodeConfig`) and ``runtime`` (where and how
 a federation runs: ``ray.*``, ``deploy.*``, the server's round policy).
+
+Layer: above fedst.model; imports fedst.model, fedst.data and the root modules.
 """
 
 from fedst.experiment.config import (
@@ -36,7 +38,6 @@ from fedst.experiment.config import (
     experiment_from_json,
     resolve_device,
     run_device,
-    site_state_dir,
 )
 from fedst.experiment.runtime import (
     EVAL_TIMEOUT_FACTOR,
@@ -88,7 +89,6 @@ __all__ = [
     "legacy_state_fingerprints",
     "resolve_device",
     "run_device",
-    "site_state_dir",
     "site_view",
     "state_fingerprint",
 ]

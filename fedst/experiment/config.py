@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -595,7 +594,3 @@ def run_device(cfg: ExperimentConfig) -> torch.device:
     """The device a run trains on (:func:`resolve_device` of ``train.device`` with
     ``train.require_gpu``): where a server or a site sets up."""
     return resolve_device(cfg.train.device, cfg.train.require_gpu, cfg.name)
-
-
-def site_state_dir(run_dir: Path, site: str) -> Path:
-    return run_dir / "sites" / site

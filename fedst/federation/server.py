@@ -19,7 +19,7 @@ import torch
 from fedst.accel import configure_device, fused_optimizer_options, resolve_precision
 from fedst.config import ConfigError
 from fedst.data.clips import BatchStream, ClipDataset
-from fedst.experiment import ExperimentConfig, site_state_dir
+from fedst.experiment import ExperimentConfig
 from fedst.federation.feature_bank import (
     FEATURE_BANK_DIR,
     SERQ_BANK_SCRATCH,
@@ -28,23 +28,19 @@ from fedst.federation.feature_bank import (
     FeatureBankStore,
 )
 from fedst.federation.pretraining import pretrain_on_synthetic
-from fedst.federation.run_io import (
+from fedst.federation.serq import Serq
+from fedst.methods import method_of
+from fedst.model.state import load_subset, state_subset
+from fedst.runs.files import (
     CheckpointError,
     atomic_torch_save,
     load_checkpoint,
     remove_stale_tmp,
 )
-from fedst.federation.serq import Serq
-from fedst.federation.site import site_state_file
-from fedst.methods import method_of
-from fedst.model.state import load_subset, state_subset
+from fedst.runs.layout import SERVER_CHECKPOINT, SERVER_PREVIOUS, site_state_dir, site_state_file
 from fedst.seeding import seed_everything
 
 log = logging.getLogger(__name__)
-
-SERVER_CHECKPOINT = "checkpoints/server.pt"
-SERVER_PREVIOUS = "checkpoints/server.prev.pt"
-"""The checkpoint of the round before SERVER_CHECKPOINT's: the fallback when the latest is damaged."""
 
 
 def load_server_checkpoint(

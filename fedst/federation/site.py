@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,18 +46,19 @@ from fedst.experiment import (
     state_fingerprint,
 )
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
-from fedst.federation.run_io import (
-    CheckpointError,
-    atomic_torch_save,
-    load_checkpoint,
-    remove_stale_tmp,
-)
 from fedst.federation.site_data import open_party_data
 from fedst.federation.snapshots import save_personal_snapshot
 from fedst.methods import LocalPhase, method_of
 from fedst.methods.base import BatchLoss
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
+from fedst.runs.files import (
+    CheckpointError,
+    atomic_torch_save,
+    load_checkpoint,
+    remove_stale_tmp,
+)
+from fedst.runs.layout import saved_rounds, site_state_file
 from fedst.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -66,17 +66,6 @@ log = logging.getLogger(__name__)
 
 STATE_FINGERPRINT = "fingerprint.json"
 """In a site's state folder: the fingerprint (and config) of the run that wrote the states."""
-
-
-def site_state_file(state_dir: Path, server_round: int) -> Path:
-    """Where a site keeps its private state after ``server_round``."""
-    return state_dir / f"state_r{server_round:04d}.pt"
-
-
-def saved_rounds(state_dir: Path) -> list[int]:
-    """Rounds whose private state is in ``state_dir``, ascending."""
-    found = (re.fullmatch(r"state_r(\d{4,})\.pt", p.name) for p in state_dir.glob("state_r*.pt"))
-    return sorted(int(m.group(1)) for m in found if m)
 
 
 class StateMismatchError(ConfigError):

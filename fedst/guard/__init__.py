@@ -71,6 +71,8 @@ Design notes (how we read the paper for a segmentation network):
 The package reads top to bottom: ``correction.py`` (Eq. 8-12: the generator, the corrected head,
 the loss, the corrected network), ``fitting.py`` (which corrections a run has, fitting DAD at a
 site), ``scores.py`` (test scores before and after), ``cli.py`` (the command).
+
+Layer: above fedst.selection; imports fedst.runs, fedst.federation, fedst.selection and below.
 """
 
 from fedst.guard.cli import main

@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     from omegaconf import OmegaConf
 
     from fedst.config import build
-    from fedst.federation.run_io import load_config
+    from fedst.runs import Run
 
     try:
         if any("=" not in item for item in args.set):
@@ -47,8 +47,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         if args.epochs is not None:
             values["epochs"] = args.epochs
         settings = build(GuardConfig, values, "guard")
-        cfg = load_config(args.run_dir)
-        written = run_guard(cfg, args.run_dir, settings, args.site, not args.no_progress)
+        written = run_guard(Run(args.run_dir), settings, args.site, not args.no_progress)
     except FileNotFoundError as err:  # a path the user gave: one line through the boundary
         raise GuardError(str(err)) from err
     for path in written:

@@ -16,8 +16,8 @@ from torch import nn
 
 from fedst.config import ConfigError, require_at_least, require_positive
 from fedst.errors import UserError
-from fedst.federation.snapshots import SELECTION_DIR
 from fedst.model.network import FedSTNet
+from fedst.runs.layout import SELECTION_DIR
 
 log = logging.getLogger("fedst.guard")
 

@@ -18,9 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from fedst.data.base import IGNORE_INDEX
 from fedst.data.clips import collate_clips
-from fedst.experiment import ExperimentConfig, resolve_device, site_state_dir
-from fedst.federation.run_io import atomic_torch_save, load_checkpoint
-from fedst.federation.snapshots import snapshot_rounds
+from fedst.experiment import ExperimentConfig, resolve_device
 from fedst.guard.correction import (
     GUARD_DIR,
     GUARD_FILE,
@@ -37,6 +35,9 @@ from fedst.guard.correction import (
 )
 from fedst.model.network import FedSTNet
 from fedst.progress import progress_bar
+from fedst.runs import Run
+from fedst.runs.files import atomic_torch_save, load_checkpoint
+from fedst.runs.layout import site_state_dir
 
 log = logging.getLogger("fedst.guard")
 
@@ -60,38 +61,38 @@ def guard_file(run_dir: Path, site: str) -> Path:
     return site_state_dir(run_dir, site) / GUARD_DIR / GUARD_FILE
 
 
-def check_guard_run(cfg: ExperimentConfig, run_dir: Path) -> None:
+def check_guard_run(run: Run) -> None:
     """GuardError (one line naming the overrides) unless the run kept validation snapshots and
     had a held-out site, which rules mixed and cbe need."""
+    cfg = run.cfg
     missing = []
-    if cfg.train.val_every is None or not snapshot_rounds(run_dir):
+    if cfg.train.val_every is None or not run.snapshot_rounds():
         missing.append("no validation snapshots (train.val_every)")
     if cfg.selection.held_out_site is None:
         missing.append("no held-out site (selection.held_out_site)")
     if missing:
         raise GuardError(
-            f"{run_dir}: {' and '.join(missing)}; DAD's student and teacher are the rounds rules "
+            f"{run.dir}: {' and '.join(missing)}; DAD's student and teacher are the rounds rules "
             f"mixed and cbe choose, so train the run with train.val_every=<k> "
             f"selection.held_out_site=<a site of data.federation>"
         )
 
 
-def chosen_rounds(
-    cfg: ExperimentConfig, run_dir: Path, device: torch.device, progress: bool = False
-) -> tuple[int, int]:
+def chosen_rounds(run: Run, device: torch.device, progress: bool = False) -> tuple[int, int]:
     """(student round, teacher round): the rounds of rules mixed and cbe, from validation rows
     only (the held-out site's rows are scored first when the run lacks them)."""
     from fedst.selection import HELD_OUT_ROWS, choose, select_rounds, validation_rows
 
-    if (run_dir / HELD_OUT_ROWS).exists():
+    cfg = run.cfg
+    if run.path(HELD_OUT_ROWS).exists():
         choices = choose(
-            validation_rows(run_dir),
+            validation_rows(run.dir),
             cfg.data.federation,
             cfg.selection.held_out_site,
             cfg.selection.metric,
         )
     else:
-        choices = select_rounds(cfg, run_dir, device, progress)
+        choices = select_rounds(run, device, progress)
     return choices[STUDENT_RULE].outfed, choices[TEACHER_RULE].outfed
 
 
@@ -118,16 +119,13 @@ def site_plans(
     return [plans[s] for s in sites] if sites else list(plans.values())
 
 
-def _site_networks(
-    cfg: ExperimentConfig, run_dir: Path, plan: SitePlan, device: torch.device
-) -> tuple[FedSTNet, FedSTNet]:
+def _site_networks(run: Run, plan: SitePlan, device: torch.device) -> tuple[FedSTNet, FedSTNet]:
     """(student, teacher) of a plan, rebuilt from the kept snapshots, in eval mode."""
-    from fedst.federation.snapshots import snapshot_outfed_model, snapshot_site_model
 
     def build(server_round: int) -> FedSTNet:
         if plan.model == OUTFED:
-            return snapshot_outfed_model(cfg, run_dir, server_round, device).eval()
-        return snapshot_site_model(cfg, run_dir, plan.site, server_round, device).eval()
+            return run.outfed_model(device, round=server_round).eval()
+        return run.site_model(plan.site, device, round=server_round).eval()
 
     return build(plan.student_round), build(plan.teacher_round)
 
@@ -139,20 +137,18 @@ def _new_generator(student: FedSTNet, settings: GuardConfig) -> ResidualHeadGene
     )
 
 
-def load_guarded_model(
-    cfg: ExperimentConfig, run_dir: Path, site: str, device: torch.device
-) -> GuardedNet:
+def load_guarded_model(run: Run, site: str, device: torch.device) -> GuardedNet:
     """The corrected model saved at ``site`` (a training site: its v_k; the held-out site: the
     out-of-federation model), in eval mode; a missing file is a one-line GuardError."""
-    path = guard_file(run_dir, site)
+    path = guard_file(run.dir, site)
     if not path.exists():
         raise GuardError(
             f"{path} is missing: site {site} has no DAD correction; make it with "
-            f"python -m fedst.guard {run_dir} --site {site}"
+            f"python -m fedst.guard {run.dir} --site {site}"
         )
     record = load_checkpoint(path)
     plan = SitePlan(**record["plan"])
-    student, teacher = _site_networks(cfg, run_dir, plan, device)
+    student, teacher = _site_networks(run, plan, device)
     generator = _new_generator(student, GuardConfig(**record["settings"]))
     generator.load_state_dict(record["generator"])
     return GuardedNet(student, teacher, generator.to(device)).eval()
@@ -285,8 +281,7 @@ def split_for_stopping(num_samples: int, stop_fraction: float, site: str) -> tup
 
 
 def guard_site(
-    cfg: ExperimentConfig,
-    run_dir: Path,
+    run: Run,
     plan: SitePlan,
     settings: GuardConfig,
     device: torch.device,
@@ -294,11 +289,11 @@ def guard_site(
 ) -> Path:
     """Fit DAD at one site on its validation split and save ``<site state dir>/guard/dad.pt``."""
     from fedst.data.splits import validation_dataset
-    from fedst.methods import method_of
 
+    cfg = run.cfg
     dataset = validation_dataset(cfg.data.open(plan.site), cfg.data.val_split, cfg.clip_config())
     fit, stop = split_for_stopping(len(dataset), settings.stop_fraction, plan.site)
-    student, teacher = _site_networks(cfg, run_dir, plan, device)
+    student, teacher = _site_networks(run, plan, device)
     with torch.random.fork_rng(devices=[]):  # the generator's initialisation, seeded by the run
         torch.manual_seed(cfg.seed)
         generator = _new_generator(student, settings)
@@ -324,7 +319,7 @@ def guard_site(
         )
     result = fit_dad(
         model,
-        method_of(cfg).indicators().get(plan.site),
+        run.method.indicators().get(plan.site),
         Subset(dataset, fit),
         Subset(dataset, stop),
         settings,
@@ -345,7 +340,7 @@ def guard_site(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         **result,
     }
-    path = guard_file(run_dir, plan.site)
+    path = guard_file(run.dir, plan.site)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_torch_save(record, path)
     log.info(
@@ -361,15 +356,15 @@ def guard_site(
 
 
 def run_guard(
-    cfg: ExperimentConfig,
-    run_dir: Path,
+    run: Run,
     settings: GuardConfig = GuardConfig(),  # noqa: B008 (frozen: an immutable default)
     sites: Sequence[str] | None = None,
     progress: bool = False,
 ) -> list[Path]:
     """DAD at every site of the run (or ``sites``), each on its own validation split."""
-    check_guard_run(cfg, run_dir)
+    cfg = run.cfg
+    check_guard_run(run)
     device = resolve_device(cfg.train.device)
-    rounds = chosen_rounds(cfg, run_dir, device, progress)
+    rounds = chosen_rounds(run, device, progress)
     plans = site_plans(cfg, rounds, settings, sites)
-    return [guard_site(cfg, run_dir, plan, settings, device, progress) for plan in plans]
+    return [guard_site(run, plan, settings, device, progress) for plan in plans]

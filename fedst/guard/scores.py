@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedst.experiment import ExperimentConfig
-from fedst.federation.run_io import atomic_write_text, load_checkpoint
 from fedst.guard.correction import GUARD_DIR, GUARD_FILE, GUARD_SCORES, GuardError
 from fedst.guard.fitting import held_out_site, load_guarded_model
+from fedst.runs import Run
+from fedst.runs.files import atomic_write_text, load_checkpoint
 
 log = logging.getLogger("fedst.guard")
 
@@ -31,7 +31,7 @@ def saved_corrections(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def guard_test_scores(
-    cfg: ExperimentConfig, run_dir: Path, device: torch.device, progress: bool = False
+    run: Run, device: torch.device, progress: bool = False
 ) -> dict[str, Any] | None:
     """Test Dice before (student) and after DAD of every corrected model, or None when the run
     has no correction. Read from ``selection/guard.json`` when it scored the same corrections,
@@ -40,6 +40,7 @@ def guard_test_scores(
     ``{"corrections": site -> id, "rounds": {"student", "teacher"}, "in_federation" |
     "held_out" | "out_of_federation": site -> {"before", "after"} (dice, iou, num_frames)}``.
     """
+    cfg, run_dir = run.cfg, run.dir
     corrections = saved_corrections(run_dir)
     if not corrections:
         return None
@@ -59,7 +60,7 @@ def guard_test_scores(
     }
 
     def score(model: nn.Module, site: str) -> dict[str, Any]:
-        summary = _test_summary(cfg, model, site, device, progress, distances=False)
+        summary = _test_summary(run, model, site, device, progress, distances=False)
         return {k: summary[k] for k in ("dice", "iou", "num_frames")}
 
     plan = next(iter(corrections.values()))["plan"]  # every site's plan has the same rounds
@@ -70,7 +71,7 @@ def guard_test_scores(
     for group, pairs in groups.items():
         scores[group] = {}
         for site, owner in pairs:
-            guarded = load_guarded_model(cfg, run_dir, owner, device)
+            guarded = load_guarded_model(run, owner, device)
             scores[group][site] = {
                 "before": score(guarded.student, site),
                 "after": score(guarded, site),
@@ -80,25 +81,25 @@ def guard_test_scores(
 
 
 def evaluate_guarded_sites(
-    cfg: ExperimentConfig,
-    run_dir: Path,
+    run: Run,
     sites: Sequence[str],
     device: torch.device,
     progress: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """The held-out site's corrected out-of-federation model on each site's test split
     (``eval_outfed.py guard=dad``); site -> evaluation summary."""
+    cfg, run_dir = run.cfg, run.dir
     unknown = [s for s in sites if s not in cfg.data.sites]
     if unknown:
         raise GuardError(
             f"sites {unknown} are not configured in {run_dir}: {sorted(cfg.data.sites)}"
         )
-    model = load_guarded_model(cfg, run_dir, held_out_site(cfg), device)
-    return {site: _test_summary(cfg, model, site, device, progress) for site in sites}
+    model = load_guarded_model(run, held_out_site(cfg), device)
+    return {site: _test_summary(run, model, site, device, progress) for site in sites}
 
 
 def _test_summary(
-    cfg: ExperimentConfig,
+    run: Run,
     model: nn.Module,
     site: str,
     device: torch.device,
@@ -109,13 +110,12 @@ def _test_summary(
     (``options`` override the run's evaluation options)."""
     from fedst.federation.evaluation import evaluate_model
     from fedst.federation.site_data import open_site_data
-    from fedst.methods import method_of
 
     return evaluate_model(
         model,
-        open_site_data(cfg, site, ("test",)).test,
-        method_of(cfg).indicators().get(site),
+        open_site_data(run.cfg, site, ("test",)).test,
+        run.method.indicators().get(site),
         device,
         progress=progress,
-        **{**cfg.train.evaluation_options(), **options},
+        **{**run.cfg.train.evaluation_options(), **options},
     ).summary

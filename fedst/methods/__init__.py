@@ -2,6 +2,9 @@
 
 Adding a method: a module fedst/methods/<name>.py with a :class:`Method` subclass that overrides
 only the steps it changes, one entry in :data:`METHODS`, and configs/method/<name>.yaml.
+
+Layer: above fedst.experiment; imports the typed config, fedst.model, fedst.data and below
+(aggregation rules and privacy are its modules; never fedst.runs, fedst.federation or the apps).
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class FedDP(Method):
             return tuning_loss(logits, masks, uncertainty, self.options.lambda_uncertainty)
 
         phase = LocalPhase(iterations, name="uncertainty tuning")
-        losses = site._train_phase(phase, server_round, optimizer=optimizer, loss_of=loss_of)
+        losses = site.train_phase(phase, server_round, optimizer=optimizer, loss_of=loss_of)
         return {
             "train-loss": sum(losses) / max(len(losses), 1),
             "iterations": iterations,

@@ -1,4 +1,7 @@
-"""FedST model parts: network, temporal module, channel selection, indicators, losses, partition."""
+"""FedST model parts: network, temporal module, channel selection, indicators, losses, partition.
+
+Layer: above fedst.data; imports fedst.data, models and the root modules.
+"""
 
 from fedst.model.channel_selection import ChannelSelection, PromptBias
 from fedst.model.indicators import IndicatorUnavailableError, site_indicators

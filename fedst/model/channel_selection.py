@@ -16,7 +16,7 @@ broadcast over space in Eq. 8.
 
 :func:`fold_indicator` folds a frozen indicator into the bias of the layers that read it
 (b' = b + W^xi xi, W^xi = 0): the out-of-federation model's rule for a site whose indicator no
-site trained with (fedst/federation/returned.py, docs/methods.md).
+site trained with (fedst/runs/returned.py, docs/methods.md).
 """
 
 from __future__ import annotations

@@ -45,6 +45,8 @@ refused.
 The package reads top to bottom: ``tables.py`` (what each table needs: rows and layout),
 ``planning.py`` (the runs, their states, training them), ``writing.py`` (Table IX's timing and
 speed, the tables and figures), ``cli.py`` (the command).
+
+Layer: an entry point; imports fedst.training, fedst.report, fedst.infer and below.
 """
 
 from fedst.paper.cli import DEFAULT_RUNS, main, tables_root

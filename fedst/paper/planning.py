@@ -13,9 +13,9 @@ from typing import Any
 from fedst.cli import CONFIG_DIR, compose_experiment, learning_differences, setup_logging
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
-from fedst.federation.run_io import load_config
-from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.paper.tables import DEFAULT_SEEDS, REFUSED_KEYS, Row, RunnerError, TableSpec
+from fedst.runs.files import load_config
+from fedst.runs.layout import SERVER_CHECKPOINT
 from fedst.training import run_training
 
 log = logging.getLogger("fedst.paper")

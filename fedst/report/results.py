@@ -28,8 +28,8 @@ from fedst.cli import learning_keys
 from fedst.config import to_dict
 from fedst.errors import UserError
 from fedst.experiment import experiment_from_json
-from fedst.federation.run_io import read_jsonl
 from fedst.metrics import format_score
+from fedst.runs.files import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def find_runs(paths: Iterable[str | Path], skip_incomplete: bool = False) -> lis
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """run_io.read_jsonl (a last line cut short by a killed writer is skipped with a warning)."""
+    """fedst.runs.files.read_jsonl (a last line cut short by a killed writer is skipped with a warning)."""
     try:
         return read_jsonl(path)
     except ValueError as err:

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from fedst.experiment import ExperimentConfig
-from fedst.federation.run_io import load_config, read_jsonl
 from fedst.metrics import format_score
 from fedst.report.results import RunError
+from fedst.runs import Run
+from fedst.runs.files import read_jsonl
 from fedst.selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,9 @@ SUBCOMMANDS: dict[str, str] = {
 RULE_ORDER = ("last", "val", "mixed", "cbe")
 
 
-def finished_run_config(run_dir: Path, command: str) -> ExperimentConfig:
-    """The config of the finished run in ``run_dir``; a :class:`RunError` naming the folder and
-    the fix when it is not one (``command`` starts the message, e.g. "msf")."""
+def finished_run(run_dir: Path, command: str) -> Run:
+    """The finished run in ``run_dir``; a :class:`RunError` naming the folder and the fix when
+    it is not one (``command`` starts the message, e.g. "msf")."""
     if not (run_dir / "config.json").is_file():
         raise RunError(
             f"{command}: {run_dir} is not a run directory (no config.json); pass a folder "
@@ -65,15 +65,14 @@ def finished_run_config(run_dir: Path, command: str) -> ExperimentConfig:
             f"{command}: {run_dir} is not a finished run (no final.json); let its training "
             f"finish (train_fed.py resume={run_dir}), then report it"
         )
-    return load_config(run_dir)
+    return Run(run_dir)
 
 
-def require_validation(
-    cfg: ExperimentConfig, run_dir: Path, command: str, alternative: str = ""
-) -> None:
+def require_validation(run: Run, command: str, alternative: str = "") -> None:
     """A :class:`SelectionError` naming the run and the fix unless it scored validation rounds
     (every rule but ``last`` chooses among them; fedst/selection.py). ``alternative``: another
     fix, appended ("or ...")."""
+    cfg, run_dir = run.cfg, run.dir
     fix = "train a run with train.val_every=<k> (1 <= k <= train.rounds) to select its rounds"
     if alternative:
         fix = f"{alternative}, or {fix}"
@@ -97,15 +96,15 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def load_selection(run_dir: Path, progress: bool = False, command: str = "msf") -> dict[str, Any]:
     """``selection/selection.json`` of a run (computed now when absent: rounds on validation,
     then test scores of the choices; a finished run with validation rounds is required, see
-    :func:`finished_run_config` and :func:`require_validation`)."""
+    :func:`finished_run` and :func:`require_validation`)."""
     path = run_dir / SELECTION_FILE
     if not path.exists():
         from fedst.experiment import resolve_device
         from fedst.selection import run_selection
 
-        cfg = finished_run_config(run_dir, command)
-        require_validation(cfg, run_dir, command)
-        run_selection(cfg, run_dir, resolve_device(cfg.train.device), progress=progress)
+        run = finished_run(run_dir, command)
+        require_validation(run, command)
+        run_selection(run, resolve_device(run.cfg.train.device), progress=progress)
     return json.loads(path.read_text())
 
 
@@ -191,8 +190,8 @@ def load_guard(run_dir: Path, progress: bool = False) -> dict[str, Any] | None:
     from fedst.experiment import resolve_device
     from fedst.guard import guard_test_scores
 
-    cfg = load_config(run_dir)
-    return guard_test_scores(cfg, run_dir, resolve_device(cfg.train.device), progress)
+    run = Run(run_dir)
+    return guard_test_scores(run, resolve_device(run.cfg.train.device), progress)
 
 
 def dad_rows(run_dir: Path, scores: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -311,9 +310,9 @@ def msf_report(run_dirs: Sequence[Path], out: Path, progress: bool = False) -> l
     """The MSF table (and DAD's) of ``run_dirs`` in ``out``: msf.md, msf.csv, a plot per run.
     Every run is checked before any is scored (:func:`load_selection`'s requirements)."""
     for run_dir in run_dirs:
-        cfg = finished_run_config(run_dir, "msf")
+        run = finished_run(run_dir, "msf")
         if not (run_dir / SELECTION_FILE).exists():
-            require_validation(cfg, run_dir, "msf")
+            require_validation(run, "msf")
     runs = {run_dir: load_selection(run_dir, progress) for run_dir in run_dirs}
     guards = {run_dir: load_guard(run_dir, progress) for run_dir in run_dirs}
     guards = {run_dir: scores for run_dir, scores in guards.items() if scores is not None}
@@ -370,14 +369,12 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
     ``selection.held_out_site``, any rule but ``last`` without validation rounds), are refused
     before anything is evaluated: a :class:`RunError` or :class:`SelectionError` of one line."""
     from fedst.experiment import resolve_device
-    from fedst.federation import snapshots
     from fedst.federation.evaluation import evaluate_model
     from fedst.federation.site_data import open_site_data
-    from fedst.methods import method_of
-    from fedst.outfed import averaged_model, personalized_model
 
     command = f"matrix --rule {rule}"
-    cfg = finished_run_config(run_dir, command)
+    run = finished_run(run_dir, command)
+    cfg = run.cfg
     if rule == "cbe" and cfg.selection.held_out_site is None:
         others = "last" if cfg.train.val_every is None else "last, val or mixed"
         raise SelectionError(
@@ -388,7 +385,7 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
     choices: dict[str, Any] = {}
     if rule != "last":
         if not (run_dir / SELECTION_FILE).exists():
-            require_validation(cfg, run_dir, command, "use --rule last")
+            require_validation(run, command, "use --rule last")
         choices = load_selection(run_dir, progress, command)["choices"]
         if rule not in choices:
             raise SelectionError(
@@ -397,25 +394,22 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
                 "or pick one of those"
             )
     device = resolve_device(cfg.train.device)
-    indicators = method_of(cfg).indicators()
+    indicators = run.method.indicators()
     sites = [*cfg.data.federation, *cfg.data.out_of_federation]
     tests = {s: open_site_data(cfg, s, ("test",)).test for s in sites}
     if rule == "last":
         last = json.loads((run_dir / "final.json").read_text())["rounds"]
         rounds: dict[str, int | None] = dict.fromkeys(cfg.data.federation, last)
-        models = {s: (personalized_model(cfg, run_dir, s, device), s) for s in cfg.data.federation}
+        models = {s: (run.site_model(s, device), s) for s in cfg.data.federation}
         if cfg.data.out_of_federation:
-            models[OUTFED_MODEL] = (averaged_model(cfg, run_dir, device), None)
+            models[OUTFED_MODEL] = (run.outfed_model(device), None)
             rounds[OUTFED_MODEL] = last
     else:
         rounds = dict(choices[rule]["sites"])
-        models = {
-            s: (snapshots.snapshot_site_model(cfg, run_dir, s, rounds[s], device), s)
-            for s in cfg.data.federation
-        }
+        models = {s: (run.site_model(s, device, round=rounds[s]), s) for s in cfg.data.federation}
         outfed_round = choices[rule]["outfed"]
         if cfg.data.out_of_federation and outfed_round is not None:
-            model = snapshots.snapshot_outfed_model(cfg, run_dir, outfed_round, device)
+            model = run.outfed_model(device, round=outfed_round)
             models[OUTFED_MODEL] = (model, None)
             rounds[OUTFED_MODEL] = outfed_round
     dice, iou = [], []

@@ -2,6 +2,8 @@
 
 Build with :func:`create_pvt_v2` (or ``pvt_v2_b0`` ...); weights are located by
 :func:`resolve_pretrained` and loaded by :func:`load_pretrained`.
+
+Layer: below fedst; imports torch and timm only.
 """
 
 from .pvt_v2 import (

@@ -25,6 +25,8 @@ The package: ``clip`` (ClipConfig, which frames make a clip), ``normalization`` 
 ImageNet normalisation), ``augmentation`` (AugmentConfig and its pipeline), ``dataset``
 (ClipDataset), ``loaders`` (workers, seeded epochs, ``make_loader``, ``BatchStream``) and
 ``frames`` (FrameDataset and ``frame_loader`` for streaming evaluation).
+
+Layer: part of fedst.data; imports fedst.data and the root modules.
 """
 
 from fedst.data.clips.augmentation import AugmentConfig, build_augmentation

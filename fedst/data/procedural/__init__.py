@@ -90,6 +90,8 @@ streams, value noise, smooth signals), ``scene`` (tissue background), ``instrume
 motion, drawing), ``render`` (one video in memory: :func:`render_video`), ``writer`` (sites on
 disk: :func:`generate`, :func:`generate_oracle_split`) and ``cli`` (the command line of
 ``-m fedst.data.procedural``).
+
+Layer: part of fedst.data; imports fedst.data and the root modules.
 """
 
 from fedst.data.procedural.cli import main

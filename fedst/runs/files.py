@@ -1,43 +1,5 @@
-"""Run-directory I/O: atomic checkpoints, JSON-lines logs and TensorBoard scalars.
-
-Layout of a run directory (every file is written by the server process unless noted):
-```
-config.json / config.yaml   resolved experiment config (config.yaml also holds Hydra's view)
-metrics.jsonl               per-round evaluation rows (site, model, dice, iou, hd95, assd, per_class)
-train.jsonl                 per-round training rows (site, loss, seconds, loader_seconds: of those,
-                            the wait for batches, iterations); site "server":
-                            aggregation_seconds, seconds (aggregation + server step), SERQ losses,
-                            eq_seconds and sc_seconds, checkpoint_seconds, checkpoint_bytes and
-                            bank_entries_written (the round's server checkpoint),
-                            evaluation_seconds / evaluation_frames and validation_seconds (rounds
-                            that evaluate), round_seconds (the whole round), rss_bytes and
-                            peak_rss_bytes (the server process; in-process: the whole job) and
-                            <phase>_peak_rss_bytes, its peak during each phase of the round
-                            (train, server_step, evaluation, checkpoint; Linux); where the
-                            server computes on CUDA also cuda_allocated_bytes,
-                            cuda_reserved_bytes, cuda_peak_bytes (allocated),
-                            cuda_peak_reserved_bytes and per phase
-                            <phase>_cuda_peak_allocated_bytes / _reserved_bytes; a site's row
-                            has cuda_peak_allocated_bytes / cuda_peak_reserved_bytes of its
-                            round where it computes on CUDA (absent on the CPU, never zero)
-device.jsonl                per start or resume of the server: the device, card, autocast dtype,
-                            TF32, cudnn.benchmark, deterministic and compile it ran with
-comm.jsonl                  parameter bytes uploaded / downloaded per site per round
-participation.jsonl         per round: the sites whose training replies were aggregated, and the missing
-wire.jsonl                  (deploy.audit) record names, keys and shapes of every message
-personal_export.json        (deployment) sites that sent rho_k at the end / declined / were unreachable
-checkpoints/server.pt       last completed round: global model, SERQ state but its bank, RNG (atomic)
-checkpoints/feature_bank/   SERQ's feature bank: one file per entry and round written
-                            (fedst/federation/feature_bank.py); only changed entries each round
-checkpoints/server.prev.pt  the round before (fallback when server.pt is damaged)
-serq_bank.work              (serq.bank_storage=disk) SERQ's working bank while the server runs,
-                            deleted at the end; not a checkpoint (refilled from feature_bank/)
-sites/<site>/state_rNNNN.pt a site's private state after round N (in-process: written by the site;
-                            deployment: only rho_k of sites that sent it at the end)
-final.json, tables/, plots/ written at the end
-tensorboard/                scalars of all of the above
-```
-"""
+"""A run directory's files written safely and read back: atomic checkpoints and text, JSON-lines
+logs mirrored to TensorBoard, the run's config. What each file holds: fedst/runs/layout.py."""
 
 from __future__ import annotations
 

@@ -30,136 +30,125 @@ Under fold and mean the averaged model ignores the indicator its caller passes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from fedst.errors import UserError
-from fedst.experiment import ExperimentConfig
-from fedst.methods import method_of
+from fedst.methods import Method
 from fedst.model.channel_selection import fold_indicator
 from fedst.model.network import FedSTNet
 from fedst.model.state import load_subset
-
-SiteState = Mapping[str, object]
-"""{"personal": rho_k, "shared": gamma_k (optional), "num_examples": n_k, "site": name, ...};
-the out-of-federation average under ``indicator.unseen`` fold or mean reads "site"."""
+from fedst.runs.records import SiteState, TensorDict
 
 
 class ReturnedModelError(UserError, FileNotFoundError):
     """A site state lacks the own gamma_k that method.returned_model=own needs."""
 
 
-def sample_weighted(states: Sequence[SiteState], part: str) -> dict[str, torch.Tensor]:
-    """sum_k n_k / n state_k[part] over site states, accumulated in fp64, returned in fp32."""
-    weights = [float(state["num_examples"]) for state in states]
+def sample_weighted(
+    weights: Sequence[float], parts: Sequence[TensorDict]
+) -> dict[str, torch.Tensor]:
+    """sum_k w_k / sum(w) parts_k, tensor by tensor, accumulated in fp64, returned in fp32."""
     total = sum(weights)
-    first: Mapping[str, torch.Tensor] = states[0][part]  # type: ignore[assignment]
     return {
         key: sum(
-            w / total * s[part][key].double()  # type: ignore[index]
-            for w, s in zip(weights, states, strict=True)
+            w / total * part[key].double() for w, part in zip(weights, parts, strict=True)
         ).float()
-        for key in first
+        for key in parts[0]
     }
 
 
-def returned_shared(
-    cfg: ExperimentConfig, state: SiteState, global_shared: Mapping[str, torch.Tensor]
-) -> Mapping[str, torch.Tensor]:
+def weighted_by_samples(states: Sequence[SiteState], part: str) -> dict[str, torch.Tensor]:
+    """sum_k n_k / n state_k.<part> (``personal`` or ``shared``) over site states."""
+    parts = [getattr(state, part) for state in states]
+    return sample_weighted([state.num_examples for state in states], parts)
+
+
+def returned_shared(method: Method, state: SiteState, global_shared: TensorDict) -> TensorDict:
     """The shared part of the model a site returns: its own gamma_k (returned_model=own) or
     ``global_shared`` (gamma_g; empty when nothing travels)."""
-    method = method_of(cfg)
     if not method.returns_own_model:
         return global_shared if method.communicates else {}
-    if "shared" not in state:
+    if state.shared is None:
         raise ReturnedModelError(
-            f"the state of site {state.get('site', '?')} (round {state.get('round', '?')}) holds "
+            f"the state of site {state.site} (round {state.round if state.round is not None else '?'}) holds "
             f"no own shared parameters gamma_k, which method.returned_model=own scores (a run "
             f"from before they were kept, or a deployed site that missed the last round). Score "
             f"the run with method.returned_model=global (gamma_g U rho_k)"
         )
-    return state["shared"]  # type: ignore[return-value]
+    return state.shared
 
 
 def build_returned_model(
-    cfg: ExperimentConfig,
-    shared: Mapping[str, torch.Tensor],
-    personal: Mapping[str, torch.Tensor],
-    device: torch.device,
+    method: Method, shared: TensorDict, personal: TensorDict, device: torch.device
 ) -> FedSTNet:
     """The method's network with ``shared`` and then ``personal`` loaded, on ``device``."""
-    model = method_of(cfg).build_model()
+    model = method.build_model()
     load_subset(model, dict(shared))
     load_subset(model, dict(personal))
     return model.to(device)
 
 
 def site_model(
-    cfg: ExperimentConfig,
-    state: SiteState,
-    global_shared: Mapping[str, torch.Tensor],
-    device: torch.device,
+    method: Method, state: SiteState, global_shared: TensorDict, device: torch.device
 ) -> FedSTNet:
     """v_k of one site state (see the module docstring)."""
-    shared = returned_shared(cfg, state, global_shared)
-    return build_returned_model(cfg, shared, state["personal"], device)  # type: ignore[arg-type]
+    shared = returned_shared(method, state, global_shared)
+    return build_returned_model(method, shared, state.personal, device)
 
 
 def averaged_site_model(
-    cfg: ExperimentConfig,
-    states: Sequence[SiteState],
-    global_shared: Mapping[str, torch.Tensor],
-    device: torch.device,
+    method: Method, states: Sequence[SiteState], global_shared: TensorDict, device: torch.device
 ) -> FedSTNet:
     """sum_k n_k / n v_k over the given site states (the out-of-federation model), with the
     unseen-site indicator rule applied (module docstring)."""
-    rule = cfg.unseen_indicator_rule()
+    rule = method.cfg.unseen_indicator_rule()
     if rule == "fold":
-        return _folded_average(cfg, states, global_shared, device)
-    if not method_of(cfg).returns_own_model:
-        shared = returned_shared(cfg, states[0], global_shared)
+        return _folded_average(method, states, global_shared, device)
+    if not method.returns_own_model:
+        shared = returned_shared(method, states[0], global_shared)
     else:
-        shared_states = [{**s, "shared": returned_shared(cfg, s, global_shared)} for s in states]
-        shared = sample_weighted(shared_states, "shared")
-    personal = sample_weighted(states, "personal")
+        returned = [
+            dataclasses.replace(s, shared=returned_shared(method, s, global_shared)) for s in states
+        ]
+        shared = weighted_by_samples(returned, "shared")
+    personal = weighted_by_samples(states, "personal")
     if rule == "mean":
-        indicators = method_of(cfg).indicators()
-        mean = sample_weighted([_with_indicator(s, indicators) for s in states], "indicator")
-        shared = fold_indicator(shared, mean["xi"])
-        personal = fold_indicator(personal, mean["xi"])
-    return build_returned_model(cfg, shared, personal, device)
+        indicators = method.indicators()
+        weights = [state.num_examples for state in states]
+        xi_mean = sample_weighted(weights, [{"xi": site_indicator(s, indicators)} for s in states])
+        shared = fold_indicator(shared, xi_mean["xi"])
+        personal = fold_indicator(personal, xi_mean["xi"])
+    return build_returned_model(method, shared, personal, device)
 
 
 def _folded_average(
-    cfg: ExperimentConfig,
-    states: Sequence[SiteState],
-    global_shared: Mapping[str, torch.Tensor],
-    device: torch.device,
+    method: Method, states: Sequence[SiteState], global_shared: TensorDict, device: torch.device
 ) -> FedSTNet:
     """sum_k n_k / n fold(v_k, xi_k): each site's indicator folded into its own model first."""
-    indicators = method_of(cfg).indicators()
+    indicators = method.indicators()
     folded = []
     for state in states:
-        xi = _with_indicator(state, indicators)["indicator"]["xi"]
-        shared = returned_shared(cfg, state, global_shared)
+        xi = site_indicator(state, indicators)
+        shared = returned_shared(method, state, global_shared)
         folded.append(
-            {
-                "num_examples": state["num_examples"],
-                "shared": fold_indicator(shared, xi),
-                "personal": fold_indicator(state["personal"], xi),  # type: ignore[arg-type]
-            }
+            dataclasses.replace(
+                state,
+                shared=fold_indicator(shared, xi),
+                personal=fold_indicator(state.personal, xi),
+            )
         )
-    shared = sample_weighted(folded, "shared") if folded[0]["shared"] else {}
-    return build_returned_model(cfg, shared, sample_weighted(folded, "personal"), device)
+    shared = weighted_by_samples(folded, "shared") if folded[0].shared else {}
+    return build_returned_model(method, shared, weighted_by_samples(folded, "personal"), device)
 
 
-def _with_indicator(state: SiteState, indicators: Mapping[str, torch.Tensor]) -> SiteState:
-    """``state`` with its site's frozen indicator under ``state["indicator"]["xi"]``."""
-    site = state.get("site")
-    if site not in indicators:
+def site_indicator(state: SiteState, indicators: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The frozen indicator xi_k of the state's site."""
+    if state.site not in indicators:
         raise ReturnedModelError(
-            f"a site state names site {site!r}, which has no indicator in this run's config "
+            f"a site state names site {state.site!r}, which has no indicator in this run's config "
             f"(indicators of {sorted(indicators)}): the unseen-site rule needs each site's xi_k"
         )
-    return {**state, "indicator": {"xi": indicators[site]}}  # type: ignore[index]
+    return indicators[state.site]

@@ -1,0 +1,95 @@
+"""Where a run's files are: every name under a run directory, in one module.
+
+```
+config.json / config.yaml   resolved experiment config (config.yaml also holds Hydra's view)
+metrics.jsonl               per-round evaluation rows (site, model, dice, iou, hd95, assd, per_class)
+train.jsonl                 per-round training rows (site, loss, seconds, loader_seconds: of those,
+                            the wait for batches, iterations); site "server":
+                            aggregation_seconds, seconds (aggregation + server step), SERQ losses,
+                            eq_seconds and sc_seconds, checkpoint_seconds, checkpoint_bytes and
+                            bank_entries_written (the round's server checkpoint),
+                            evaluation_seconds / evaluation_frames and validation_seconds (rounds
+                            that evaluate), round_seconds (the whole round), rss_bytes and
+                            peak_rss_bytes (the server process; in-process: the whole job) and
+                            <phase>_peak_rss_bytes, its peak during each phase of the round
+                            (train, server_step, evaluation, checkpoint; Linux); where the
+                            server computes on CUDA also cuda_allocated_bytes,
+                            cuda_reserved_bytes, cuda_peak_bytes (allocated),
+                            cuda_peak_reserved_bytes and per phase
+                            <phase>_cuda_peak_allocated_bytes / _reserved_bytes; a site's row
+                            has cuda_peak_allocated_bytes / cuda_peak_reserved_bytes of its
+                            round where it computes on CUDA (absent on the CPU, never zero)
+device.jsonl                per start or resume of the server: the device, card, autocast dtype,
+                            TF32, cudnn.benchmark, deterministic and compile it ran with
+comm.jsonl                  parameter bytes uploaded / downloaded per site per round
+participation.jsonl         per round: the sites whose training replies were aggregated, and the missing
+wire.jsonl                  (deploy.audit) record names, keys and shapes of every message
+personal_export.json        (deployment) sites that sent rho_k at the end / declined / were unreachable
+checkpoints/server.pt       last completed round: global model, SERQ state but its bank, RNG (atomic)
+checkpoints/feature_bank/   SERQ's feature bank: one file per entry and round written
+                            (fedst/federation/feature_bank.py); only changed entries each round
+checkpoints/server.prev.pt  the round before (fallback when server.pt is damaged)
+serq_bank.work              (serq.bank_storage=disk) SERQ's working bank while the server runs,
+                            deleted at the end; not a checkpoint (refilled from feature_bank/)
+sites/<site>/state_rNNNN.pt a site's private state after round N (in-process: written by the site;
+                            deployment: only rho_k of sites that sent it at the end)
+selection/shared_rNNNN.pt   gamma_g after validation round N (what model selection may choose)
+sites/<site>/selection/personal_rNNNN.pt
+                            the site's rho_k (and own gamma_k) after validation round N
+external/<site>.json        a new site scored by eval_outfed.py site_root=... (never final.json)
+final.json, tables/, plots/ written at the end
+tensorboard/                scalars of all of the above
+```
+
+A deployed site keeps its ``sites/<site>`` folder on its own disk (its state folder).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CONFIG_JSON = "config.json"
+FINAL_JSON = "final.json"
+SERVER_CHECKPOINT = "checkpoints/server.pt"
+SERVER_PREVIOUS = "checkpoints/server.prev.pt"
+"""The checkpoint of the round before SERVER_CHECKPOINT's: the fallback when the latest is damaged."""
+SITES_DIR = "sites"
+SELECTION_DIR = "selection"
+PERSONAL_EXPORT = "personal_export.json"
+"""Written by the deployed server (fedst/app/after_rounds.py): which sites sent rho_k at the end."""
+EXTERNAL_DIR = "external"
+"""Sub-folder of a run directory with the results of new sites (never final.json)."""
+EXTERNAL_TABLE = "results.md"
+
+
+def site_state_dir(run_dir: Path, site: str) -> Path:
+    """A site's state folder when it is inside the run directory (simulation)."""
+    return run_dir / SITES_DIR / site
+
+
+def site_state_file(state_dir: Path, server_round: int) -> Path:
+    """Where a site keeps its private state after ``server_round``."""
+    return state_dir / f"state_r{server_round:04d}.pt"
+
+
+def saved_rounds(state_dir: Path) -> list[int]:
+    """Rounds whose private state is in ``state_dir``, ascending."""
+    found = (re.fullmatch(r"state_r(\d{4,})\.pt", p.name) for p in state_dir.glob("state_r*.pt"))
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def shared_snapshot_path(run_dir: Path, server_round: int) -> Path:
+    """The server's gamma_g after validation round ``server_round``."""
+    return run_dir / SELECTION_DIR / f"shared_r{server_round:04d}.pt"
+
+
+def personal_snapshot_path(state_dir: Path, server_round: int) -> Path:
+    """A site's rho_k (and own gamma_k) after validation round ``server_round``."""
+    return state_dir / SELECTION_DIR / f"personal_r{server_round:04d}.pt"
+
+
+def snapshot_rounds(run_dir: Path) -> list[int]:
+    """Rounds whose shared snapshot the run directory holds, ascending."""
+    folder = run_dir / SELECTION_DIR
+    return sorted(int(p.stem.split("_r")[1]) for p in folder.glob("shared_r*.pt"))
