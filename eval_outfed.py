@@ -3,14 +3,15 @@
     python eval_outfed.py run=runs/demo/fedst_s0_...             # site E and GraSP, tables and plots
     python eval_outfed.py run=runs/demo/fedst_s0_... sites=[E]
     python eval_outfed.py run=runs/demo/fedst_s0_... site_root=/data/new_hospital/lung site_name=lung
-    python eval_outfed.py run=runs/demo/fedst_s0_... guard=dad    # corrected by DAD (fedst/guard.py)
+    python eval_outfed.py run=runs/demo/fedst_s0_... guard=dad    # corrected by DAD (fedst/guard/)
 
 Writes <run>/final.json (with "out_of_federation"), <run>/tables/ and <run>/plots/, and prints
 the comparison table. With site_root: writes only <run>/external/<site_name>.json and
 <run>/external/results.md (config.json and final.json stay as they are) and prints the site's
 line. With guard=dad: the out-of-federation model corrected by GEN-Guard's DAD at the held-out
 site, on ``sites`` (default: the run's out-of-federation sites); writes only
-<run>/outfed_dad_<sites>.json. The model: fedst/outfed.py (fedst/guard.py with guard=dad).
+<run>/outfed_dad_<sites>.json. The model: ``Run.outfed_model`` (fedst/runs/run.py; fedst/guard/
+with guard=dad).
 
 It writes nothing else: no Hydra folder or log file (configs/eval_outfed.yaml), and nothing at
 all when ``run`` is not a run directory. A mistake ends in one line and exit status 2

@@ -27,7 +27,7 @@ deploy.host, deploy.port, deploy.min_sites, deploy.round_timeout, deploy.eval_ti
 deploy.join_timeout, deploy.reply_poll. Both: deploy.transfers_in_flight, deploy.chunk_mib. All: fedst/experiment/runtime.py
 DeployConfig.
 
-Configs: configs/ (see configs/config.yaml). The run directory layout: fedst/runs/files.py.
+Configs: configs/ (see configs/config.yaml). The run directory layout: fedst/runs/layout.py.
 A mistake (an unknown key, a wrong value, a missing run) ends in one line and exit status 2
 (FEDST_DEBUG=1: with its traceback); a command that fails before its first round ended leaves
 no run directory behind (fedst/cli.py remove_unfinished_runs).

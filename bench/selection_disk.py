@@ -31,9 +31,10 @@ def main(overrides: list[str]) -> None:
     if not any(o.startswith("train.val_every=") for o in overrides):
         overrides = [*overrides, "train.val_every=4"]
     cfg, _ = compose_experiment(["experiment=demo", *overrides])
-    model = method_of(cfg).build_model()
-    partition = method_of(cfg).partition(model)
-    shared = state_subset(model, partition.shared) if method_of(cfg).communicates else {}
+    method = method_of(cfg)
+    model = method.build_model()
+    partition = method.partition(model)
+    shared = state_subset(model, partition.shared) if method.communicates else {}
     personal = state_subset(model, partition.personal)
     optimizer = torch.optim.AdamW(model.parameters())
     for p in model.parameters():  # one step so the optimizer holds its two moments per tensor

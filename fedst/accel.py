@@ -337,7 +337,7 @@ def maybe_compile(step: _Step, mode: str) -> _Step:
     itself when ``mode`` is "none".
 
     ``step`` is a training step's function (forward and loss: fedst/federation/site.py, SERQ's
-    passes in fedst/federation/serq.py), so the model itself stays eager for evaluation and
+    passes in fedst/methods/serq.py), so the model itself stays eager for evaluation and
     export. An ``nn.Module`` is compiled in place (``nn.Module.compile``) and returned: the
     wrapper ``torch.compile(module)`` returns would prefix every state-dict key with
     ``_orig_mod.``, which the partition rules and checkpoints would not match. With a mode of

@@ -17,7 +17,7 @@ state in the graph:
              features_s<i>    [1, C_i, h_i, w_i] float32, this frame's features for later steps
 
 The caller keeps the cache and picks the earlier frames by time with FrameHistory
-(fedst/data/clips.py; frame k steps back: the latest earlier frame at or before
+(fedst/data/clips/; frame k steps back: the latest earlier frame at or before
 t - k * interval_s), as OnnxStreamer does. The site indicator is a constant of the graph
 (the model is the site's). H, W are fixed to the run's clip.image_size (or size=); a sidecar
 <output>.json records them with the clip rule, the input normalisation, the class names and the

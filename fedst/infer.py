@@ -10,7 +10,7 @@ Frames are read with OpenCV and streamed through the model (FedSTNet.stream in
 fedst/model/network.py): each frame is encoded once, and the temporal module's earlier frames are
 chosen by time as in training, clip.interval_s apart (the latest earlier frame at or before
 t - k * interval_s; the current frame before the video's start; FrameHistory in
-fedst/data/clips.py). A frame's time is index / fps for a video file (its own frame rate, or
+fedst/data/clips/). A frame's time is index / fps for a video file (its own frame rate, or
 fps=) and a frame folder (fps= required), and the arrival time for a camera. Each frame is
 resized to the run's clip.image_size and normalised as in training; the logits are resized back
 to the frame's own size (bilinear) before the argmax, so overlays and label maps have the

@@ -43,11 +43,11 @@ from fedst.model.indicators import (
     site_prompt,
 )
 from fedst.runs import Run
-from fedst.runs.files import atomic_write_text
 from fedst.runs.layout import (
     EXTERNAL_DIR,
     EXTERNAL_TABLE,
 )
+from fedst.storage import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from fedst.errors import UserError
 from fedst.federation.evaluation import evaluate_model
 from fedst.federation.site_data import open_site_data
 from fedst.runs import Run
-from fedst.runs.files import atomic_write_text, read_jsonl
 from fedst.runs.layout import SELECTION_DIR
+from fedst.storage import atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)
 

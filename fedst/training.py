@@ -39,9 +39,9 @@ from fedst.federation.site_data import open_site_data
 from fedst.outfed import evaluate_out_of_federation
 from fedst.report import plots, results, tables
 from fedst.runs import Run
-from fedst.runs.files import atomic_write_text, read_jsonl
 from fedst.runs.layout import site_state_dir
 from fedst.selection import run_selection
+from fedst.storage import atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from fedst.app import server_app
 from fedst.app.inprocess import InProcessGrid
+from fedst.app.messaging import FederationError
 from fedst.cli import compose_experiment
 from fedst.data.procedural import generate
 from fedst.federation import transport
@@ -143,7 +144,7 @@ def test_a_reply_in_the_older_per_tensor_layout_is_refused_with_one_line(tiny_ro
             )
         return reply
 
-    with pytest.raises(server_app.FederationError) as caught:
+    with pytest.raises(FederationError) as caught:
         server_app.run_federation(InProcessGrid(older_b, [{}, {}]), cfg, tmp_path, progress=False)
     (line,) = [line for line in str(caught.value).splitlines() if "site B" in line]
     assert f"refused the reply of site B: record 'arrays' carries {len(shared)} arrays" in line

@@ -23,7 +23,8 @@ from fedst.cli import compose_experiment
 from fedst.config import ConfigError
 from fedst.experiment import resolve_device, run_device
 from fedst.federation import transport
-from fedst.runs.files import RunLog, read_jsonl
+from fedst.runs.files import RunLog
+from fedst.storage import read_jsonl
 from tests.conftest import train_reply
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Specification of DiskFeatureBank (fedst/federation/feature_bank.py): SERQ's working bank in a
+"""Specification of DiskFeatureBank (fedst/methods/feature_bank.py): SERQ's working bank in a
 scratch file behaves as the dict it replaces, entry for entry, and keeps the entries out of the
 process's resident memory."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedst.federation.feature_bank import DiskFeatureBank
+from fedst.methods.feature_bank import DiskFeatureBank
 
 MB = 2**20
 
@@ -65,7 +65,7 @@ FILL_THE_BANK = textwrap.dedent(
     import json, sys, torch
     from pathlib import Path
     from fedst.accel import memory_usage
-    from fedst.federation.feature_bank import DiskFeatureBank
+    from fedst.methods.feature_bank import DiskFeatureBank
     bank = {} if sys.argv[1] == "memory" else DiskFeatureBank(Path(sys.argv[2]))
     before = memory_usage()["rss_bytes"]
     for i in range(200):

@@ -35,8 +35,8 @@ from fedst.quantize import (
     quantize_step,
     training_videos,
 )
-from fedst.runs.files import atomic_torch_save
 from fedst.runs.layout import SERVER_CHECKPOINT, site_state_dir, site_state_file
+from fedst.storage import atomic_torch_save
 from fedst.training import save_config
 
 pytest.importorskip("onnxruntime")

@@ -1,4 +1,4 @@
-"""Specification of SERQ's feature bank on disk (fedst/federation/feature_bank.py): server.pt holds
+"""Specification of SERQ's feature bank on disk (fedst/methods/feature_bank.py): server.pt holds
 no bank; each save writes only the entries changed since the previous one; resuming restores the
 bank of server.pt's round exactly, also after a crash between the bank's write and server.pt's,
 and after a fall back to server.prev.pt. Each holds for both working banks (serq.bank_storage:
@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from fedst.data.procedural import generate
-from fedst.federation.feature_bank import FEATURE_BANK_DIR, SERQ_BANK_SCRATCH, DiskFeatureBank
 from fedst.federation.server import FederationServer
-from fedst.runs.files import load_checkpoint
+from fedst.methods.feature_bank import FEATURE_BANK_DIR, SERQ_BANK_SCRATCH, DiskFeatureBank
 from fedst.runs.layout import SERVER_CHECKPOINT
 from fedst.seeding import seed_everything
+from fedst.storage import load_checkpoint
 from tests.test_federation import experiment
 
 
@@ -45,14 +45,14 @@ def new_server(root: Path, run_dir: Path, storage: str = "memory") -> Federation
 def run_round(server: FederationServer, server_round: int) -> set[str]:
     """One SERQ round; returns the samples whose bank entry it changed."""
     seed_everything(server.cfg.seed, 0x5E12, server_round)
-    before = {k: v.clone() for k, v in server.serq.feature_bank.items()}
-    server.serq.step(server.global_model)
-    bank = server.serq.feature_bank
+    before = {k: v.clone() for k, v in server.step.serq.feature_bank.items()}
+    server.step.serq.step(server.global_model)
+    bank = server.step.serq.feature_bank
     return {k for k, v in bank.items() if k not in before or not torch.equal(v, before[k])}
 
 
 def snapshot(server: FederationServer) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in server.serq.feature_bank.items()}
+    return {k: v.clone() for k, v in server.step.serq.feature_bank.items()}
 
 
 def assert_same_bank(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
@@ -92,11 +92,11 @@ def test_a_save_writes_only_the_changed_entries_and_resume_restores_the_bank(
     assert written["checkpoint_bytes"] == server_pt + sum(p.stat().st_size for p in round_2)
     assert written["checkpoint_seconds"] > 0
     state = load_checkpoint(tmp_path / SERVER_CHECKPOINT)
-    assert "feature_bank" not in state["serq"]  # server.pt holds no bank
+    assert "feature_bank" not in state["method"]["server_step"]  # server.pt holds no bank
 
     resumed = new_server(tiny_root, tmp_path, storage)
     resumed.load()
-    assert_same_bank(resumed.serq.feature_bank, bank_2)
+    assert_same_bank(resumed.step.serq.feature_bank, bank_2)
 
 
 def round_revisiting_the_bank(server: FederationServer, next_round: int) -> tuple[int, dict, set]:
@@ -116,13 +116,13 @@ def test_bank_entries_written_before_a_crash_are_rolled_back_to_server_pt_s_roun
 ):
     server = saved_two_rounds[0]
     crashed, bank_saved, _ = round_revisiting_the_bank(server, 3)
-    server.serq.save_feature_bank(server.bank_store, crashed)  # ... then dies: no server.pt
+    server.step.serq.save_feature_bank(server.step.store, crashed)  # ... then dies: no server.pt
     assert files_of_round(tmp_path, crashed)
 
     resumed = new_server(tiny_root, tmp_path, storage)
     resumed.load()
     assert resumed.completed_round == crashed - 1
-    assert_same_bank(resumed.serq.feature_bank, bank_saved)
+    assert_same_bank(resumed.step.serq.feature_bank, bank_saved)
     assert not files_of_round(tmp_path, crashed)  # the abandoned round's entries are gone
     changed = run_round(resumed, crashed)  # the re-run round writes its entries again
     assert resumed.save(crashed)["bank_entries_written"] == len(changed)
@@ -139,7 +139,7 @@ def test_a_fall_back_to_server_prev_pt_restores_the_previous_round_s_bank(
     resumed = new_server(tiny_root, tmp_path, storage)
     resumed.load()
     assert resumed.completed_round == last - 1
-    assert_same_bank(resumed.serq.feature_bank, bank_previous)
+    assert_same_bank(resumed.step.serq.feature_bank, bank_previous)
 
 
 def test_the_disk_bank_gives_the_same_serq_as_the_memory_bank_and_leaves_no_scratch_file(
@@ -149,17 +149,36 @@ def test_the_disk_bank_gives_the_same_serq_as_the_memory_bank_and_leaves_no_scra
         storage: new_server(tiny_root, tmp_path / storage, storage)
         for storage in ("memory", "disk")
     }
-    assert isinstance(servers["disk"].serq.feature_bank, DiskFeatureBank)
-    assert isinstance(servers["memory"].serq.feature_bank, dict)
+    assert isinstance(servers["disk"].step.serq.feature_bank, DiskFeatureBank)
+    assert isinstance(servers["memory"].step.serq.feature_bank, dict)
     for server_round in (1, 2, 3):
         for server in servers.values():
             run_round(server, server_round)
     memory, disk = servers["memory"], servers["disk"]
-    assert_same_bank(disk.serq.feature_bank, snapshot(memory))
+    assert_same_bank(disk.step.serq.feature_bank, snapshot(memory))
     disk_state, memory_state = disk.global_model.state_dict(), memory.global_model.state_dict()
     assert all(torch.equal(disk_state[k], memory_state[k]) for k in memory_state)
-    assert torch.equal(disk.serq.domain_descriptor, memory.serq.domain_descriptor)
+    assert torch.equal(disk.step.serq.domain_descriptor, memory.step.serq.domain_descriptor)
     scratch = tmp_path / "disk" / SERQ_BANK_SCRATCH
     assert scratch.stat().st_size > 0
     disk.close()
     assert not scratch.exists()
+
+
+def test_a_checkpoint_from_before_the_server_step_hook_resumes_serq_the_same(
+    saved_two_rounds, tiny_root, tmp_path, storage
+):
+    """Checkpoints written before SERQ moved behind Method.server_step hold its state under a
+    top-level "serq" key (and none in "method"): resuming one restores the same SERQ."""
+    server, _, bank_2, _, _ = saved_two_rounds
+    path = tmp_path / SERVER_CHECKPOINT
+    state = load_checkpoint(path)
+    state["serq"] = state["method"].pop("server_step")  # the layout of the older checkpoints
+    torch.save(state, path)
+    resumed = new_server(tiny_root, tmp_path, storage)
+    resumed.load()
+    assert_same_bank(resumed.step.serq.feature_bank, bank_2)
+    assert torch.equal(resumed.step.serq.domain_descriptor, server.step.serq.domain_descriptor)
+    for key, value in server.step.serq.synthetic_model.state_dict().items():
+        assert torch.equal(resumed.step.serq.synthetic_model.state_dict()[key], value), key
+    assert resumed.step.serq.pretrained_iters == server.step.serq.pretrained_iters

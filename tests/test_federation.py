@@ -19,17 +19,18 @@ from hydra import compose, initialize_config_dir
 
 from fedst.app import server_app
 from fedst.app.inprocess import InProcessGrid
+from fedst.app.messaging import FederationError
 from fedst.cli import register_resolvers, split_config
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
 from fedst.federation import server as server_module
 from fedst.federation import site as site_module
 from fedst.federation import transport
-from fedst.federation.feature_bank import SERQ_BANK_SCRATCH
 from fedst.federation.server import FederationServer
 from fedst.federation.site import Site
 from fedst.federation.site_data import open_site_data
 from fedst.methods import Method, method_of
+from fedst.methods.feature_bank import SERQ_BANK_SCRATCH
 from fedst.model.state import state_subset
 from fedst.training import run_training
 from tests.conftest import sent_keys
@@ -333,13 +334,13 @@ def test_the_server_step_never_reaches_a_sites_private_parameters(serq_server, t
     rho_g = state_subset(server.global_model, personal)
 
     entering: dict[str, torch.Tensor] = {}
-    original_step = server.serq.step
+    original_step = server.step.serq.step
 
     def recording_step(global_model):
         entering.update(state_subset(global_model, [*shared, *personal]))
         return original_step(global_model)
 
-    server.serq.step = recording_step
+    server.step.serq.step = recording_step
     server.server_step(gamma_a, server_round=1)  # the aggregate of a single site is its gamma
     for key in shared:
         assert torch.equal(entering[key], gamma_a[key]), key
@@ -378,7 +379,7 @@ def sc_objective(serq, global_model, batch) -> float:
 
 
 def test_serq_eq_step_lowers_its_objective_on_a_fixed_batch(serq_server):
-    serq, global_model = serq_server.serq, serq_server.global_model
+    serq, global_model = serq_server.step.serq, serq_server.global_model
     batch = serq.stream.next_batch()
     serq.update_feature_bank(global_model, batch[0], batch[2])
     serq.synthetic_model.eval()
@@ -391,7 +392,7 @@ def test_serq_eq_step_lowers_its_objective_on_a_fixed_batch(serq_server):
 
 
 def test_serq_sc_step_lowers_its_objective_on_a_fixed_batch(serq_server):
-    serq, global_model = serq_server.serq, serq_server.global_model
+    serq, global_model = serq_server.step.serq, serq_server.global_model
     batch = serq.stream.next_batch()
     global_model.eval()
     before = sc_objective(serq, global_model, batch)
@@ -402,7 +403,7 @@ def test_serq_sc_step_lowers_its_objective_on_a_fixed_batch(serq_server):
 
 
 def test_serq_eq_step_leaves_the_global_model_fixed_and_sc_leaves_v_pre_fixed(serq_server):
-    serq, global_model = serq_server.serq, serq_server.global_model
+    serq, global_model = serq_server.step.serq, serq_server.global_model
     batch = serq.stream.next_batch()
     global_before = {k: v.clone() for k, v in global_model.state_dict().items()}
     serq.explicit_quantification(global_model, [batch])
@@ -432,7 +433,7 @@ def run_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> None
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(site_module.Site, "train_round", cut_off)
-        with pytest.raises(server_app.FederationError, match="power cut"):
+        with pytest.raises(FederationError, match="power cut"):
             run_training(cfg, run_dir, progress=False)
 
 
@@ -515,7 +516,7 @@ def test_a_nan_loss_stops_the_run_with_a_clear_message_and_keeps_the_last_checkp
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(losses.SegmentationLoss, "forward", nan_in_round_two)
         patch.setattr(site_module.Site, "train_round", tracking)
-        with pytest.raises(server_app.FederationError, match="loss is nan"):
+        with pytest.raises(FederationError, match="loss is nan"):
             run_training(cfg, tmp_path / "run", progress=False)
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "server.pt", weights_only=False)
     assert checkpoint["round"] == 1

@@ -23,10 +23,9 @@ from fedst.data.clips import BatchStream, ClipDataset
 from fedst.data.generic import GenericLayoutSource
 from fedst.experiment import TrainConfig
 from fedst.experiment.config import experiment_from_json
-from fedst.federation import feature_bank
-from fedst.federation.feature_bank import DiskFeatureBank, read_entries, write_entries
-from fedst.federation.serq import Serq
-from fedst.methods import method_of
+from fedst.methods import feature_bank, method_of
+from fedst.methods.feature_bank import DiskFeatureBank, read_entries, write_entries
+from fedst.methods.serq import Serq
 from tests.conftest import write_generic_site
 
 CUDA = torch.device("cuda")
@@ -301,7 +300,7 @@ def test_the_site_step_and_serqs_passes_are_compiled_with_the_configured_mode(
         "train.num_workers=0",
     )
     server = FederationServer(cfg, tmp_path / "run", CPU)
-    server.serq.step(server.global_model)
+    server.step.serq.step(server.global_model)
     site = Site(cfg.data.federation[0], cfg, tmp_path / "site", CPU)
     site.train_round(server.initial_payload(), 1, local_iters=2)
     assert compiled == {

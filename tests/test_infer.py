@@ -35,8 +35,8 @@ from fedst.methods import method_of
 from fedst.model.network import NetworkConfig, build_network
 from fedst.model.state import state_subset
 from fedst.report.plots import PART_COLORS
-from fedst.runs.files import atomic_torch_save
 from fedst.runs.layout import SERVER_CHECKPOINT, site_state_dir, site_state_file
+from fedst.storage import atomic_torch_save
 from fedst.training import save_config
 
 H, W = 32, 40

@@ -22,6 +22,7 @@ from torch import nn
 
 from fedst import training
 from fedst.app import server_app
+from fedst.app.messaging import FederationError
 from fedst.config import ConfigError
 from fedst.experiment import RoundPolicy
 from fedst.federation.site import Site
@@ -286,7 +287,7 @@ def test_a_run_interrupted_in_stage_two_resumes_into_it_and_finishes_once(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Site, "final_stage", power_cut)
-        with pytest.raises(server_app.FederationError, match="lost power"):
+        with pytest.raises(FederationError, match="lost power"):
             run_training(cfg, run_dir, progress=False)
     assert torch.load(run_dir / "checkpoints/server.pt", weights_only=False)["round"] == 1
     final = run_training(cfg, run_dir, progress=False)

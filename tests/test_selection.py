@@ -28,8 +28,8 @@ from fedst.federation.site_data import open_site_data
 from fedst.methods import method_of
 from fedst.report.selection import cross_site_matrix
 from fedst.runs import Run
-from fedst.runs.files import load_checkpoint, read_jsonl
 from fedst.runs.layout import SERVER_CHECKPOINT, site_state_dir, site_state_file
+from fedst.storage import load_checkpoint, read_jsonl
 from fedst.training import run_training
 from tests.conftest import record_reads
 from tests.test_federation import experiment

@@ -12,8 +12,8 @@ import torch
 from fedst.cli import compose_experiment
 from fedst.data.clips import AugmentConfig, BatchStream, ClipDataset
 from fedst.data.generic import GenericLayoutSource
-from fedst.federation.serq import Serq
 from fedst.methods import method_of
+from fedst.methods.serq import Serq
 from tests.conftest import write_generic_site
 
 

@@ -43,7 +43,7 @@ def serq_server(tiny_root: Path, run_dir: Path, *overrides: str) -> FederationSe
 def test_eq_drives_the_descriptor_to_its_closed_form_optimum_on_a_fixed_bank(tiny_root, tmp_path):
     step = 0.5
     server = serq_server(tiny_root, tmp_path, f"serq.descriptor_step={step}")
-    serq = server.serq
+    serq = server.step.serq
     for parameter in serq.synthetic_model.parameters():  # v_pre fixed: only D_sy learns
         parameter.requires_grad_(False)
     generator = torch.Generator().manual_seed(0)
@@ -116,6 +116,6 @@ def test_the_server_step_logs_how_far_serq_moves_gamma_against_the_aggregation(t
 def test_serq_reads_the_stage_the_temporal_module_reads(tiny_root, tmp_path):
     """Sec. III-C1: "we denote F_ts as F": the features of the temporal module's stage."""
     server = serq_server(tiny_root, tmp_path)
-    assert server.serq.feature_stage == server.cfg.network_config().temporal_stages[0] == 1
+    assert server.step.serq.feature_stage == server.cfg.network_config().temporal_stages[0] == 1
     other = serq_server(tiny_root, tmp_path / "other", "serq.feature_stage=3")
-    assert other.serq.feature_stage == 3
+    assert other.step.serq.feature_stage == 3

@@ -46,7 +46,7 @@ def test_finetune_trains_the_global_model_with_the_segmentation_loss_on_serqs_ba
     tiny_root, tmp_path
 ):
     server, stats, before = server_after_one_round(tiny_root, tmp_path / "ft", "serq.mode=finetune")
-    serq = server.serq
+    serq = server.step.serq
     assert serq is not None
 
     # the same steps by hand: a fresh model from the state before, the plan SERQ draws, Adam(lr)
@@ -55,7 +55,7 @@ def test_finetune_trains_the_global_model_with_the_segmentation_loss_on_serqs_ba
     by_hand.load_state_dict(before)
     by_hand.train()
     optimizer = torch.optim.Adam(by_hand.parameters(), lr=server.cfg.serq.lr)
-    reference = FederationServer(server.cfg, tmp_path / "ref", torch.device("cpu")).serq
+    reference = FederationServer(server.cfg, tmp_path / "ref", torch.device("cpu")).step.serq
     seed_everything(server.cfg.seed, 0x5E12, 1)
     losses = []
     for images, masks, _ in reference.augmented_batches(reference._draw_plan()):
@@ -76,9 +76,9 @@ def test_finetune_trains_the_global_model_with_the_segmentation_loss_on_serqs_ba
 def test_finetune_leaves_eq_the_descriptor_and_the_bank_untouched(tiny_root, tmp_path):
     cfg = experiment(tiny_root, "serq.pretrain_iters=0", "train.num_workers=0")
     torch.manual_seed(0)
-    untouched = FederationServer(cfg, tmp_path / "untouched", torch.device("cpu")).serq
+    untouched = FederationServer(cfg, tmp_path / "untouched", torch.device("cpu")).step.serq
     server, _, _ = server_after_one_round(tiny_root, tmp_path / "ft", "serq.mode=finetune")
-    serq = server.serq
+    serq = server.step.serq
     assert torch.equal(serq.domain_descriptor, untouched.domain_descriptor)
     for key, value in serq.synthetic_model.state_dict().items():
         assert torch.equal(value, untouched.synthetic_model.state_dict()[key]), key

@@ -15,9 +15,9 @@ import torch
 
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.data.procedural import generate
-from fedst.federation.serq import Serq
 from fedst.federation.server import FederationServer
 from fedst.methods import method_of
+from fedst.methods.serq import Serq
 from fedst.seeding import seed_everything
 from tests.test_federation import experiment
 
@@ -45,7 +45,7 @@ def four_frame_sets(server: FederationServer) -> tuple[BatchStream, ClipDataset]
     source = cfg.data.open(cfg.data.server)
     clip = cfg.clip_config()
     assert clip.num_frames == 4
-    stream = server.serq.stream
+    stream = server.step.serq.stream
     dataset = ClipDataset(source, "train", clip, cfg.augment, validate=False)
     four = BatchStream(
         dataset, stream.batch_size, stream.seed, 0, stream.device, stream.num_classes
@@ -75,14 +75,14 @@ def test_a_streamed_round_equals_the_materialised_round_of_4_frame_clips(tiny_ro
         torch.manual_seed(0)  # the same models and D_sy
         servers.append(FederationServer(cfg, tmp_path / name, torch.device("cpu")))
     streamed, materialised = servers
-    materialised.serq.stream, materialised.serq.reference = four_frame_sets(materialised)
-    assert streamed.serq.stream.dataset.clip_length == 1  # the server reads 1-frame clips
+    materialised.step.serq.stream, materialised.step.serq.reference = four_frame_sets(materialised)
+    assert streamed.step.serq.stream.dataset.clip_length == 1  # the server reads 1-frame clips
 
     for server_round in range(1, ROUNDS + 1):
         seed_everything(cfg.seed, 0x5E12, server_round)
-        stats = streamed.serq.step(streamed.global_model)
+        stats = streamed.step.serq.step(streamed.global_model)
         seed_everything(cfg.seed, 0x5E12, server_round)
-        expected = materialised_step(materialised.serq, materialised.global_model)
+        expected = materialised_step(materialised.step.serq, materialised.global_model)
         got = (
             stats.eq_loss,
             stats.eq_feature_gap,
@@ -93,7 +93,7 @@ def test_a_streamed_round_equals_the_materialised_round_of_4_frame_clips(tiny_ro
             stats.global_feature_rms,
         )
         assert got == expected  # bit-identical on the CPU
-    a, b = streamed.serq, materialised.serq
+    a, b = streamed.step.serq, materialised.step.serq
     for model_a, model_b in (
         (streamed.global_model, materialised.global_model),
         (a.synthetic_model, b.synthetic_model),

@@ -22,10 +22,11 @@ import pytest
 import torch
 from flwr.app import Message
 
-from fedst.app import server_app
+from fedst.app import messaging, server_app
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import release_sites
 from fedst.app.inprocess import InProcessGrid
+from fedst.app.messaging import FederationError
 from fedst.app.nodes import site_node_config
 from fedst.config import ConfigError
 from fedst.data.procedural import generate
@@ -264,7 +265,7 @@ def test_evaluate_steps_wait_the_eval_timeout_and_training_steps_the_round_timeo
         "train.val_every=1",
     )
     timeouts: list[tuple[str, str, float | None]] = []
-    original = server_app.broadcast
+    original = messaging.broadcast
 
     def recording(grid, nodes, kind, payload, config, server_round, timeout=None, **kwargs):
         timeouts.append((kind, config.get("split", "test"), timeout))
@@ -272,7 +273,7 @@ def test_evaluate_steps_wait_the_eval_timeout_and_training_steps_the_round_timeo
 
     policy = RoundPolicy(round_timeout=100.0, eval_timeout=300.0)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(server_app, "broadcast", recording)
+        patch.setattr(messaging, "broadcast", recording)
         _inprocess_run(cfg, tmp_path / "run", policy)
     assert ("train", "test", 100.0) in timeouts
     evaluations = {(split, t) for kind, split, t in timeouts if kind == "evaluate"}
@@ -300,13 +301,13 @@ def test_a_round_with_fewer_sites_than_the_minimum_stops_naming_the_failure(tiny
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(site_module.Site, "train_round", d_fails)
-        with pytest.raises(server_app.FederationError, match="hospital D lost power"):
+        with pytest.raises(FederationError, match="hospital D lost power"):
             _inprocess_run(cfg, tmp_path / "run", RoundPolicy(min_sites=2))
 
 
 def test_two_nodes_claiming_the_same_site_stop_the_run(tiny_root, tmp_path):
     cfg = experiment(tiny_root, "data.federation=[A,D]", "data.out_of_federation=[]")
-    with pytest.raises(server_app.FederationError, match="claim site A"):
+    with pytest.raises(FederationError, match="claim site A"):
         _inprocess_run(cfg, tmp_path / "run", RoundPolicy(), node_sites=["A", "A"])
 
 

@@ -12,64 +12,47 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import MessageType
-from flwr.serverapp import Grid
 
-from fedst.app.messaging import broadcast, check_sites, site_of
+from fedst.app import keys
+from fedst.app.messaging import SiteGrid, site_of
 from fedst.app.reply_logs import bytes_by_component, metrics_row
-from fedst.experiment import RoundPolicy
 from fedst.federation import transport
 from fedst.federation.server import FederationServer
 from fedst.methods import PERSONAL_KEY_SEPARATOR, FinalStage
-from fedst.runs.files import RunLog, atomic_torch_save, atomic_write_text
-from fedst.runs.layout import PERSONAL_EXPORT, site_state_file
+from fedst.runs.files import RunLog
+from fedst.runs.layout import PERSONAL_EXPORT, site_state_dir, site_state_file
+from fedst.storage import atomic_torch_save, atomic_write_text
 
 log = logging.getLogger("fedst.app.server_app")  # the ServerApp's log, as before the split
 
-PERSONAL_EXCHANGE = "query.personal_exchange"
-"""Before a final stage that needs every site's model: each site is asked for rho_k."""
-
-FINAL_STAGE = "train.final_stage"
-"""The final stage itself: gamma_g ("arrays") and the other sites' rho_j ("personal")."""
-
 
 def run_final_stage(
-    grid: Grid,
+    sites: SiteGrid,
     server: FederationServer,
     stage: FinalStage,
-    nodes: list[int],
-    sites_of: dict[int, str],
     base_config: dict[str, Any],
-    policy: RoundPolicy,
-    min_sites: int,
     runlog: RunLog,
-    audit: RunLog | None,
 ) -> dict[str, Any]:
     """The method's stage after the last round T, logged as round T + 1: (with
     ``exchange_personal``) collect rho_k from the sites that allow it and send each of them the
     others' rho_j, with gamma_g, in ``train.final_stage``; then every site scores its final model.
     comm.jsonl gets one row per site with ``kind`` = the stage's name. Returns the metrics rows."""
-    federation = list(server.cfg.data.federation)
     last_round, stage_round = server.completed_round, server.completed_round + 1
-    config = {**base_config, "server-round": stage_round}
+    config = {**base_config, keys.SERVER_ROUND: stage_round}
     precision = server.cfg.comm.precision
     nothing = transport.pack({}, precision)
     personal: dict[str, transport.Packed] = {}
     if stage.exchange_personal:
-        collected = broadcast(
-            grid,
-            nodes,
-            PERSONAL_EXCHANGE,
+        collected = sites.ask(
+            keys.QUERY_PERSONAL_EXCHANGE,
             nothing,
-            {**base_config, "server-round": last_round},
+            {**base_config, keys.SERVER_ROUND: last_round},
             stage_round,
-            timeout=policy.round_timeout,
-            poll=policy.reply_poll,
-            audit=audit,
+            "personal exchange",
         )
-        check_sites(collected, sites_of, federation, min_sites, "personal exchange", stage_round)
         for reply in collected.replies:
-            if int(reply.content["site"]["shared"]):
-                personal[site_of(reply)] = transport.received(reply.content, "personal")
+            if int(reply.content[keys.SITE][keys.SHARED]):
+                personal[site_of(reply)] = transport.received(reply.content, keys.PERSONAL)
             else:
                 log.warning(
                     "site %s keeps its personalized parameters: not in %s",
@@ -77,9 +60,9 @@ def run_final_stage(
                     stage.name,
                 )
     records = {
-        node: {"personal": _others_personal(personal, sites_of[node], precision)}
-        for node in nodes
-        if sites_of.get(node) in personal
+        node: {keys.PERSONAL: _others_personal(personal, sites.sites_of[node], precision)}
+        for node in sites.nodes
+        if sites.sites_of.get(node) in personal
     }
     log.warning(
         "%s: personalized parameters of %s travel to the other sites that shared theirs",
@@ -87,23 +70,13 @@ def run_final_stage(
         sorted(personal) or "no site",
     )
     down = transport.pack(server.shared_payload(), precision)
-    tuned = broadcast(
-        grid,
-        nodes,
-        FINAL_STAGE,
-        down,
-        config,
-        stage_round,
-        timeout=policy.round_timeout,
-        poll=policy.reply_poll,
-        audit=audit,
-        records=records,
+    tuned = sites.ask(
+        keys.TRAIN_FINAL_STAGE, down, config, stage_round, stage.name, records=records
     )
-    check_sites(tuned, sites_of, federation, min_sites, stage.name, stage_round)
-    node_of = {site: node for node, site in sites_of.items()}
+    node_of = {site: node for node, site in sites.sites_of.items()}
     for reply in tuned.replies:
-        site, metrics = site_of(reply), reply.content["metrics"]
-        received = records.get(node_of[site], {}).get("personal", nothing)
+        site, metrics = site_of(reply), reply.content[keys.METRICS]
+        received = records.get(node_of[site], {}).get(keys.PERSONAL, nothing)
         sent = personal.get(site, nothing)
         runlog.write(
             "comm",
@@ -126,24 +99,15 @@ def run_final_stage(
                 "round": stage_round,
                 "site": site,
                 "stage": stage.name,
-                "iterations": int(metrics.get("iterations", 0)),
-                "ensemble_size": int(metrics["ensemble-size"]),
-                "loss": float(metrics.get("train-loss", math.nan)),
-                "seconds": float(metrics["seconds"]),
+                "iterations": int(metrics.get(keys.ITERATIONS, 0)),
+                "ensemble_size": int(metrics[keys.ENSEMBLE_SIZE]),
+                "loss": float(metrics.get(keys.TRAIN_LOSS, math.nan)),
+                "seconds": float(metrics[keys.SECONDS]),
             },
         )
-    evaluated = broadcast(  # the sites' models are wholly their own now: nothing to send
-        grid,
-        [n for n in nodes if n in sites_of],
-        MessageType.EVALUATE,
-        nothing,
-        config,
-        stage_round,
-        timeout=policy.eval_timeout,
-        poll=policy.reply_poll,
-        audit=audit,
+    evaluated = sites.ask(  # the sites' models are wholly their own now: nothing to send
+        MessageType.EVALUATE, nothing, config, stage_round, "evaluate", nodes=sites.known_nodes()
     )
-    check_sites(evaluated, sites_of, federation, min_sites, "evaluate", stage_round)
     last_metrics = {}
     for reply in evaluated.replies:
         row = metrics_row(reply, stage_round)
@@ -172,13 +136,10 @@ def _others_personal(
 
 
 def collect_personal(
-    grid: Grid,
-    sites_of: dict[int, str],
+    sites: SiteGrid,
     base_config: dict[str, Any],
     last_round: int,
     run_dir: Path,
-    policy: RoundPolicy,
-    audit: RunLog | None,
     last_shared: dict[str, dict],
 ) -> None:
     """Ask every site once for rho_k (the out-of-federation average); store what is sent in the
@@ -188,32 +149,30 @@ def collect_personal(
     gamma_k^T, taken from its reply of the last round (nothing more crosses the wire: the server
     received it then; under fp16 / bf16 transport it is the rounded gamma_k the site sent). A
     site that missed the last round has none: it is left out (``missed_last_round``)."""
-    nodes = sorted(grid.get_node_ids())
-    config = {**base_config, "server-round": last_round}
-    result = broadcast(
-        grid,
-        nodes,
-        "query.personal",
+    nodes = sorted(sites.grid.get_node_ids())
+    config = {**base_config, keys.SERVER_ROUND: last_round}
+    result = sites.ask(  # every node: a site that fails is recorded as unreachable, not fatal
+        keys.QUERY_PERSONAL,
         transport.pack({}, "fp32"),
         config,
         last_round,
-        timeout=policy.round_timeout,
-        poll=policy.reply_poll,
-        audit=audit,
+        "personal export",
+        nodes=nodes,
+        check=False,
     )
     shared, declined, missed = [], [], []
     for reply in result.replies:
         site = site_of(reply)
-        if not int(reply.content["site"]["shared"]):
+        if not int(reply.content[keys.SITE][keys.SHARED]):
             declined.append(site)
             log.warning("site %s declined to send its personalized parameters", site)
             continue
-        personal = transport.unpack(reply.content, "personal")
+        personal = transport.unpack(reply.content, keys.PERSONAL)
         state = {
             "round": last_round,
             "site": site,
             "personal": personal,
-            "num_examples": int(reply.content["metrics"]["num-examples"]),
+            "num_examples": int(reply.content[keys.METRICS][keys.NUM_EXAMPLES]),
             "exported": True,
         }
         if last_shared:
@@ -222,10 +181,10 @@ def collect_personal(
                 log.warning("site %s sent no gamma_k in round %d: left out", site, last_round)
                 continue
             state["shared"] = last_shared[site]["shared"]
-        atomic_torch_save(state, site_state_file(run_dir / "sites" / site, last_round))
+        atomic_torch_save(state, site_state_file(site_state_dir(run_dir, site), last_round))
         shared.append(site)
         log.warning("site %s sent its personalized parameters (%d tensors)", site, len(personal))
-    silent = [sites_of.get(n, f"node {n}") for n in result.failed]
+    silent = [sites.sites_of.get(n, f"node {n}") for n in result.failed]
     export = {
         "round": last_round,
         "shared": sorted(shared),

@@ -29,6 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fedst.accel import PhasePeaks, release_free_memory
+from fedst.app import keys
 from fedst.experiment import (
     ExperimentConfig,
     SiteNodeConfig,
@@ -127,12 +128,12 @@ def _site_name(view: ExperimentConfig, node: SiteNodeConfig) -> str:
 
 
 def _site_for(message: Message, context: Context) -> tuple[Site, ConfigRecord]:
-    config = message.content["config"]
-    view = experiment_from_json(str(config["experiment"]))
+    config = message.content[keys.CONFIG]
+    view = experiment_from_json(str(config[keys.EXPERIMENT]))
     node = _node(context)
     name = _site_name(view, node)
     cfg = node.local_experiment(view, name)
-    state_dir = node.private_state_dir(str(config["run-name"]), name)
+    state_dir = node.private_state_dir(str(config[keys.RUN_NAME]), name)
     key = (str(state_dir), name, cfg.fingerprint())
     site = _SITES.get(key)
     if site is None:
@@ -166,14 +167,14 @@ def _forget_on_error(site: Site) -> Iterator[None]:
 
 
 def _site_record(site: Site) -> ConfigRecord:
-    return ConfigRecord({"site": site.name})
+    return ConfigRecord({keys.SITE_NAME: site.name})
 
 
 def _received(site: Site, message: Message) -> dict:
     """gamma_g of a message in fp32 (round 1: the full initial model); every shared key of this
     site's method must be there (transport.WireFormatError otherwise)."""
     expected = site.partition.shared if site.method.communicates else ()
-    return transport.unpack(message.content, "arrays", expected)
+    return transport.unpack(message.content, keys.ARRAYS, expected)
 
 
 @app.train()
@@ -191,21 +192,21 @@ def train(message: Message, context: Context) -> Message:
     view = copy.copy(message)  # the mod's view: gamma as received, in reply order
     view.content = RecordDict(
         {
-            "arrays": ArrayRecord({k: received[k] for k in site.partition.shared}),
-            "config": config,
+            keys.ARRAYS: ArrayRecord({k: received[k] for k in site.partition.shared}),
+            keys.CONFIG: config,
         }
     )
 
     def unclipped(_view: Message, _context: Context) -> Message:
         shared, metrics = _train(site, received, config)
-        content = RecordDict({"arrays": ArrayRecord(shared), "metrics": metrics})
+        content = RecordDict({keys.ARRAYS: ArrayRecord(shared), keys.METRICS: metrics})
         return Message(content, reply_to=message)
 
     clipped = mod(view, context, unclipped)
     if clipped.has_error():
         return clipped
-    shared = clipped.content["arrays"].to_torch_state_dict()
-    return _train_reply(message, site, shared, clipped.content["metrics"])
+    shared = clipped.content[keys.ARRAYS].to_torch_state_dict()
+    return _train_reply(message, site, shared, clipped.content[keys.METRICS])
 
 
 def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, MetricRecord]:
@@ -215,18 +216,18 @@ def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, Metr
     with _forget_on_error(site), peaks.phase("train"):
         result = site.train_round(
             received,
-            int(config["server-round"]),
-            int(config["local-iters"]),
-            keep_rounds=[int(r) for r in config.get("keep-rounds", [])],
+            int(config[keys.SERVER_ROUND]),
+            int(config[keys.LOCAL_ITERS]),
+            keep_rounds=[int(r) for r in config.get(keys.KEEP_ROUNDS, [])],
         )
     release_free_memory()  # the step's freed activations, before the next site or message
     metrics = MetricRecord(
         {
-            "num-examples": result.num_examples,
+            keys.NUM_EXAMPLES: result.num_examples,
             UNIFORM_WEIGHT_KEY: 1,
-            "train-loss": result.mean_loss,
-            "seconds": result.seconds,
-            "loader-seconds": result.loader_seconds,
+            keys.TRAIN_LOSS: result.mean_loss,
+            keys.SECONDS: result.seconds,
+            keys.LOADER_SECONDS: result.loader_seconds,
             **peaks.reply_metrics("train"),
             **result.metrics,
         }
@@ -238,7 +239,7 @@ def _train_reply(message: Message, site: Site, shared: dict, metrics: MetricReco
     """The train reply: gamma_k packed in the wire precision, the metrics, the site's name."""
     packed = transport.pack(shared, site.cfg.comm.precision)
     content = RecordDict(
-        {**packed.records("arrays"), "metrics": metrics, "site": _site_record(site)}
+        {**packed.records(keys.ARRAYS), keys.METRICS: metrics, keys.SITE: _site_record(site)}
     )
     return Message(content, reply_to=message)
 
@@ -250,7 +251,7 @@ def evaluation_metrics(summary: dict) -> dict[str, int | float]:
     A value that was not scored (``None`` in the summary: a class absent from ground truth and
     prediction in every evaluated frame) is left out, so it travels as absent, never as a number.
     """
-    metrics: dict[str, int | float] = {"num-examples": int(summary["num_frames"])}
+    metrics: dict[str, int | float] = {keys.NUM_EXAMPLES: int(summary["num_frames"])}
     metrics.update({k: float(summary[k]) for k in METRIC_NAMES if summary[k] is not None})
     for class_name, values in summary["per_class"].items():
         metrics[f"{class_name}/frames"] = int(values["frames"])
@@ -265,18 +266,18 @@ def evaluate(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     received = transport.unpack(message.content)  # after a final stage: nothing
     with _forget_on_error(site):
-        split = str(config["split"]) if "split" in config else "test"
-        results = site.evaluate(received, int(config["server-round"]), split=split)
+        split = str(config[keys.SPLIT]) if keys.SPLIT in config else "test"
+        results = site.evaluate(received, int(config[keys.SERVER_ROUND]), split=split)
     release_free_memory()
     records = {
         metrics_record(scored, site.name): MetricRecord(evaluation_metrics(result.summary))
         for scored, result in results.items()
     }
-    content = RecordDict({**records, "site": _site_record(site)})
+    content = RecordDict({**records, keys.SITE: _site_record(site)})
     return Message(content, reply_to=message)
 
 
-@app.query("personal")
+@app.query(keys.PERSONAL_QUERY)
 def export_personal(message: Message, context: Context) -> Message:
     """Once, after the last round: rho_k for the out-of-federation average, if this site allows it.
 
@@ -286,7 +287,7 @@ def export_personal(message: Message, context: Context) -> Message:
     return _personal_reply(message, context, "for the out-of-federation model", "fp32")
 
 
-@app.query("personal_exchange")
+@app.query(keys.PERSONAL_EXCHANGE_QUERY)
 def exchange_personal(message: Message, context: Context) -> Message:
     """Before a method's final stage that needs every site's model (FedDP's inter-site tuning):
     rho_k for the other sites, if this site allows it (``share-personal``) and its method asks
@@ -306,13 +307,13 @@ def _personal_reply(message: Message, context: Context, purpose: str, precision:
     """rho_k of the round in the message in the wire ``precision`` (or ``shared: 0`` when the
     node does not allow it)."""
     site, config = _site_for(message, context)
-    server_round = int(config["server-round"])
+    server_round = int(config[keys.SERVER_ROUND])
     with _forget_on_error(site):
         site.restore(server_round)
     if not _node(context).share_personal:
         log.warning("site %s declines to send its personalized parameters %s", site.name, purpose)
-        info = ConfigRecord({"site": site.name, "shared": 0})
-        return Message(RecordDict({"site": info}), reply_to=message)
+        info = ConfigRecord({keys.SITE_NAME: site.name, keys.SHARED: 0})
+        return Message(RecordDict({keys.SITE: info}), reply_to=message)
     personal = site.personal_state()
     log.warning(
         "site %s sends its personalized parameters (%d tensors) %s",
@@ -322,15 +323,15 @@ def _personal_reply(message: Message, context: Context, purpose: str, precision:
     )
     content = RecordDict(
         {
-            **transport.pack(personal, precision).records("personal"),
-            "metrics": MetricRecord({"num-examples": site.num_examples}),
-            "site": ConfigRecord({"site": site.name, "shared": 1}),
+            **transport.pack(personal, precision).records(keys.PERSONAL),
+            keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: site.num_examples}),
+            keys.SITE: ConfigRecord({keys.SITE_NAME: site.name, keys.SHARED: 1}),
         }
     )
     return Message(content, reply_to=message)
 
 
-@app.train("final_stage")
+@app.train(keys.FINAL_STAGE_TRAIN)
 def final_stage(message: Message, context: Context) -> Message:
     """After the last round: the method's final stage (Method.final_stage) from gamma_g
     ("arrays") and the rho_j of the other sites that shared theirs ("personal", keys
@@ -338,21 +339,23 @@ def final_stage(message: Message, context: Context) -> Message:
     site, config = _site_for(message, context)
     shared = _received(site, message)
     others: dict[str, dict] = {}
-    if "personal" in message.content:
-        for key, value in transport.unpack(message.content, "personal").items():
+    if keys.PERSONAL in message.content:
+        for key, value in transport.unpack(message.content, keys.PERSONAL).items():
             other, name = key.split(PERSONAL_KEY_SEPARATOR, 1)
             others.setdefault(other, {})[name] = value
     with _forget_on_error(site):
-        result = site.final_stage(shared, others, int(config["server-round"]))
+        result = site.final_stage(shared, others, int(config[keys.SERVER_ROUND]))
     metrics = MetricRecord(
         {
-            "num-examples": result.num_examples,
-            "seconds": result.seconds,
-            "ensemble-size": 1 + len(others),
+            keys.NUM_EXAMPLES: result.num_examples,
+            keys.SECONDS: result.seconds,
+            keys.ENSEMBLE_SIZE: 1 + len(others),
             **result.metrics,
         }
     )
-    return Message(RecordDict({"metrics": metrics, "site": _site_record(site)}), reply_to=message)
+    return Message(
+        RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site)}), reply_to=message
+    )
 
 
 def make_client_app(local_nodes: list[dict], sites_per_actor: int | None = None) -> ClientApp:
@@ -379,7 +382,7 @@ def make_client_app(local_nodes: list[dict], sites_per_actor: int | None = None)
 
     simulated.train()(with_node(train))
     simulated.evaluate()(with_node(evaluate))
-    simulated.query("personal")(with_node(export_personal))
-    simulated.query("personal_exchange")(with_node(exchange_personal))
-    simulated.train("final_stage")(with_node(final_stage))
+    simulated.query(keys.PERSONAL_QUERY)(with_node(export_personal))
+    simulated.query(keys.PERSONAL_EXCHANGE_QUERY)(with_node(exchange_personal))
+    simulated.train(keys.FINAL_STAGE_TRAIN)(with_node(final_stage))
     return simulated

@@ -1,19 +1,23 @@
-"""The ServerApp's side of the wire: :func:`broadcast` sends one message kind to the sites'
-nodes and collects their replies (a failure, a silent node or parameters that cannot be unpacked
-is returned, not raised), polling the SuperLink every ``deploy.reply_poll`` seconds; the wire
-audit (wire.jsonl); waiting for the nodes to connect; and :func:`check_sites`, which learns which
-node is which site, orders the replies by federation and stops the run (:class:`FederationError`)
-when fewer than ``RoundPolicy.min_sites`` answered."""
+"""The ServerApp's side of the wire. :class:`SiteGrid` is the server's conversation with the
+sites: ``ask(kind, payload, config, round)`` sends one message kind to the connected nodes and
+returns the checked replies in federation order. Beneath it: :func:`broadcast` collects replies
+(a failure, a silent node or parameters that cannot be unpacked is returned, not raised), polling
+the SuperLink every ``deploy.reply_poll`` seconds; the wire audit (wire.jsonl); waiting for the
+nodes to connect; and :func:`check_sites`, which learns which node is which site, orders the
+replies by federation and stops the run (:class:`FederationError`) when fewer than
+``RoundPolicy.min_sites`` answered."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from fedst.app import keys
 from fedst.experiment import RoundPolicy
 from fedst.federation import transport
 from fedst.runs.files import RunLog
@@ -25,7 +29,7 @@ class FederationError(RuntimeError):
     """A site failed during a round; the message carries the site's own error text."""
 
 
-class _Round:
+class Replies:
     """The replies of one broadcast: good replies by site, and what failed or stayed silent."""
 
     def __init__(self) -> None:
@@ -45,7 +49,7 @@ def broadcast(
     audit: RunLog | None = None,
     records: dict[int, dict[str, transport.Packed]] | None = None,
     poll: float = RoundPolicy.reply_poll,
-) -> _Round:
+) -> Replies:
     """Send ``payload`` (record "arrays") and config to every node (``first_payloads`` overrides
     the payload per node, ``records`` adds named packed records per node) and collect the
     replies; failures, silent nodes and replies whose parameters cannot be unpacked are
@@ -54,8 +58,8 @@ def broadcast(
         Message(
             RecordDict(
                 {
-                    **(first_payloads or {}).get(node, payload).records("arrays"),
-                    "config": ConfigRecord(config),
+                    **(first_payloads or {}).get(node, payload).records(keys.ARRAYS),
+                    keys.CONFIG: ConfigRecord(config),
                     **{
                         part: record
                         for name, packed in (records or {}).get(node, {}).items()
@@ -73,7 +77,7 @@ def broadcast(
     if audit is not None:
         for message in messages:
             _audit(audit, "down", message, server_round)
-    result = _Round()
+    result = Replies()
     answered = set()
     replies = _send_and_receive(grid, messages, timeout, poll)
     # the SuperLink's own error replies (e.g. node unavailable) do not come from the node:
@@ -120,7 +124,7 @@ def _wire_refusal(reply: Message) -> str | None:
         for name in reply.content.array_records:
             transport.received(reply.content, name)
     except transport.WireFormatError as err:
-        site = reply.content["site"]["site"] if "site" in reply.content else "?"
+        site = reply.content[keys.SITE][keys.SITE_NAME] if keys.SITE in reply.content else "?"
         return f"refused the reply of site {site}: {err}"
     return None
 
@@ -149,13 +153,13 @@ def _audit(runlog: RunLog, direction: str, message: Message, server_round: int) 
         row["metrics"] = {
             name: sorted(record.keys()) for name, record in content.metric_records.items()
         }
-        if direction == "down" and "config" in content:
-            row["config_values"] = {k: v for k, v in content["config"].items()}
+        if direction == "down" and keys.CONFIG in content:
+            row["config_values"] = {k: v for k, v in content[keys.CONFIG].items()}
     runlog.write("wire", row)
 
 
 def site_of(reply: Message) -> str:
-    return str(reply.content["site"]["site"])
+    return str(reply.content[keys.SITE][keys.SITE_NAME])
 
 
 def wait_for_nodes(
@@ -189,7 +193,7 @@ def wait_for_nodes(
 
 
 def check_sites(
-    result: _Round,
+    result: Replies,
     sites_of: dict[int, str],
     federation: list[str],
     min_sites: int,
@@ -222,3 +226,84 @@ def check_sites(
         )
     for failure in failures:
         log.warning("round %d %s: left out %s", server_round, kind, failure.splitlines()[0])
+
+
+class SiteGrid:
+    """The server's conversation with the sites: Flower's grid, the federation in its order, the
+    round policy (timeouts, ``min_sites``, reply polling), the wire audit and which node is which
+    site (learnt from the replies)."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        federation: Sequence[str],
+        policy: RoundPolicy,
+        audit: RunLog | None = None,
+    ) -> None:
+        self.grid = grid
+        self.federation = list(federation)
+        self.policy = policy
+        self.audit = audit
+        self.min_sites = policy.min_sites or len(self.federation)
+        if self.min_sites > len(self.federation):
+            raise FederationError(
+                f"deploy.min_sites={self.min_sites} but the federation has "
+                f"{len(self.federation)} sites"
+            )
+        self.sites_of: dict[int, str] = {}
+        """Node id -> site, learnt from the sites' replies."""
+        self.nodes: list[int] = []
+        """The nodes connected at the last :meth:`connect`."""
+
+    def connect(self, required: int | None = None) -> list[int]:
+        """Wait up to ``policy.join_timeout`` s for every site's node; fewer than ``required``
+        (default ``min_sites``) stops the run naming the sites still missing."""
+        self.nodes = wait_for_nodes(
+            self.grid,
+            len(self.federation),
+            self.policy.join_timeout,
+            self.federation,
+            self.sites_of,
+            required=self.min_sites if required is None else required,
+        )
+        return self.nodes
+
+    def known_nodes(self) -> list[int]:
+        """The connected nodes whose site is known (they have answered once)."""
+        return [node for node in self.nodes if node in self.sites_of]
+
+    def ask(
+        self,
+        kind: str,
+        payload: transport.Packed,
+        config: dict[str, Any],
+        server_round: int,
+        what: str,
+        nodes: list[int] | None = None,
+        first_payloads: dict[int, transport.Packed] | None = None,
+        records: dict[int, dict[str, transport.Packed]] | None = None,
+        check: bool = True,
+    ) -> Replies:
+        """Send ``kind`` (payload in "arrays", ``config``) to ``nodes`` (default: the connected
+        ones) and collect the replies within the policy's timeout (``eval_timeout`` for an
+        evaluation, ``round_timeout`` otherwise). With ``check``, the replies come back in
+        federation order and fewer than ``min_sites`` stops the run naming ``what`` failed."""
+        timeout = (
+            self.policy.eval_timeout if kind == MessageType.EVALUATE else self.policy.round_timeout
+        )
+        replies = broadcast(
+            self.grid,
+            self.nodes if nodes is None else nodes,
+            kind,
+            payload,
+            config,
+            server_round,
+            timeout=timeout,
+            poll=self.policy.reply_poll,
+            first_payloads=first_payloads,
+            audit=self.audit,
+            records=records,
+        )
+        if check:
+            check_sites(replies, self.sites_of, self.federation, self.min_sites, what, server_round)
+        return replies

@@ -11,6 +11,7 @@ from typing import Any
 from flwr.app import Message
 
 from fedst.accel import REPLY_MEMORY_KEYS
+from fedst.app import keys
 from fedst.app.messaging import site_of
 from fedst.federation import transport
 from fedst.federation.evaluation import METRICS_RECORD, scored_site
@@ -31,7 +32,7 @@ def log_training_reply(
     """One comm row (``down_sizes`` measured once per round; ``up``: the reply's gamma_k as it
     travelled) and one train row per reply (``update_norm``: ||gamma_k - gamma_g^t||_2, what DP
     clipping bounds; None for Local)."""
-    site, metrics = site_of(reply), reply.content["metrics"]
+    site, metrics = site_of(reply), reply.content[keys.METRICS]
     runlog.write(
         "comm",
         {
@@ -49,11 +50,11 @@ def log_training_reply(
             "round": server_round,
             "site": site,
             "iterations": iterations,
-            "loss": float(metrics["train-loss"]),
-            "seconds": float(metrics["seconds"]),
+            "loss": float(metrics[keys.TRAIN_LOSS]),
+            "seconds": float(metrics[keys.SECONDS]),
             **(
-                {"loader_seconds": float(metrics["loader-seconds"])}
-                if "loader-seconds" in metrics
+                {"loader_seconds": float(metrics[keys.LOADER_SECONDS])}
+                if keys.LOADER_SECONDS in metrics
                 else {}
             ),
             "update_norm": update_norm,
@@ -109,7 +110,7 @@ def metrics_row(
         "site": site or site_of(reply),
         "split": split,
         "model": "personal",
-        "num_frames": int(metrics.pop("num-examples")),
+        "num_frames": int(metrics.pop(keys.NUM_EXAMPLES)),
         **{m: float(metrics[m]) if m in metrics else None for m in METRIC_NAMES},
         "per_class": per_class,
     }

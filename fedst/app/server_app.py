@@ -33,14 +33,9 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedst.accel import PhasePeaks, memory_usage, release_free_memory
+from fedst.app import keys
 from fedst.app.after_rounds import collect_personal, run_final_stage
-from fedst.app.messaging import (
-    FederationError,
-    broadcast,
-    check_sites,
-    site_of,
-    wait_for_nodes,
-)
+from fedst.app.messaging import SiteGrid, site_of
 from fedst.app.reply_logs import log_training_reply, metrics_rows
 from fedst.experiment import ExperimentConfig, RoundPolicy, run_device, site_view
 from fedst.federation import transport
@@ -96,12 +91,12 @@ def _newcomer_payloads(
 def _with_arrays(reply: Message, state: dict) -> Message:
     """``reply`` as Flower's strategies take it: "arrays" with one Array per tensor (``state``,
     unpacked in fp32), no manifest; the reply itself stays as it arrived."""
-    manifest = "arrays" + transport.MANIFEST_SUFFIX
+    manifest = keys.ARRAYS + transport.MANIFEST_SUFFIX
     view = copy.copy(reply)
     view.content = RecordDict(
         {
-            **{k: v for k, v in reply.content.items() if k not in ("arrays", manifest)},
-            "arrays": ArrayRecord(state),
+            **{k: v for k, v in reply.content.items() if k not in (keys.ARRAYS, manifest)},
+            keys.ARRAYS: ArrayRecord(state),
         }
     )
     return view
@@ -114,48 +109,22 @@ def run_federation(
     progress: bool = True,
     policy: RoundPolicy | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the federation described by ``cfg``; returns the last per-site test metrics."""
+    """Run (or resume) the federation described by ``cfg`` (Algorithm 1); returns the last
+    per-site test metrics."""
     policy = policy or RoundPolicy()
-    device = run_device(cfg)
-    server = FederationServer(cfg, run_dir, device, progress=progress)
+    server = FederationServer(cfg, run_dir, run_device(cfg), progress=progress)
     runlog = RunLog(run_dir)
-    audit = RunLog(run_dir, tensorboard=False) if policy.audit else None
-    last_metrics: dict[str, Any] = {}
-    if (run_dir / SERVER_CHECKPOINT).exists():
-        last_metrics = server.load().get("last_metrics", {})
-        runlog.truncate_after(server.completed_round)
-        log.info("resuming %s after round %d", run_dir, server.completed_round)
-    else:
-        pretrain_started = time.perf_counter()
-        pre_loss = server.initialize()
-        if pre_loss is not None:
-            row = {
-                "round": 0,
-                "site": "server",
-                "synthetic_pretrain_loss": pre_loss,
-                "pretrain_iters": cfg.serq.pretrain_iters,
-                "pretrain_seconds": time.perf_counter() - pretrain_started,
-            }
-            runlog.write("train", row)
-        server.save(0)
-
+    last_metrics = _start_or_resume(server, runlog)
     method = server.method
-    precision = cfg.comm.precision
-    federation = list(method.training_sites())  # the federated sites (upper bound: its pool)
-    min_sites = policy.min_sites or len(federation)
-    if min_sites > len(federation):
-        raise FederationError(
-            f"deploy.min_sites={min_sites} but the federation has {len(federation)} sites"
-        )
+    audit = RunLog(run_dir, tensorboard=False) if policy.audit else None
+    sites = SiteGrid(grid, method.training_sites(), policy, audit)  # upper bound: its pool
     base_config = {
-        "experiment": site_view(cfg).to_json(),
-        "run-name": run_dir.name,
-        "local-iters": cfg.train.local_iters,
+        keys.EXPERIMENT: site_view(cfg).to_json(),
+        keys.RUN_NAME: run_dir.name,
+        keys.LOCAL_ITERS: cfg.train.local_iters,
     }
-    sites_of: dict[int, str] = {}  # node id -> site, learnt from the sites' replies
     last_shared: dict[str, dict] = {}  # site -> its latest gamma_k as received (the returned v_k)
-    nodes = wait_for_nodes(grid, len(federation), policy.join_timeout, federation)
-
+    sites.connect(required=len(sites.federation))
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
     for server_round in progress_bar(
         rounds,
@@ -167,124 +136,32 @@ def run_federation(
         started = time.perf_counter()
         peaks = PhasePeaks()  # the process's peak memory per phase of this round
         if server_round > rounds.start:
-            nodes = wait_for_nodes(
-                grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
-            )
-        # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
+            sites.connect()
         config = {
             **base_config,
-            "server-round": server_round,
+            keys.SERVER_ROUND: server_round,
             # the sites keep their states of these rounds: a resumed run restarts after one
-            **({"keep-rounds": kept} if (kept := server.checkpoint_rounds()) else {}),
+            **({keys.KEEP_ROUNDS: kept} if (kept := server.checkpoint_rounds()) else {}),
             **method.instruction_config(server_round),
         }
-        down = transport.pack(_train_payload(server, server_round), precision)
-        first = _newcomer_payloads(server, server_round, nodes, sites_of)
+        # -- local training at every site (Algorithm 1, lines 5-7) ------------------------------
         with peaks.phase("train"):  # in-process, the sites train in this process
-            trained = broadcast(
-                grid,
-                nodes,
-                MessageType.TRAIN,
-                down,
-                config,
-                server_round,
-                timeout=policy.round_timeout,
-                poll=policy.reply_poll,
-                first_payloads=first,
-                audit=audit,
-            )
-        check_sites(trained, sites_of, federation, min_sites, "train", server_round)
-        down_sizes = {
-            "download_bytes": down.wire_bytes,
-            "download_param_bytes": down.param_bytes,
-        }
-        received = server.shared_payload() if method.communicates else {}  # gamma_g^t
-        unpacked = []
-        for reply in trained.replies:
-            # restored to fp32 before any aggregation (the bytes logged are those sent)
-            up = transport.received(reply.content)
-            state = up.unpack(expected=received)
-            norm = privacy.update_l2_norm(state, received) if received else None
-            log_training_reply(
-                runlog, reply, up, down_sizes, server_round, cfg.train.local_iters, norm
-            )
-            unpacked.append(_with_arrays(reply, state))
-            last_shared[site_of(reply)] = {"round": server_round, "shared": state}
-        participants = sorted(site_of(r) for r in trained.replies)
-        runlog.write(
-            "participation",
-            {
-                "round": server_round,
-                "participants": participants,
-                "missing": [s for s in federation if s not in participants],
-            },
-        )
-        # -- aggregation + server step (lines 8-12) -------------------------------------------------
+            replies, received = _train(sites, server, config, server_round, runlog, last_shared)
+        # -- aggregation + server step (lines 8-12) ---------------------------------------------
         if method.communicates:
-            step_started = time.perf_counter()
             with peaks.phase("server_step"):
-                aggregated = method.aggregate(server_round, unpacked, received)
-                aggregation_seconds = time.perf_counter() - step_started
-                stats = server.server_step(aggregated, server_round)
-                release_free_memory()  # SERQ's freed activations (fedst/accel.py)
-            server_row = {
-                "round": server_round,
-                "site": "server",
-                "aggregation_seconds": aggregation_seconds,
-                "seconds": time.perf_counter() - step_started,  # aggregation + server step
-                **stats,
-            }
-        # -- evaluation of the personalized models ---------------------------------------------
+                server_row = _aggregate_and_step(server, replies, received, server_round)
+        # -- the personalized models scored: test, and validation for model selection -----------
         timing: dict[str, float] = {}
-        if server_round % cfg.train.eval_every == 0 or server_round == cfg.train.rounds:
-            eval_started = time.perf_counter()
-            shared = transport.pack(
-                server.shared_payload() if method.communicates else {}, precision
-            )
+        if _due(server_round, cfg.train.eval_every, cfg.train.rounds):
             with peaks.phase("evaluation"):
-                evaluated = broadcast(
-                    grid,
-                    [n for n in nodes if n in sites_of],
-                    MessageType.EVALUATE,
-                    shared,
-                    config,
-                    server_round,
-                    timeout=policy.eval_timeout,
-                    poll=policy.reply_poll,
-                    audit=audit,
+                timing.update(
+                    _score(sites, server, config, server_round, runlog, "test", last_metrics)
                 )
-            check_sites(evaluated, sites_of, federation, min_sites, "evaluate", server_round)
-            frames = 0
-            for reply in evaluated.replies:
-                for row in metrics_rows(reply, server_round):
-                    runlog.write("metrics", row)
-                    last_metrics[row["site"]] = row
-                    frames += row["num_frames"]
-            timing["evaluation_seconds"] = time.perf_counter() - eval_started
-            timing["evaluation_frames"] = frames
-        # -- validation scores of the personalized models (model selection, fedst/selection.py) --
-        if cfg.train.val_every is not None and (
-            server_round % cfg.train.val_every == 0 or server_round == cfg.train.rounds
+        if cfg.train.val_every is not None and _due(
+            server_round, cfg.train.val_every, cfg.train.rounds
         ):
-            val_started = time.perf_counter()
-            shared_params = server.shared_payload() if method.communicates else {}
-            save_shared_snapshot(run_dir, server_round, shared_params)
-            validated = broadcast(
-                grid,
-                [n for n in nodes if n in sites_of],
-                MessageType.EVALUATE,
-                transport.pack(shared_params, precision),
-                {**config, "split": "val"},
-                server_round,
-                timeout=policy.eval_timeout,
-                poll=policy.reply_poll,
-                audit=audit,
-            )
-            check_sites(validated, sites_of, federation, min_sites, "validate", server_round)
-            for reply in validated.replies:
-                for row in metrics_rows(reply, server_round, split="val"):
-                    runlog.write("metrics", row)
-            timing["validation_seconds"] = time.perf_counter() - val_started
+            timing.update(_score(sites, server, config, server_round, runlog, "val", last_metrics))
         with peaks.phase("checkpoint"):
             checkpoint = server.end_round(server_round, extra={"last_metrics": last_metrics})
         if method.communicates:  # written with the round's checkpoint time and bytes
@@ -299,23 +176,134 @@ def run_federation(
         )
     stage = method.final_stage()
     if stage is not None and server.completed_round == cfg.train.rounds:
-        nodes = wait_for_nodes(
-            grid, len(federation), policy.join_timeout, federation, sites_of, required=min_sites
-        )
-        last_metrics = run_final_stage(
-            grid, server, stage, nodes, sites_of, base_config, policy, min_sites, runlog, audit
-        )
+        sites.connect()
+        last_metrics = run_final_stage(sites, server, stage, base_config, runlog)
     if policy.collect_personal and cfg.data.out_of_federation:
-        collect_personal(
-            grid,
-            sites_of,
-            base_config,
-            server.completed_round,
-            run_dir,
-            policy,
-            audit,
-            last_shared if method.returns_own_model else {},
-        )
+        own = last_shared if method.returns_own_model else {}
+        collect_personal(sites, base_config, server.completed_round, run_dir, own)
     server.close()
     runlog.close()
     return last_metrics
+
+
+def _due(server_round: int, every: int, last: int) -> bool:
+    """Every ``every`` rounds and at the last one."""
+    return server_round % every == 0 or server_round == last
+
+
+def _start_or_resume(server: FederationServer, runlog: RunLog) -> dict[str, Any]:
+    """Resume from the run's checkpoint (logs cut back to it), or start: synthetic pre-training
+    (Algorithm 1, line 3; logged as round 0) and the checkpoint of round 0. Returns the last
+    per-site metrics of a resumed run."""
+    run_dir = server.run_dir
+    if (run_dir / SERVER_CHECKPOINT).exists():
+        last_metrics = server.load().get("last_metrics", {})
+        runlog.truncate_after(server.completed_round)
+        log.info("resuming %s after round %d", run_dir, server.completed_round)
+        return last_metrics
+    pretrain_started = time.perf_counter()
+    pre_loss = server.initialize()
+    if pre_loss is not None:
+        row = {
+            "round": 0,
+            "site": "server",
+            "synthetic_pretrain_loss": pre_loss,
+            "pretrain_iters": server.cfg.serq.pretrain_iters,
+            "pretrain_seconds": time.perf_counter() - pretrain_started,
+        }
+        runlog.write("train", row)
+    server.save(0)
+    return {}
+
+
+def _train(
+    sites: SiteGrid,
+    server: FederationServer,
+    config: dict[str, Any],
+    server_round: int,
+    runlog: RunLog,
+    last_shared: dict[str, dict],
+) -> tuple[list[Message], dict]:
+    """One round of local training: gamma_g down (a newcomer: the whole v_g), gamma_k up,
+    restored to fp32 and logged (comm, train, participation). Returns the replies as Flower's
+    strategies take them and gamma_g^t they were trained from."""
+    precision = server.cfg.comm.precision
+    down = transport.pack(_train_payload(server, server_round), precision)
+    first = _newcomer_payloads(server, server_round, sites.nodes, sites.sites_of)
+    trained = sites.ask(
+        MessageType.TRAIN, down, config, server_round, "train", first_payloads=first
+    )
+    down_sizes = {"download_bytes": down.wire_bytes, "download_param_bytes": down.param_bytes}
+    received = server.shared_payload() if server.method.communicates else {}  # gamma_g^t
+    unpacked = []
+    for reply in trained.replies:
+        # restored to fp32 before any aggregation (the bytes logged are those sent)
+        up = transport.received(reply.content)
+        state = up.unpack(expected=received)
+        norm = privacy.update_l2_norm(state, received) if received else None
+        local_iters = server.cfg.train.local_iters
+        log_training_reply(runlog, reply, up, down_sizes, server_round, local_iters, norm)
+        unpacked.append(_with_arrays(reply, state))
+        last_shared[site_of(reply)] = {"round": server_round, "shared": state}
+    participants = sorted(site_of(r) for r in trained.replies)
+    missing = [s for s in sites.federation if s not in participants]
+    runlog.write(
+        "participation",
+        {"round": server_round, "participants": participants, "missing": missing},
+    )
+    return unpacked, received
+
+
+def _aggregate_and_step(
+    server: FederationServer, replies: list[Message], received: dict, server_round: int
+) -> dict[str, Any]:
+    """The method's aggregation, then the server step (SERQ for FedST); the server's train row."""
+    step_started = time.perf_counter()
+    aggregated = server.method.aggregate(server_round, replies, received)
+    aggregation_seconds = time.perf_counter() - step_started
+    stats = server.server_step(aggregated, server_round)
+    release_free_memory()  # the server step's freed activations (fedst/accel.py)
+    return {
+        "round": server_round,
+        "site": "server",
+        "aggregation_seconds": aggregation_seconds,
+        "seconds": time.perf_counter() - step_started,  # aggregation + server step
+        **stats,
+    }
+
+
+def _score(
+    sites: SiteGrid,
+    server: FederationServer,
+    config: dict[str, Any],
+    server_round: int,
+    runlog: RunLog,
+    split: str,
+    last_metrics: dict[str, Any],
+) -> dict[str, float]:
+    """Every site scores its personalized model on its ``split``: "test" (metrics rows, the
+    latest kept in ``last_metrics``; returns the seconds and frames) or "val" for model selection
+    (fedst/selection.py: gamma_g's snapshot of the round is kept first; returns the seconds)."""
+    started = time.perf_counter()
+    shared = server.shared_payload() if server.method.communicates else {}
+    if split == "val":
+        save_shared_snapshot(server.run_dir, server_round, shared)
+        config = {**config, keys.SPLIT: "val"}
+    scored = sites.ask(
+        MessageType.EVALUATE,
+        transport.pack(shared, server.cfg.comm.precision),
+        config,
+        server_round,
+        "evaluate" if split == "test" else "validate",
+        nodes=sites.known_nodes(),
+    )
+    frames = 0
+    for reply in scored.replies:
+        for row in metrics_rows(reply, server_round, split=split):
+            runlog.write("metrics", row)
+            if split == "test":
+                last_metrics[row["site"]] = row
+                frames += row["num_frames"]
+    if split == "val":
+        return {"validation_seconds": time.perf_counter() - started}
+    return {"evaluation_seconds": time.perf_counter() - started, "evaluation_frames": frames}

@@ -65,7 +65,7 @@ class MethodConfig:
     synthetic fine-tuning of the global model with ``serq.mode=finetune`` (Fig. 5)."""
     synthetic_pretraining: bool = True
     """Start from the network pre-trained on the server's synthetic set (every method, paper
-    Sec. IV-A; fedst/federation/pretraining.py). False: from the initialisation (an ablation)."""
+    Sec. IV-A; fedst/methods/pretraining.py). False: from the initialisation (an ablation)."""
     aggregation: str = "fedavg"
     """fedavg (weighted mean, weights: ``aggregation_weights``) | fedmedian (coordinate-wise median)."""
     aggregation_weights: str = "uniform"
@@ -280,7 +280,7 @@ class SerqConfig:
     """What the server's synthetic step after aggregation does (:data:`SERQ_MODES`; only with
     method.serq=true): serq (EQ then SC, Eq. 10-12) | finetune (Fig. 5's blue line: the global
     model trained on the round's synthetic batches with L_seg only, no EQ step, no descriptor,
-    no feature term; fedst/federation/serq.py)."""
+    no feature term; fedst/methods/serq.py)."""
     pretrain_iters: int = 3000
     """Iterations of synthetic pre-training of v_pre before round 1 (not given in the paper)."""
     batches_per_round: int = 100
@@ -301,7 +301,7 @@ class SerqConfig:
     descriptor_step: float = 0.1
     """Step of D_sy per EQ batch, as a fraction of the way to that batch's minimiser of Eq. 11,
     mean_b(F_sy - F_hat_g): plain gradient descent on the quadratic with step size
-    descriptor_step / curvature (fedst/federation/serq.py). Adam at ``lr`` moves D_sy by at most
+    descriptor_step / curvature (fedst/methods/serq.py). Adam at ``lr`` moves D_sy by at most
     lr per step, 0.01 over the demo, against features of RMS ~1 that it must offset."""
     bank_storage: str = "memory"
     """Where SERQ's working feature bank lives between checkpoints (fedst/federation/

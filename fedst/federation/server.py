@@ -1,15 +1,13 @@
 """The server's side of Algorithm 1: the global model v_g, the server step, and checkpoints.
 
-Aggregation itself (FedAvg's weighted mean or FedMedian) is done by Flower's strategies in the
-ServerApp; this class receives the aggregated gamma, applies the method's server step (SERQ for
-FedST, nothing otherwise) and hands out what the sites receive next round. It never sees a site's
-private parameters rho_k.
+Aggregation itself (FedAvg's weighted mean or FedMedian) is done by the method in the ServerApp;
+this class receives the aggregated gamma, applies the method's own server step
+(``Method.server_step``: SERQ for FedST, none otherwise) and hands out what the sites receive
+next round. It never sees a site's private parameters rho_k, and knows no method by name.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -17,30 +15,19 @@ from pathlib import Path
 import torch
 
 from fedst.accel import configure_device, fused_optimizer_options, resolve_precision
-from fedst.config import ConfigError
-from fedst.data.clips import BatchStream, ClipDataset
 from fedst.experiment import ExperimentConfig
-from fedst.federation.feature_bank import (
-    FEATURE_BANK_DIR,
-    SERQ_BANK_SCRATCH,
-    BankWrite,
-    DiskFeatureBank,
-    FeatureBankStore,
-)
-from fedst.federation.pretraining import pretrain_on_synthetic
-from fedst.federation.serq import Serq
 from fedst.methods import method_of
+from fedst.methods.pretraining import pretrain_on_synthetic, synthetic_stream
+from fedst.methods.server_step import ServerContext, StepFiles
 from fedst.model.state import load_subset, state_subset
-from fedst.runs.files import (
-    CheckpointError,
-    atomic_torch_save,
-    load_checkpoint,
-    remove_stale_tmp,
-)
 from fedst.runs.layout import SERVER_CHECKPOINT, SERVER_PREVIOUS, site_state_dir, site_state_file
 from fedst.seeding import seed_everything
+from fedst.storage import CheckpointError, atomic_torch_save, load_checkpoint, remove_stale_tmp
 
 log = logging.getLogger(__name__)
+
+SERVER_STEP_KEY = "server_step"
+"""In the method's entry of the server checkpoint: the state of the method's server step."""
 
 
 def load_server_checkpoint(
@@ -78,7 +65,7 @@ def load_server_checkpoint(
 
 
 class FederationServer:
-    """Holds v_g (shared gamma_g plus the server's own rho_g) and, for FedST, the SERQ state."""
+    """Holds v_g (shared gamma_g plus the server's own rho_g) and the method's server step."""
 
     def __init__(
         self, cfg: ExperimentConfig, run_dir: Path, device: torch.device, progress: bool = False
@@ -103,69 +90,17 @@ class FederationServer:
         """Round of the checkpoint on disk (None: none written or loaded by this process)."""
         self._previous_saved_round: int | None = None
         """Round of the checkpoint before it (``server.prev.pt``; None: none)."""
-        self.bank_store = FeatureBankStore(run_dir / FEATURE_BANK_DIR)
         for folder in (run_dir / "checkpoints", run_dir):  # left by a process killed mid-write
             remove_stale_tmp(folder)
-        self.serq: Serq | None = None
-        if self.method.uses_serq:
-            self.serq = self._build_serq()
-
-    def _synthetic_stream(self) -> tuple[BatchStream, ClipDataset]:
-        """The server's synthetic set: a seeded augmented batch stream and the un-augmented set.
-
-        Clips of one frame: the server's passes (synthetic pre-training, SERQ) run the network
-        with ``use_temporal=False``, which reads only a clip's current frame, so earlier frames
-        would be decoded, augmented and copied for nothing."""
-        cfg = self.cfg
-        if cfg.data.server is None:
-            raise ConfigError(
-                f"method {self.method.name} starts from synthetic pre-training (and SERQ, if on) "
-                f"but data.server is null: set data.server to the synthetic set, or "
-                f"method.synthetic_pretraining=false (and method.serq=false)"
-            )
-        source = cfg.data.open(cfg.data.server)
-        clip = dataclasses.replace(cfg.clip_config(), num_frames=1)
-        dataset = ClipDataset(source, "train", clip, cfg.augment)
-        stream = BatchStream(
-            dataset,
-            batch_size=cfg.serq.batch_size,
-            seed=cfg.seed * 1000 + 999,
-            num_workers=cfg.train.num_workers,
-            device=self.device,
-            num_classes=cfg.network.num_classes,
+        self.step = self.method.server_step(
+            ServerContext(self.global_model, device, self.precision, run_dir, progress)
         )
-        return stream, ClipDataset(source, "train", clip, None, validate=False)
-
-    def _build_serq(self) -> Serq:
-        stream, reference = self._synthetic_stream()
-        return Serq(
-            self.cfg.serq,
-            synthetic_model=copy.deepcopy(self.global_model),
-            stream=stream,
-            reference=reference,
-            indicator=self.method.indicators().get(self.cfg.data.server),
-            loss_fn=self.method.segmentation_loss(),
-            device=self.device,
-            feature_stage=self.serq_feature_stage(),
-            precision=self.precision,
-            feature_bank=(
-                DiskFeatureBank(self.run_dir / SERQ_BANK_SCRATCH)
-                if self.cfg.serq.bank_storage == "disk"
-                else {}
-            ),
-            compile_mode=self.cfg.train.compile,
-            channels_last=self.cfg.train.channels_last,
-        )
-
-    def serq_feature_stage(self) -> int:
-        """serq.feature_stage, or F_ts's stage: the first the temporal module reads."""
-        configured = self.cfg.serq.feature_stage
-        return self.method.network_config().temporal_stages[0] if configured is None else configured
+        """The method's own step after aggregation (None: the aggregate is taken as it is)."""
 
     # -- round 0 --------------------------------------------------------------------------------
     def initialize(self) -> float | None:
         """Algorithm 1 line 3: v_g^0 = v_pre^0, the network pre-trained on the synthetic set
-        (every method, fedst/federation/pretraining.py; with SERQ v_pre lives on in SERQ).
+        (every method, fedst/methods/pretraining.py; with SERQ v_pre lives on in SERQ).
 
         Returns the pre-training loss (None without pre-training).
         """
@@ -173,11 +108,9 @@ class FederationServer:
             return None
         iters = self.cfg.serq.pretrain_iters
         seed_everything(self.cfg.seed, 0x5E12, 0)
-        if self.serq is not None:
-            loss = self.serq.pretrain(iters, progress=self.progress)
-            self.global_model.load_state_dict(self.serq.synthetic_model.state_dict())
-        else:
-            stream, _ = self._synthetic_stream()
+        loss = self.step.pretrain(iters) if self.step is not None else None
+        if loss is None:
+            stream, _ = synthetic_stream(self.cfg, self.method.name, self.device)
             try:
                 loss = pretrain_on_synthetic(
                     self.global_model,
@@ -211,23 +144,24 @@ class FederationServer:
 
     # -- Algorithm 1, lines 8-12 ----------------------------------------------------------------
     def server_step(self, aggregated: dict[str, torch.Tensor], server_round: int) -> dict:
-        """v_g^{t+1} := gamma_g^{t+1} U rho_g^t, then SERQ-EQ and SERQ-SC when the method uses them.
+        """v_g^{t+1} := gamma_g^{t+1} U rho_g^t, then the method's own step (SERQ-EQ and
+        SERQ-SC for FedST).
 
-        Returns what the log records: SERQ's round (SerqRoundStats) and, with SERQ, how far it
-        moved gamma_g against the aggregation: ``aggregation_change`` = ||gamma_agg -
+        Returns what the log records: the step's own scalars (SERQ's SerqRoundStats) and how far
+        it moved gamma_g against the aggregation: ``aggregation_change`` = ||gamma_agg -
         gamma_g^t||_2, ``serq_change`` = ||gamma_g^{t+1} - gamma_agg||_2 and their ratio
-        ``server_pull`` (shared tensors only)."""
-        if self.serq is None:
+        ``server_pull`` (shared tensors only; the names of the logs written before the hook)."""
+        if self.step is None:
             load_subset(self.global_model, aggregated)
             return {}
         before = self.shared_payload()
         load_subset(self.global_model, aggregated)
         seed_everything(self.cfg.seed, 0x5E12, server_round)
-        stats = self.serq.step(self.global_model)
+        stats = self.step.step(self.global_model, server_round)
         aggregation_change = _distance(aggregated, before)
         serq_change = _distance(self.shared_payload(), aggregated)
         return {
-            **vars(stats),
+            **stats,
             "aggregation_change": aggregation_change,
             "serq_change": serq_change,
             "server_pull": serq_change / aggregation_change if aggregation_change else None,
@@ -260,18 +194,16 @@ class FederationServer:
         }
 
     def save(self, server_round: int, extra: dict | None = None) -> dict:
-        """Checkpoint the completed ``server_round``: SERQ's changed bank entries first
-        (fedst/federation/feature_bank.py), then ``server.pt`` (the previous one kept as
-        ``server.prev.pt``), then bank files neither checkpoint reads are pruned.
+        """Checkpoint the completed ``server_round``: the server step's own files first (SERQ's
+        changed bank entries, fedst/methods/feature_bank.py), then ``server.pt`` (the previous
+        one kept as ``server.prev.pt``), then the step's files neither checkpoint reads are pruned.
 
         Returns what the log records: ``checkpoint_seconds`` (wall time of the writes),
         ``checkpoint_bytes`` (``server.pt`` plus the bank entries written), and its two parts
         ``server_checkpoint_bytes`` and ``bank_bytes_written`` (``bank_entries_written`` files)."""
         started = time.perf_counter()
         self.completed_round = server_round
-        bank = BankWrite(0, 0)
-        if self.serq is not None:
-            bank = self.serq.save_feature_bank(self.bank_store, server_round)
+        bank = self.step.save_files(server_round) if self.step is not None else StepFiles()
         path = self.run_dir / SERVER_CHECKPOINT
         atomic_torch_save(
             {
@@ -279,15 +211,14 @@ class FederationServer:
                 "previous_round": self._saved_round,
                 "global_model": self.global_model.state_dict(),
                 "shared_keys": list(self.partition.shared),
-                "serq": None if self.serq is None else self.serq.state_dict(),
-                "method": self.method.state_dict(),
+                "method": self._method_state(),
                 "extra": extra or {},
             },
             path,
             keep_previous=self.run_dir / SERVER_PREVIOUS,
         )
-        if self.serq is not None:
-            self.bank_store.prune(server_round, self._saved_round)
+        if self.step is not None:
+            self.step.prune_files(server_round, self._saved_round)
         if self._saved_round != server_round:
             self._previous_saved_round = self._saved_round
         self._saved_round = server_round
@@ -301,19 +232,28 @@ class FederationServer:
         }
 
     def close(self) -> None:
-        """Release what the run no longer needs once it is over: SERQ's scratch bank file."""
-        if self.serq is not None and isinstance(self.serq.feature_bank, DiskFeatureBank):
-            self.serq.feature_bank.close()
+        """Release what the run no longer needs once it is over (SERQ's scratch bank file)."""
+        if self.step is not None:
+            self.step.close()
+
+    def _method_state(self) -> dict:
+        """The method's entry of the checkpoint: its own state and its server step's."""
+        state = self.method.state_dict()
+        if self.step is not None:
+            state = {**state, SERVER_STEP_KEY: self.step.state_dict()}
+        return state
 
     def load(self) -> dict:
         """Resume from the newest usable checkpoint (see :func:`load_server_checkpoint`)."""
         state = load_server_checkpoint(self.run_dir, self.device, self.method.training_sites())
         self.global_model.load_state_dict(state["global_model"])
-        if self.serq is not None:
-            self.serq.load_state_dict(state["serq"], self.global_model)
-            if "feature_bank" not in state["serq"]:
-                self.serq.load_feature_bank(self.bank_store, state["round"])
-        self.method.load_state_dict(state.get("method", {}))
+        method_state = dict(state.get("method", {}))
+        step_state = method_state.pop(SERVER_STEP_KEY, None)
+        if step_state is None:  # a checkpoint written before the hook kept SERQ's state apart
+            step_state = state.get("serq")
+        if self.step is not None:
+            self.step.load_state_dict(step_state, state["round"])
+        self.method.load_state_dict(method_state)
         self.completed_round = self._saved_round = state["round"]
         self._previous_saved_round = state.get("previous_round")
         return state["extra"]

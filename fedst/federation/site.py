@@ -52,14 +52,9 @@ from fedst.methods import LocalPhase, method_of
 from fedst.methods.base import BatchLoss
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
-from fedst.runs.files import (
-    CheckpointError,
-    atomic_torch_save,
-    load_checkpoint,
-    remove_stale_tmp,
-)
 from fedst.runs.layout import saved_rounds, site_state_file
 from fedst.seeding import seed_everything
+from fedst.storage import CheckpointError, atomic_torch_save, load_checkpoint, remove_stale_tmp
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from fedst.runs.files import atomic_torch_save
 from fedst.runs.layout import personal_snapshot_path, shared_snapshot_path
+from fedst.storage import atomic_torch_save
 
 log = logging.getLogger(__name__)
 

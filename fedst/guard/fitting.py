@@ -36,8 +36,8 @@ from fedst.guard.correction import (
 from fedst.model.network import FedSTNet
 from fedst.progress import progress_bar
 from fedst.runs import Run
-from fedst.runs.files import atomic_torch_save, load_checkpoint
 from fedst.runs.layout import site_state_dir
+from fedst.storage import atomic_torch_save, load_checkpoint
 
 log = logging.getLogger("fedst.guard")
 

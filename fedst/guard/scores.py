@@ -14,7 +14,7 @@ from torch import nn
 from fedst.guard.correction import GUARD_DIR, GUARD_FILE, GUARD_SCORES, GuardError
 from fedst.guard.fitting import held_out_site, load_guarded_model
 from fedst.runs import Run
-from fedst.runs.files import atomic_write_text, load_checkpoint
+from fedst.storage import atomic_write_text, load_checkpoint
 
 log = logging.getLogger("fedst.guard")
 

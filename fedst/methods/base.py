@@ -12,8 +12,9 @@ Every method answers the same questions, and the site and server code ask them t
   (:meth:`Method.adopt`), in which phases the local iterations run and which tensors each phase
   trains (:meth:`Method.local_phases`), the local objective (:meth:`Method.local_loss`) and the
   scalars the reply carries besides gamma_k (:meth:`Method.reply_metrics`);
-* the server's round (line 8): how the replies are combined (:meth:`Method.aggregate`); whether
-  SERQ runs after it (``uses_serq``) and whether anything travels at all (``communicates``);
+* the server's round (line 8): how the replies are combined (:meth:`Method.aggregate`), the
+  server's own step after it (:meth:`Method.server_step`: SERQ for FedST, default none) and
+  whether anything travels at all (``communicates``);
 * which model a site returns and is scored with (:meth:`Method.load_returned_model`,
   ``method.returned_model``): its own gamma_k^T U rho_k^T (FedST, Algorithm 1 lines 14-17) or
   gamma_g as the site adopts it U rho_k (FedAvg, FedRep, FedAS, ...);
@@ -49,6 +50,7 @@ from fedst.methods.aggregation import (
     WEIGHT_KEYS,
     make_strategy,
 )
+from fedst.methods.server_step import ServerContext, ServerStep
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import FedSTNet, NetworkConfig, build_network
 from fedst.model.partition import (
@@ -175,6 +177,27 @@ class Method:
     def uses_serq(self) -> bool:
         """The server runs SERQ (Sec. III-C) after aggregation."""
         return self.config.serq
+
+    def server_step(self, context: ServerContext) -> ServerStep | None:
+        """The server's own step after aggregation: SERQ (Sec. III-C) when ``method.serq``,
+        otherwise none (the aggregate is v_g's new gamma_g as it is)."""
+        if not self.uses_serq:
+            return None
+        from fedst.methods.serq import SerqStep
+
+        configured = (
+            self.cfg.serq.feature_stage
+        )  # F_ts's stage: the first the temporal module reads
+        return SerqStep(
+            self.cfg,
+            context,
+            indicator=self.indicators().get(self.cfg.data.server),
+            loss_fn=self.segmentation_loss(),
+            feature_stage=self.network_config().temporal_stages[0]
+            if configured is None
+            else configured,
+            method_name=self.name,
+        )
 
     # -- what every party builds ---------------------------------------------------------------
     def network_config(self) -> NetworkConfig:

@@ -56,27 +56,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # the FPS column of table9: each run's model of its first federated site streams that site's
     # test videos frame by frame (batch 1, on the run's train.device; fedst.paper.writing)
-    parser.add_argument(
-        "--fps-frames",
-        type=int,
-        default=FpsSettings.frames,
-        metavar="N",
-        help="table9's FPS: frames timed per run (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--fps-warmup",
-        type=int,
-        default=FpsSettings.warmup,
-        metavar="N",
-        help="table9's FPS: frames run before the timed ones, not timed (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--fps-threads",
-        type=int,
-        default=FpsSettings.threads,
-        metavar="N",
-        help="table9's FPS: torch CPU threads while timing (default: %(default)s)",
-    )
+    for setting, what in (
+        ("frames", "frames timed per run"),
+        ("warmup", "frames run before the timed ones, not timed"),
+        ("threads", "torch CPU threads while timing"),
+    ):
+        parser.add_argument(
+            f"--fps-{setting}",
+            type=int,
+            default=getattr(FpsSettings, setting),
+            metavar="N",
+            help=f"table9's FPS: {what} (default: %(default)s)",
+        )
     setup_logging()
     try:
         seeds, rows, overrides = parse_arguments(key_values)

@@ -20,7 +20,8 @@ from fedst.federation.site_data import open_site_data
 from fedst.paper.planning import Plan, PlannedRun
 from fedst.paper.tables import Row, RunnerError, synthetic_in_training
 from fedst.report import plots, results, tables
-from fedst.runs.files import atomic_write_text, load_config
+from fedst.runs.files import load_config
+from fedst.storage import atomic_write_text
 
 log = logging.getLogger("fedst.paper")
 
@@ -206,8 +207,10 @@ def build_tables(
         if spec.mark_headers:
             table.text_headers = list(spec.mark_headers)
             table.texts = {row.label: list(row.marks) for row in spec.rows}
-    tables = [table for _, table in built]
-    markdown, csv_table = (tables[:-1], tables[-1]) if len(tables) > 1 else (tables, tables[0])
+    arranged = [table for _, table in built]
+    markdown, csv_table = (
+        (arranged[:-1], arranged[-1]) if len(arranged) > 1 else (arranged, arranged[0])
+    )
     markdown[-1].notes = [*markdown[-1].notes, *_kind_notes(plan), *_notes(plan, failures)]
     return markdown, csv_table
 

@@ -226,7 +226,7 @@ SERQ_MAGNITUDES = (
     ("bank_feature_rms", "RMS of F_hat_g"),
     ("global_feature_rms", "RMS of F_g"),
 )
-"""train.jsonl keys of SERQ's logged magnitudes (fedst/federation/serq.py) and their labels."""
+"""train.jsonl keys of SERQ's logged magnitudes (fedst/methods/serq.py) and their labels."""
 
 
 def plot_serq(train_rows: Sequence[Mapping], out_png: str | Path) -> Path | None:

@@ -29,7 +29,7 @@ from fedst.config import to_dict
 from fedst.errors import UserError
 from fedst.experiment import experiment_from_json
 from fedst.metrics import format_score
-from fedst.runs.files import read_jsonl
+from fedst.storage import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def find_runs(paths: Iterable[str | Path], skip_incomplete: bool = False) -> lis
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """fedst.runs.files.read_jsonl (a last line cut short by a killed writer is skipped with a warning)."""
+    """fedst.storage.read_jsonl (a last line cut short by a killed writer is skipped with a warning)."""
     try:
         return read_jsonl(path)
     except ValueError as err:

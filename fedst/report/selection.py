@@ -39,8 +39,8 @@ import numpy as np
 from fedst.metrics import format_score
 from fedst.report.results import RunError
 from fedst.runs import Run
-from fedst.runs.files import read_jsonl
 from fedst.selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
+from fedst.storage import read_jsonl
 
 log = logging.getLogger(__name__)
 

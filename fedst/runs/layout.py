@@ -27,7 +27,7 @@ wire.jsonl                  (deploy.audit) record names, keys and shapes of ever
 personal_export.json        (deployment) sites that sent rho_k at the end / declined / were unreachable
 checkpoints/server.pt       last completed round: global model, SERQ state but its bank, RNG (atomic)
 checkpoints/feature_bank/   SERQ's feature bank: one file per entry and round written
-                            (fedst/federation/feature_bank.py); only changed entries each round
+                            (fedst/methods/feature_bank.py); only changed entries each round
 checkpoints/server.prev.pt  the round before (fallback when server.pt is damaged)
 serq_bank.work              (serq.bank_storage=disk) SERQ's working bank while the server runs,
                             deleted at the end; not a checkpoint (refilled from feature_bank/)

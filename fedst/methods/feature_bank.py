@@ -48,7 +48,7 @@ from urllib.parse import quote, unquote
 
 import torch
 
-from fedst.runs.files import atomic_torch_save, load_checkpoint, remove_stale_tmp
+from fedst.storage import atomic_torch_save, load_checkpoint, remove_stale_tmp
 
 FEATURE_BANK_DIR = "checkpoints/feature_bank"
 """The bank's folder in the run directory (beside ``checkpoints/server.pt``)."""

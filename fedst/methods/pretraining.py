@@ -11,11 +11,15 @@ from the initialisation instead (an ablation).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
 from fedst.accel import LossLog, Precision, optimizer_step
-from fedst.data.clips import BatchStream
+from fedst.config import ConfigError
+from fedst.data.clips import BatchStream, ClipDataset
+from fedst.experiment import ExperimentConfig
 from fedst.model.losses import SegmentationLoss
 from fedst.progress import progress_bar
 
@@ -55,3 +59,31 @@ def pretrain_on_synthetic(
         losses.append(loss)
     tail = losses.values()[-TAIL:]
     return sum(tail) / max(len(tail), 1)
+
+
+def synthetic_stream(
+    cfg: ExperimentConfig, method_name: str, device: torch.device
+) -> tuple[BatchStream, ClipDataset]:
+    """The server's synthetic set: a seeded augmented batch stream and the un-augmented set.
+
+    Clips of one frame: the server's passes (synthetic pre-training, SERQ) run the network with
+    ``use_temporal=False``, which reads only a clip's current frame, so earlier frames would be
+    decoded, augmented and copied for nothing."""
+    if cfg.data.server is None:
+        raise ConfigError(
+            f"method {method_name} starts from synthetic pre-training (and SERQ, if on) "
+            f"but data.server is null: set data.server to the synthetic set, or "
+            f"method.synthetic_pretraining=false (and method.serq=false)"
+        )
+    source = cfg.data.open(cfg.data.server)
+    clip = dataclasses.replace(cfg.clip_config(), num_frames=1)
+    dataset = ClipDataset(source, "train", clip, cfg.augment)
+    stream = BatchStream(
+        dataset,
+        batch_size=cfg.serq.batch_size,
+        seed=cfg.seed * 1000 + 999,
+        num_workers=cfg.train.num_workers,
+        device=device,
+        num_classes=cfg.network.num_classes,
+    )
+    return stream, ClipDataset(source, "train", clip, None, validate=False)

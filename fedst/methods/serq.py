@@ -9,7 +9,7 @@ Server-only, on synthetic images (no temporal module). State:
   features at that stage, **of the sample's canonical (un-augmented) view**. It is updated lazily,
   when a sample is drawn (first visit initialises it to F_g), so each round costs only the batches
   SERQ trains on. Stored on CPU in float16, in memory or in a scratch file
-  (``serq.bank_storage``, fedst/federation/feature_bank.py).
+  (``serq.bank_storage``, fedst/methods/feature_bank.py).
 
 Feature stage (design note). Sec. III-C1: "For simplicity, we denote F_ts as F": the features
 SERQ quantifies are F_ts, the current frame's encoder features that the temporal module reads
@@ -55,7 +55,7 @@ stream keeps one loader per dataset with persistent workers (fedst/data/clips/lo
 both passes reuse the same workers every round, and SC's pass starts loading while EQ runs.
 
 On the device (design note). The EQ loop makes no blocking copy between host and device: a
-batch's bank entries are read at once (:func:`~fedst.federation.feature_bank.read_entries`, into
+batch's bank entries are read at once (:func:`~fedst.methods.feature_bank.read_entries`, into
 pinned memory on CUDA) and copied to the device without a host wait; Eq. 10's update runs on the
 device, and the round's new entries stay there (a later batch of the round that draws the sample
 again reads them there) until one copy to the host and one batched write after the loop. The
@@ -81,10 +81,12 @@ batch_size`` of the N synthetic samples per round, i.e. every N / (B x b) rounds
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -103,15 +105,20 @@ from fedst.accel import (
     uses_cuda_graphs,
 )
 from fedst.data.clips import BatchStream, ClipDataset, PlannedBatches
-from fedst.experiment import SerqConfig
-from fedst.federation.feature_bank import (
+from fedst.experiment import ExperimentConfig, SerqConfig
+from fedst.methods.feature_bank import (
+    FEATURE_BANK_DIR,
+    SERQ_BANK_SCRATCH,
     BankWrite,
+    DiskFeatureBank,
     FeatureBankStore,
     read_entries,
     write_entries,
 )
-from fedst.federation.pretraining import pretrain_on_synthetic
+from fedst.methods.pretraining import pretrain_on_synthetic, synthetic_stream
+from fedst.methods.server_step import ServerContext, StepFiles
 from fedst.model.losses import SegmentationLoss
+from fedst.model.network import FedSTNet
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +172,7 @@ class Serq:
         """``precision``: the server's mixed precision (fedst.accel.resolve_precision of
         ``train.amp_dtype``; None: fp32) for every forward pass of SERQ. ``feature_bank``: the
         empty mapping that holds F_hat_g (``serq.bank_storage``: a dict, or a
-        :class:`~fedst.federation.feature_bank.DiskFeatureBank`; None: a dict).
+        :class:`~fedst.methods.feature_bank.DiskFeatureBank`; None: a dict).
         ``compile_mode``: ``train.compile`` of SERQ's passes; ``channels_last``:
         ``train.channels_last`` (CUDA only; v_pre here, the global model at each step)."""
         self.cfg = cfg
@@ -262,7 +269,7 @@ class Serq:
     # -- synthetic pre-training of v_pre (Algorithm 1 input v_pre^0) ----------------------------
     def pretrain(self, iters: int, progress: bool = False) -> float:
         """Train v_pre on the synthetic set with L_seg (the pre-training every method gets,
-        fedst/federation/pretraining.py); returns the mean loss of the last 10 steps."""
+        fedst/methods/pretraining.py); returns the mean loss of the last 10 steps."""
         loss = pretrain_on_synthetic(
             self.synthetic_model,
             self.pre_optimizer,
@@ -541,7 +548,7 @@ class Serq:
         self._bank_changed, self._bank_on_disk = set(), True
 
     def state_dict(self) -> dict:
-        """Everything but the feature bank (:meth:`save_feature_bank`, fedst/federation/feature_bank.py)."""
+        """Everything but the feature bank (:meth:`save_feature_bank`, fedst/methods/feature_bank.py)."""
         return {
             "synthetic_model": self.synthetic_model.state_dict(),
             "domain_descriptor": self.domain_descriptor.detach().cpu(),
@@ -582,6 +589,74 @@ class Serq:
         for name, scaler in (("pre", self.pre_scaler), ("global", self.global_scaler)):
             if scaler is not None and name in scalers:
                 scaler.load_state_dict(scalers[name])
+
+
+class SerqStep:
+    """SERQ as FedST's server step (``Method.server_step``, fedst/methods/server_step.py): the
+    :class:`Serq` state in the method's checkpoint entry, its feature bank in the run directory
+    (``checkpoints/feature_bank/``, fedst/methods/feature_bank.py), v_pre pre-trained here."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        context: ServerContext,
+        indicator: torch.Tensor | None,
+        loss_fn: SegmentationLoss,
+        feature_stage: int,
+        method_name: str,
+    ) -> None:
+        self.global_model = context.global_model
+        self.progress = context.progress
+        self.store = FeatureBankStore(context.run_dir / FEATURE_BANK_DIR)
+        stream, reference = synthetic_stream(cfg, method_name, context.device)
+        self.serq = Serq(
+            cfg.serq,
+            synthetic_model=copy.deepcopy(context.global_model),
+            stream=stream,
+            reference=reference,
+            indicator=indicator,
+            loss_fn=loss_fn,
+            device=context.device,
+            feature_stage=feature_stage,
+            precision=context.precision,
+            feature_bank=(
+                DiskFeatureBank(context.run_dir / SERQ_BANK_SCRATCH)
+                if cfg.serq.bank_storage == "disk"
+                else {}
+            ),
+            compile_mode=cfg.train.compile,
+            channels_last=cfg.train.channels_last,
+        )
+
+    def pretrain(self, iters: int) -> float:
+        """v_pre^0 trained on the synthetic set, which is also v_g^0 (Algorithm 1, line 3)."""
+        loss = self.serq.pretrain(iters, progress=self.progress)
+        self.global_model.load_state_dict(self.serq.synthetic_model.state_dict())
+        return loss
+
+    def step(self, global_model: FedSTNet, server_round: int) -> dict[str, Any]:
+        """SERQ-EQ then SERQ-SC (or the fine-tuning of ``serq.mode=finetune``): SerqRoundStats."""
+        return dict(vars(self.serq.step(global_model)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.serq.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], server_round: int) -> None:
+        self.serq.load_state_dict(state, self.global_model)
+        if "feature_bank" not in state:  # the bank has files of its own (not an old checkpoint)
+            self.serq.load_feature_bank(self.store, server_round)
+
+    def save_files(self, server_round: int) -> StepFiles:
+        written = self.serq.save_feature_bank(self.store, server_round)
+        return StepFiles(bytes=written.bytes, files=written.files)
+
+    def prune_files(self, server_round: int, previous_round: int | None) -> None:
+        self.store.prune(server_round, previous_round)
+
+    def close(self) -> None:
+        """Release SERQ's scratch bank file (``serq.bank_storage=disk``)."""
+        if isinstance(self.serq.feature_bank, DiskFeatureBank):
+            self.serq.feature_bank.close()
 
 
 def _sum(log: LossLog) -> float:

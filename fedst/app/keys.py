@@ -1,0 +1,51 @@
+"""The message vocabulary the ServerApp and the ClientApp share: record names, the keys inside
+them and the message kinds beyond Flower's train / evaluate. One module, so the two sides of the
+wire cannot drift apart (the parameters inside "arrays" / "personal": fedst/federation/transport.py).
+"""
+
+from __future__ import annotations
+
+# -- records of a message ----------------------------------------------------------------------
+ARRAYS = "arrays"
+"""gamma: down, gamma_g (round 1: the whole v_g^0); up, the site's gamma_k."""
+PERSONAL = "personal"
+"""rho_k (the end-of-run export, the final stage's exchange) or the other sites' rho_j."""
+CONFIG = "config"
+METRICS = "metrics"
+SITE = "site"
+"""A reply's ConfigRecord naming its site: {SITE_NAME: name[, SHARED: 0 | 1]}."""
+
+# -- inside the "site" record ------------------------------------------------------------------
+SITE_NAME = "site"
+SHARED = "shared"
+"""1 when the site sent its rho_k, 0 when its node config keeps it."""
+
+# -- inside "config" ---------------------------------------------------------------------------
+EXPERIMENT = "experiment"
+"""The site view of the experiment (fedst.experiment.site_view), JSON."""
+RUN_NAME = "run-name"
+LOCAL_ITERS = "local-iters"
+SERVER_ROUND = "server-round"
+KEEP_ROUNDS = "keep-rounds"
+"""Rounds whose state a site keeps (the server's checkpoint rounds: a resumed run restarts there)."""
+SPLIT = "split"
+"""Of an evaluation: "test" (absent) or "val" (model selection)."""
+
+# -- inside "metrics" --------------------------------------------------------------------------
+NUM_EXAMPLES = "num-examples"
+TRAIN_LOSS = "train-loss"
+SECONDS = "seconds"
+LOADER_SECONDS = "loader-seconds"
+ITERATIONS = "iterations"
+ENSEMBLE_SIZE = "ensemble-size"
+
+# -- message kinds beyond Flower's "train" and "evaluate" ------------------------------------------
+PERSONAL_QUERY = "personal"
+"""The ClientApp's query action (``@app.query``): send rho_k for the out-of-federation average."""
+PERSONAL_EXCHANGE_QUERY = "personal_exchange"
+"""The query action of a final stage that exchanges rho_k between sites."""
+FINAL_STAGE_TRAIN = "final_stage"
+"""The train action of a method's final stage."""
+QUERY_PERSONAL = f"query.{PERSONAL_QUERY}"
+QUERY_PERSONAL_EXCHANGE = f"query.{PERSONAL_EXCHANGE_QUERY}"
+TRAIN_FINAL_STAGE = f"train.{FINAL_STAGE_TRAIN}"
