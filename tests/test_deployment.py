@@ -146,7 +146,7 @@ def test_nothing_a_superlink_started_in_a_session_of_its_own_outlives_deploy_sup
     """A stand-in SuperLink opens its port after starting a child in a session of its own, as
     Flower's SuperLink starts flower-superexec: the child exits once its parent is gone (as the
     SuperExec does, up to seconds later) but leaves its own child behind in its process group
-    (as a ServerApp may be for a moment). When ``deploy.superlink`` has returned, none is
+    (as a ServerApp may be for a moment). When ``deploy.running_superlink`` has returned, none is
     alive."""
     grandchild = "import time; time.sleep(60)"
     child = (
@@ -166,10 +166,12 @@ def test_nothing_a_superlink_started_in_a_session_of_its_own_outlives_deploy_sup
     )
     port = deploy.free_port()
     command = [sys.executable, "-c", fake, str(port)]
-    monkeypatch.setattr(deploy.server, "superlink_command", lambda *args: command)
-    monkeypatch.setattr(deploy.server, "SUPEREXEC_EXIT", 1.0)
+    monkeypatch.setattr(deploy.superlink, "superlink_command", lambda *args: command)
+    monkeypatch.setattr(deploy.superlink, "SUPEREXEC_EXIT", 1.0)
     dcfg = DeployConfig(host="127.0.0.1", port=port, insecure=True)
-    with deploy.superlink([], dcfg, tmp_path):  # FLWR_HOME under tmp_path: in every environment
+    with deploy.running_superlink(
+        [], dcfg, tmp_path
+    ):  # FLWR_HOME under tmp_path: in every environment
         deadline = time.monotonic() + 30
         while len(running := leftover_processes(str(tmp_path))) < 3:
             assert time.monotonic() < deadline, running
@@ -197,10 +199,10 @@ def test_a_site_ends_a_supernode_stuck_in_its_exit_and_stops_when_the_server_sta
         "sys.exit(1)\n"
     )
     monkeypatch.setattr(
-        deploy.site, "supernode_command", lambda *a, **k: [sys.executable, "-c", fake]
+        deploy.supernode, "supernode_command", lambda *a, **k: [sys.executable, "-c", fake]
     )
-    monkeypatch.setattr(deploy.site, "executor_command", lambda dcfg: ["sleep", "600"])
-    monkeypatch.setattr(deploy.site, "EXIT_GRACE", 1.0)
+    monkeypatch.setattr(deploy.supernode, "executor_command", lambda dcfg: ["sleep", "600"])
+    monkeypatch.setattr(deploy.supernode, "EXIT_GRACE", 1.0)
     dcfg = DeployConfig(state_dir=str(tmp_path / "state"), connect_timeout=8.0)
     started = time.monotonic()
     assert deploy.serve_site(experiment(tiny_root), "A", dcfg) == 0
@@ -511,7 +513,7 @@ def test_flwr_run_with_an_empty_run_dir_makes_and_writes_a_new_run_directory(tin
         host="127.0.0.1", port=loop.port, certs=str(loop.certs), keys=str(loop.keys)
     )
     try:
-        with deploy.superlink(sites, dcfg, tmp_path / "superlink") as env:
+        with deploy.running_superlink(sites, dcfg, tmp_path / "superlink") as env:
             for site in sites:
                 loop.start_site(site)
             command = [str(deploy.BIN / "flwr"), "run", str(REPO), deploy.CONNECTION, "--stream"]

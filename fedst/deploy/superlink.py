@@ -103,7 +103,9 @@ def run_config_overrides(run_dir: Path, policy: RoundPolicy) -> str:
 
 
 @contextlib.contextmanager
-def superlink(sites: Sequence[str], dcfg: DeployConfig, log_dir: Path) -> Iterator[dict[str, str]]:
+def running_superlink(
+    sites: Sequence[str], dcfg: DeployConfig, log_dir: Path
+) -> Iterator[dict[str, str]]:
     """A running SuperLink (TLS and SuperNode authentication unless ``deploy.insecure``) with the
     public keys of ``sites`` registered and the ``fedst`` connection of the flwr CLI written to
     its FLWR_HOME (``deploy.flwr_home``, default ``<log_dir>/flwr``); yields the environment of
@@ -152,7 +154,7 @@ def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str,
     from fedst.training import prepare_run
 
     prepare_run(cfg, run_dir, progress=False, federated_data=False)
-    with superlink(cfg.data.federation, dcfg, run_dir) as env:
+    with running_superlink(cfg.data.federation, dcfg, run_dir) as env:
         command = [str(BIN / "flwr"), "run", str(APP_DIR), CONNECTION, "--stream"]
         command += ["--run-config", run_config_overrides(run_dir, dcfg.policy())]
         flwr_run = start(command, run_dir / "flwr_run.log", env, False)
