@@ -235,13 +235,13 @@ def _train(
     )
     down_sizes = {"download_bytes": down.wire_bytes, "download_param_bytes": down.param_bytes}
     received = server.shared_payload() if server.method.communicates else {}  # gamma_g^t
+    local_iters = server.cfg.train.local_iters
     unpacked = []
     for reply in trained.replies:
         # restored to fp32 before any aggregation (the bytes logged are those sent)
         up = transport.received(reply.content)
         state = up.unpack(expected=received)
         norm = privacy.update_l2_norm(state, received) if received else None
-        local_iters = server.cfg.train.local_iters
         log_training_reply(runlog, reply, up, down_sizes, server_round, local_iters, norm)
         unpacked.append(_with_arrays(reply, state))
         last_shared[site_of(reply)] = {"round": server_round, "shared": state}

@@ -39,6 +39,7 @@ import numpy as np
 from fedst.metrics import format_score
 from fedst.report.results import RunError
 from fedst.runs import Run
+from fedst.runs.layout import CONFIG_JSON, FINAL_JSON
 from fedst.selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
 from fedst.storage import read_jsonl
 
@@ -55,12 +56,12 @@ RULE_ORDER = ("last", "val", "mixed", "cbe")
 def finished_run(run_dir: Path, command: str) -> Run:
     """The finished run in ``run_dir``; a :class:`RunError` naming the folder and the fix when
     it is not one (``command`` starts the message, e.g. "msf")."""
-    if not (run_dir / "config.json").is_file():
+    if not (run_dir / CONFIG_JSON).is_file():
         raise RunError(
             f"{command}: {run_dir} is not a run directory (no config.json); pass a folder "
             "train_fed.py wrote"
         )
-    if not (run_dir / "final.json").is_file():
+    if not (run_dir / FINAL_JSON).is_file():
         raise RunError(
             f"{command}: {run_dir} is not a finished run (no final.json); let its training "
             f"finish (train_fed.py resume={run_dir}), then report it"

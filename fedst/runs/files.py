@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fedst.experiment import ExperimentConfig, experiment_from_json
+from fedst.runs.layout import CONFIG_JSON
 from fedst.storage import atomic_write_text, disk_write_error, read_jsonl
 
 
@@ -57,7 +58,7 @@ class RunLog:
 
 def load_config(run_dir: Path) -> ExperimentConfig:
     """The experiment of the run in ``run_dir`` (its config.json, written when the run started)."""
-    path = run_dir / "config.json"
+    path = run_dir / CONFIG_JSON
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: is {run_dir} a FedST run directory?")
     return experiment_from_json(path.read_text())

@@ -3,7 +3,7 @@
 The files are written as plain dicts by the processes that own them (the server:
 fedst/federation/server.py ``FederationServer.save``; a site: fedst/federation/site.py
 ``Site.save``; the deployed server for exported sites: fedst/app/after_rounds.py), and stay
-exactly as written: a record keeps the dict it was read from (``raw``) and names its fields.
+exactly as written: a record names the fields a returned model is built from.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ class ServerCheckpoint:
     """v_g: every tensor of the server's network (shared gamma_g and the server's own rho_g)."""
     shared_keys: tuple[str, ...]
     """The names of gamma_g within ``global_model``."""
-    raw: Mapping[str, Any]
-    """The whole dict as saved (previous_round, serq, method, extra)."""
 
     @classmethod
     def from_dict(cls, saved: Mapping[str, Any]) -> ServerCheckpoint:
@@ -36,7 +34,6 @@ class ServerCheckpoint:
             round=int(saved["round"]),
             global_model=saved["global_model"],
             shared_keys=tuple(saved["shared_keys"]),
-            raw=saved,
         )
 
     def global_shared(self) -> dict[str, torch.Tensor]:
@@ -58,8 +55,6 @@ class SiteState:
     shared: TensorDict | None = None
     """The site's own gamma_k after its last local round (None: not kept, e.g. older runs)."""
     round: int | None = None
-    raw: Mapping[str, Any] | None = None
-    """The whole dict as saved (optimizer, stream and method state of a training state)."""
 
     @classmethod
     def from_dict(cls, saved: Mapping[str, Any], site: str | None = None) -> SiteState:
@@ -71,5 +66,4 @@ class SiteState:
             num_examples=float(saved["num_examples"]),
             shared=saved.get("shared"),
             round=saved.get("round"),
-            raw=saved,
         )

@@ -62,9 +62,6 @@ class Run:
     def site_state_dir(self, site: str) -> Path:
         return layout.site_state_dir(self.dir, site)
 
-    def is_finished(self) -> bool:
-        return self.path(layout.FINAL_JSON).is_file()
-
     def snapshot_rounds(self) -> list[int]:
         """Validation rounds whose models model selection can rebuild, ascending."""
         return layout.snapshot_rounds(self.dir)
