@@ -16,9 +16,11 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
+from bench.scratch import scratch_dir
 
 BUDGET_S = 15 * 60
 BUDGET_GB = 4.0
@@ -29,24 +31,27 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--keep", type=Path, default=None, help="run directory root to keep (default: temp)"
+        "--keep",
+        type=Path,
+        default=None,
+        help="run directory root to keep (default: a temporary one, removed at the end)",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides passed to the demo")
     args = parser.parse_args()
-    runs = args.keep or Path(tempfile.mkdtemp(prefix="fedst_bench_demo_"))
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-    command = [sys.executable, "-m", "fedst.demo", "--runs", str(runs), *args.overrides]
-    started = time.perf_counter()
-    completed = subprocess.run(command, env=env, check=False)
-    seconds = time.perf_counter() - started
+    with scratch_dir("fedst_bench_demo_", args.keep) as runs:
+        env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+        command = [sys.executable, "-m", "fedst.demo", "--runs", str(runs), *args.overrides]
+        started = time.perf_counter()
+        completed = subprocess.run(command, env=env, check=False)
+        seconds = time.perf_counter() - started
+        if completed.returncode != 0:
+            sys.exit(f"demo exit code: {completed.returncode}; its runs: {runs}")
     peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2  # KiB -> GiB
-    print(f"demo exit code: {completed.returncode}")
     print(f"demo wall time: {seconds:.0f} s (budget {BUDGET_S} s, ratio {seconds / BUDGET_S:.2f})")
     print(
         f"demo peak RSS: {peak_gb:.2f} GB (budget {BUDGET_GB} GB, ratio {peak_gb / BUDGET_GB:.2f})"
     )
-    print(f"runs: {runs}")
-    sys.exit(completed.returncode)
+    print(f"runs: {runs}" + ("" if args.keep else " (removed; --keep DIR keeps them)"))
 
 
 if __name__ == "__main__":

@@ -20,11 +20,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from anywhere, no install
+from bench.scratch import scratch_dir  # noqa: E402
+
 ROUND = re.compile(r"round (\d+)(?:/\d+)? done in ([\d.]+) s")
 
 
@@ -53,42 +55,45 @@ def main() -> None:
     )
     parser.add_argument("overrides", nargs="*", default=["experiment=tiny"])
     parser.add_argument("--sites", nargs="+", default=["A", "B", "C", "D"])
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="keep the runs here (default: removed)"
+    )
     args = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
     env["PYTHONPATH"] = str(REPO)
-    work = Path(tempfile.mkdtemp(prefix="fedst_overhead_"))
-    federation = f"data.federation=[{','.join(args.sites)}]"
-    results = {}
-    for engine in ("inprocess", "deployment"):
-        started = time.monotonic()
-        if engine == "inprocess":
-            run_dir = work / "inprocess"
-            command = [sys.executable, str(REPO / "train_fed.py"), *args.overrides, federation]
-            command += [f"hydra.run.dir={run_dir}", "progress=false"]
-        else:
-            run_dir = work / "deployment" / "run"
-            command = [sys.executable, "-m", "fedst.deploy", "local", "--sites", *args.sites]
-            command += ["--workdir", str(work / "deployment"), *args.overrides]
-        subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True)
-        times = round_times(run_dir / "log.txt")
-        results[engine] = (times, time.monotonic() - started)
-    print(f"overrides: {' '.join(args.overrides)}; sites: {' '.join(args.sites)}; work: {work}")
-    for engine, (times, wall) in results.items():
-        mean = sum(times) / len(times)
-        print(
-            f"{engine:>10}: rounds {', '.join(f'{t:.1f}' for t in times)} s; "
-            f"mean {mean:.1f} s/round; whole command {wall:.0f} s"
-        )
-    base = sum(results["inprocess"][0]) / len(results["inprocess"][0])
-    dep = sum(results["deployment"][0]) / len(results["deployment"][0])
-    print(f"deployment overhead: {dep - base:+.1f} s/round ({dep / base:.1f}x in-process)")
-    for kind, pairs in site_message_times(work / "deployment").items():
-        pulls, work_seconds = [p for p, _ in pairs], [w for _, w in pairs]
-        print(
-            f"site {kind} messages ({len(pairs)}): pulled from the SuperNode in "
-            f"{min(pulls):.1f}-{max(pulls):.1f} s, FedST work {min(work_seconds):.1f}-"
-            f"{max(work_seconds):.1f} s"
-        )
+    with scratch_dir("fedst_overhead_", args.keep) as work:
+        federation = f"data.federation=[{','.join(args.sites)}]"
+        results = {}
+        for engine in ("inprocess", "deployment"):
+            started = time.monotonic()
+            if engine == "inprocess":
+                run_dir = work / "inprocess"
+                command = [sys.executable, str(REPO / "train_fed.py"), *args.overrides, federation]
+                command += [f"hydra.run.dir={run_dir}", "progress=false"]
+            else:
+                run_dir = work / "deployment" / "run"
+                command = [sys.executable, "-m", "fedst.deploy", "local", "--sites", *args.sites]
+                command += ["--workdir", str(work / "deployment"), *args.overrides]
+            subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True)
+            times = round_times(run_dir / "log.txt")
+            results[engine] = (times, time.monotonic() - started)
+        print(f"overrides: {' '.join(args.overrides)}; sites: {' '.join(args.sites)}; work: {work}")
+        for engine, (times, wall) in results.items():
+            mean = sum(times) / len(times)
+            print(
+                f"{engine:>10}: rounds {', '.join(f'{t:.1f}' for t in times)} s; "
+                f"mean {mean:.1f} s/round; whole command {wall:.0f} s"
+            )
+        base = sum(results["inprocess"][0]) / len(results["inprocess"][0])
+        dep = sum(results["deployment"][0]) / len(results["deployment"][0])
+        print(f"deployment overhead: {dep - base:+.1f} s/round ({dep / base:.1f}x in-process)")
+        for kind, pairs in site_message_times(work / "deployment").items():
+            pulls, work_seconds = [p for p, _ in pairs], [w for _, w in pairs]
+            print(
+                f"site {kind} messages ({len(pairs)}): pulled from the SuperNode in "
+                f"{min(pulls):.1f}-{max(pulls):.1f} s, FedST work {min(work_seconds):.1f}-"
+                f"{max(work_seconds):.1f} s"
+            )
 
 
 if __name__ == "__main__":

@@ -21,12 +21,12 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from bench.deploy_overhead import REPO, round_times
+from bench.scratch import scratch_dir
 
 FIRST_SITES = ("A", "B", "C", "D")
 
@@ -159,28 +159,31 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", default=["experiment=tiny"])
     parser.add_argument("--sites", nargs="+", type=int, default=[4, 8, 16])
     parser.add_argument("--engines", nargs="+", default=["inprocess", "deployment"])
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="keep the runs here (default: removed)"
+    )
     args = parser.parse_args()
     if not any(o.startswith("experiment=") for o in args.overrides):
         args.overrides.insert(0, "experiment=tiny")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
     env["PYTHONPATH"] = str(REPO)
-    work = Path(tempfile.mkdtemp(prefix="fedst_scale_"))
-    print(f"overrides: {' '.join(args.overrides)}; {os.cpu_count()} cores; work: {work}")
-    for count in args.sites:
-        for engine in args.engines:
-            result = run(engine, count, args.overrides, work / f"{engine}_{count}", env)
-            rounds = result["rounds"]
-            memory = "; ".join(
-                f"{role} {max(peaks):.0f} MB" + (f" (x{len(peaks)})" if len(peaks) > 1 else "")
-                for role, peaks in sorted(result.items())
-                if role not in ("rounds", "wall")
-            )
-            print(
-                f"{count:>3} sites {engine:>10}: rounds {', '.join(f'{t:.1f}' for t in rounds)} s"
-                f" (mean {sum(rounds) / len(rounds):.1f} s/round, {result['wall']:.0f} s in all);"
-                f" peak RSS: {memory}",
-                flush=True,
-            )
+    with scratch_dir("fedst_scale_", args.keep) as work:
+        print(f"overrides: {' '.join(args.overrides)}; {os.cpu_count()} cores; work: {work}")
+        for count in args.sites:
+            for engine in args.engines:
+                result = run(engine, count, args.overrides, work / f"{engine}_{count}", env)
+                rounds = result["rounds"]
+                memory = "; ".join(
+                    f"{role} {max(peaks):.0f} MB" + (f" (x{len(peaks)})" if len(peaks) > 1 else "")
+                    for role, peaks in sorted(result.items())
+                    if role not in ("rounds", "wall")
+                )
+                print(
+                    f"{count:>3} sites {engine:>10}: rounds {', '.join(f'{t:.1f}' for t in rounds)} s"
+                    f" (mean {sum(rounds) / len(rounds):.1f} s/round, {result['wall']:.0f} s in all);"
+                    f" peak RSS: {memory}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -1178,13 +1178,28 @@ def _metrics_markdown(metrics: dict) -> list[str]:
     return lines
 
 
-def run_check(cpu: bool, out: Path, budget_s: float | None) -> list[StepResult]:
-    """Every step in order within the overall budget; the report is rewritten after each."""
+def run_check(
+    cpu: bool, out: Path, budget_s: float | None, keep_work: Path | None = None
+) -> list[StepResult]:
+    """Every step in order within the overall budget; the report is rewritten after each.
+
+    The steps' files (runs, generated data: about 1.7 GB on the CPU) go to ``keep_work`` when it
+    is given, else to a temporary directory that is removed at the end, whatever happened.
+    """
+    if keep_work is not None:
+        keep_work.mkdir(parents=True, exist_ok=True)
+        return _run_steps(cpu, out, budget_s, keep_work, removed=False)
+    with tempfile.TemporaryDirectory(prefix="fedst_gpu_check_") as work:
+        return _run_steps(cpu, out, budget_s, Path(work), removed=True)
+
+
+def _run_steps(
+    cpu: bool, out: Path, budget_s: float | None, work: Path, removed: bool
+) -> list[StepResult]:
     out.mkdir(parents=True, exist_ok=True)
     sizes = CPU_SIZES if cpu else GPU_SIZES
     budget = budget_s if budget_s is not None else sizes.budget_s
     device = "cpu" if cpu else "cuda"
-    work = Path(tempfile.mkdtemp(prefix="fedst_gpu_check_"))
     steps = plan_steps(device, sizes, work)
     env = {
         **os.environ,
@@ -1201,7 +1216,7 @@ def run_check(cpu: bool, out: Path, budget_s: float | None) -> list[StepResult]:
         "host": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
         "budget_s": budget,
         "elapsed_s": 0.0,
-        "work_dir": str(work),
+        "work_dir": f"{work} (removed at the end)" if removed else str(work),
     }
     results: list[StepResult] = []
     with open(out / "gpu_check.log", "a") as logfile:
@@ -1228,6 +1243,10 @@ def main(argv: list[str] | None = None) -> None:
     check.add_argument("--cpu", action="store_true", help="on the CPU at a reduced size")
     check.add_argument("--out", type=Path, default=REPO / "gpu_check_out")
     check.add_argument("--budget-s", type=float, default=None, help="overall time budget")
+    check.add_argument(
+        "--keep-work", type=Path, default=None,
+        help="keep the steps' runs and data here (default: a temporary directory, removed)",
+    )  # fmt: skip
     facts = sub.add_parser("facts")
     facts.add_argument("--device", default="cuda")
     facts.add_argument("--json", type=Path, required=True)
@@ -1245,7 +1264,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "wheels":
         make_wheels()
     elif args.command == "run":
-        results = run_check(args.cpu, args.out, args.budget_s)
+        results = run_check(args.cpu, args.out, args.budget_s, args.keep_work)
         bad = [r.name for r in results if r.status != "ok"]
         print(f"report: {args.out / 'gpu_check.md'}; not ok: {bad or 'none'}")
     elif args.command == "facts":

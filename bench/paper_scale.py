@@ -49,7 +49,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ from statistics import mean
 
 import torch
 
+from bench.scratch import scratch_dir
 from fedst.accel import device_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -519,11 +519,22 @@ def main(argv: list[str] | None = None) -> None:
         "--data-root", type=Path, default=None,
         help="where --smoke / --tiny-data keep the tiny preset (default: beside the run)",
     )  # fmt: skip
-    parser.add_argument("--keep", type=Path, default=None, help="run directory (default: temp)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="run directory to keep (default: a temporary one, removed at the end)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for train_fed.py")
     args = parser.parse_args(argv)
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(REPO)}
-    run_dir = args.keep or Path(tempfile.mkdtemp(prefix="fedst_paper_scale_")) / "run"
+    with scratch_dir("fedst_paper_scale_", args.keep) as scratch:
+        run_dir = args.keep or scratch / "run"
+        measure(args, run_dir, env)
+
+
+def measure(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> None:
+    """Train the job of ``args`` into ``run_dir`` and print what its rounds cost."""
     if args.smoke or args.tiny_data:
         height, width = args.image_size or ((64, 80) if args.smoke else (512, 640))
         data = [
@@ -560,7 +571,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     gpus = [device_name(torch.device("cuda", i)) for i in range(torch.cuda.device_count())]
     print(f"{device_name(torch.device('cpu'))}, {os.cpu_count()} cores; GPUs: {gpus or 'none'}")
-    print(f"run: {run_dir}")
+    print(f"run: {run_dir}" + ("" if args.keep else " (removed at the end; --keep DIR keeps it)"))
     started = time.perf_counter()
     with GpuSampler(run_dir / "train.jsonl") as gpu:
         done = subprocess.run(command, cwd=REPO, env=env, check=False)

@@ -37,28 +37,19 @@ from fedst.training import prepare_data
 log = logging.getLogger("bench.site_rebuild")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.site_rebuild", description=__doc__)
-    parser.add_argument("--site", default="A")
-    parser.add_argument("--workers", type=int, default=2, help="train.num_workers of the site")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("overrides", nargs="*", help="train_fed.py overrides (default: tiny)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    overrides = args.overrides or ["experiment=tiny"]
-    cfg, _ = compose_experiment([*overrides, f"train.num_workers={args.workers}"])
-    prepare_data(cfg)
-    device = resolve_device(cfg.train.device)
-    state_dir = Path(tempfile.mkdtemp(prefix="fedst_rebuild_"))
-    first = Site(args.site, cfg, state_dir, device)  # the actor that trained round 1
+def time_rebuilds(
+    site_name: str, cfg, device: torch.device, state_dir: Path, repeats: int
+) -> tuple[dict[str, list[float]], float]:
+    """Seconds of each rebuild part per repeat, and one local training step for scale."""
+    first = Site(site_name, cfg, state_dir, device)  # the actor that trained round 1
     full = {k: v.clone() for k, v in method_of(cfg).build_model().state_dict().items()}
     step = first.train_round(full, server_round=1, local_iters=1).seconds
     first.stream.close()
     del first
     times: dict[str, list[float]] = {"build": [], "restore": [], "first batch": []}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         started = time.perf_counter()
-        site = Site(args.site, cfg, state_dir, device)
+        site = Site(site_name, cfg, state_dir, device)
         built = time.perf_counter()
         site.restore(1)
         restored = time.perf_counter()
@@ -71,6 +62,23 @@ def main(argv: list[str] | None = None) -> None:
         times["first batch"].append(loaded - restored)
         site.stream.close()
         del site
+    return times, step
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.site_rebuild", description=__doc__)
+    parser.add_argument("--site", default="A")
+    parser.add_argument("--workers", type=int, default=2, help="train.num_workers of the site")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("overrides", nargs="*", help="train_fed.py overrides (default: tiny)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    overrides = args.overrides or ["experiment=tiny"]
+    cfg, _ = compose_experiment([*overrides, f"train.num_workers={args.workers}"])
+    prepare_data(cfg)
+    device = resolve_device(cfg.train.device)
+    with tempfile.TemporaryDirectory(prefix="fedst_rebuild_") as state_dir:
+        times, step = time_rebuilds(args.site, cfg, device, Path(state_dir), args.repeats)
     print(f"site {args.site} on {device}, {args.workers} loader worker(s), {overrides}:")
     for name, values in times.items():
         print(f"  {name:12s} {statistics.median(values):7.3f} s  (median of {len(values)})")

@@ -166,6 +166,24 @@ def test_a_step_past_the_overall_budget_is_not_run(tmp_path, monkeypatch):
     assert [r.status for r in results] == ["ok", "not run"]
 
 
+def test_the_steps_files_are_removed_at_the_end_unless_kept(tmp_path, monkeypatch):
+    # each step leaves a file in the work directory plan_steps was given (the real ones: 1.7 GB)
+    planned: list[Path] = []
+
+    def plan(device, sizes, work):
+        planned.append(work)
+        touch = f"open({str(work / 'left.bin')!r}, 'wb').write(b'x')"
+        return [gpu_check.Step("writes", "writes a file", 30, [_python(touch)])]
+
+    monkeypatch.setattr(gpu_check, "plan_steps", plan)
+    results = gpu_check.run_check(cpu=True, out=tmp_path / "out", budget_s=30)
+    assert [r.status for r in results] == ["ok"]
+    assert not planned[0].exists()
+    kept = tmp_path / "kept"
+    gpu_check.run_check(cpu=True, out=tmp_path / "out", budget_s=30, keep_work=kept)
+    assert planned[1] == kept and (kept / "left.bin").exists()
+
+
 def test_an_option_this_checkout_lacks_makes_its_step_unsupported(tmp_path, monkeypatch):
     fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     fields.pop("channels_last", None)
