@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean, median
 
+from bench.scratch import scratch_dir
+
 REPO = Path(__file__).resolve().parents[1]
 log = logging.getLogger("gpu_check")
 
@@ -1184,13 +1186,10 @@ def run_check(
     """Every step in order within the overall budget; the report is rewritten after each.
 
     The steps' files (runs, generated data: about 1.7 GB on the CPU) go to ``keep_work`` when it
-    is given, else to a temporary directory that is removed at the end, whatever happened.
+    is given, else to a temporary directory removed at the end (bench/scratch.py).
     """
-    if keep_work is not None:
-        keep_work.mkdir(parents=True, exist_ok=True)
-        return _run_steps(cpu, out, budget_s, keep_work, removed=False)
-    with tempfile.TemporaryDirectory(prefix="fedst_gpu_check_") as work:
-        return _run_steps(cpu, out, budget_s, Path(work), removed=True)
+    with scratch_dir("fedst_gpu_check_", keep_work) as work:
+        return _run_steps(cpu, out, budget_s, work, removed=keep_work is None)
 
 
 def _run_steps(

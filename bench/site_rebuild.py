@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from fedst.cli import compose_experiment
-from fedst.experiment import resolve_device
+from fedst.experiment import ExperimentConfig, resolve_device
 from fedst.federation.site import Site
 from fedst.methods import method_of
 from fedst.training import prepare_data
@@ -38,7 +38,7 @@ log = logging.getLogger("bench.site_rebuild")
 
 
 def time_rebuilds(
-    site_name: str, cfg, device: torch.device, state_dir: Path, repeats: int
+    site_name: str, cfg: ExperimentConfig, device: torch.device, state_dir: Path, repeats: int
 ) -> tuple[dict[str, list[float]], float]:
     """Seconds of each rebuild part per repeat, and one local training step for scale."""
     first = Site(site_name, cfg, state_dir, device)  # the actor that trained round 1

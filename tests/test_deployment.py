@@ -169,9 +169,8 @@ def test_nothing_a_superlink_started_in_a_session_of_its_own_outlives_deploy_sup
     monkeypatch.setattr(deploy.superlink, "superlink_command", lambda *args: command)
     monkeypatch.setattr(deploy.superlink, "SUPEREXEC_EXIT", 1.0)
     dcfg = DeployConfig(host="127.0.0.1", port=port, insecure=True)
-    with deploy.running_superlink(
-        [], dcfg, tmp_path
-    ):  # FLWR_HOME under tmp_path: in every environment
+    # FLWR_HOME under tmp_path: in every environment
+    with deploy.running_superlink([], dcfg, tmp_path):
         deadline = time.monotonic() + 30
         while len(running := leftover_processes(str(tmp_path))) < 3:
             assert time.monotonic() < deadline, running
