@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export FLWR_TELEMETRY_ENABLED := 0
 
-.PHONY: venv test test-slow lint format demo bench gpu-wheels clean-venv
+.PHONY: venv test test-slow lint format demo bench gpu-wheels gpu-rehearsal clean-venv
 
 venv: $(STAMP)
 
@@ -32,7 +32,8 @@ test: lint
 
 # The tests marked slow (pyproject.toml; `make test` deselects them): the loopback deployments of a
 # site killed during a round, a restarted server and `flwr run` with an empty run-dir, and the GPU
-# check at its CPU size. About 8 minutes on 2 cores; CI (.ci/run) runs them after `make test`.
+# check rehearsed as the GPU machine runs it (make gpu-rehearsal). About 12 minutes on 2 cores; CI
+# (.ci/run) runs them after `make test`.
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow
 
@@ -47,6 +48,12 @@ bench: venv
 # pinned to this .venv's versions, into .whl/ (git-ignored); docs/paper-scale.md, "The GPU check".
 gpu-wheels: venv
 	$(BIN)/python -m bench.gpu_check wheels
+
+# The GPU check run here as the GPU machine runs it: a bare environment with that machine's packages,
+# the rest as wheels on PYTHONPATH only (bench/gpu_rehearsal.py; report in gpu_rehearsal_out/).
+# About 10 minutes on 2 cores; `make test-slow` runs it (tests/test_gpu_check.py).
+gpu-rehearsal: venv
+	$(BIN)/python -m bench.gpu_rehearsal
 
 clean-venv:
 	rm -rf $(VENV)

@@ -16,7 +16,6 @@ ClientApp) and its polling (docs/deployment.md, "What sets the time of a message
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from anywhere, no install
+from bench.environment import child_environment  # noqa: E402
 from bench.scratch import scratch_dir  # noqa: E402
 
 ROUND = re.compile(r"round (\d+)(?:/\d+)? done in ([\d.]+) s")
@@ -59,8 +59,7 @@ def main() -> None:
         "--keep", type=Path, default=None, help="keep the runs here (default: removed)"
     )
     args = parser.parse_args()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
-    env["PYTHONPATH"] = str(REPO)
+    env = {**child_environment(), "OMP_NUM_THREADS": "1"}
     with scratch_dir("fedst_overhead_", args.keep) as work:
         federation = f"data.federation=[{','.join(args.sites)}]"
         results = {}

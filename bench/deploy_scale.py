@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from bench.deploy_overhead import REPO, round_times
+from bench.environment import child_environment
 from bench.scratch import scratch_dir
 
 FIRST_SITES = ("A", "B", "C", "D")
@@ -165,8 +166,7 @@ def main() -> None:
     args = parser.parse_args()
     if not any(o.startswith("experiment=") for o in args.overrides):
         args.overrides.insert(0, "experiment=tiny")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
-    env["PYTHONPATH"] = str(REPO)
+    env = {**child_environment(), "OMP_NUM_THREADS": "1"}
     with scratch_dir("fedst_scale_", args.keep) as work:
         print(f"overrides: {' '.join(args.overrides)}; {os.cpu_count()} cores; work: {work}")
         for count in args.sites:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean, median
 
+from bench.environment import child_environment
 from bench.scratch import scratch_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,6 +97,22 @@ GPU_MACHINE_PACKAGES = frozenset(
 )
 """The packages its image holds (KINDS.md, "Python packages already there", read 2026-11-17)."""
 
+GPU_MACHINE_VERSIONS = {
+    "huggingface-hub": "1.33.0",
+    "numpy": "2.5.2",
+    "onnx": "1.23.1",
+    "onnxruntime": "1.30.0",
+    "onnxscript": "0.7.2",
+    "safetensors": "0.8.0",
+    "tokenizers": "0.23.2",
+    "torch": "2.11.0",
+    "torchvision": "0.26.0",
+    "transformers": "5.17.0",
+    "triton": "3.6.0",
+}
+"""The versions of the machine's packages that have been read there (KINDS.md's pip list row,
+2026-11); the others are unknown until the check's ``pip_list.txt`` comes back."""
+
 CARRIED_ANYWAY = {
     "protobuf": "flwr's generated code needs protobuf >= 5.29 and grpcio-health-checking's >= "
     "6.33.5; the machine's version is not recorded",
@@ -108,11 +125,12 @@ TRAVEL_LIMIT_BYTES = 64 * 1024**2
 WHEEL_DIR = REPO / ".whl"
 
 
-def _environment(extra: str = "") -> dict[str, str]:
-    """Marker environment of the GPU machine's python3 (for requirement markers)."""
+def _environment(extra: str = "", python: str = GPU_MACHINE_PYTHON) -> dict[str, str]:
+    """Marker environment of the GPU machine's python3, or of another CPython ``python``
+    ("3.11": the rehearsal's), for requirement markers."""
     return {
-        "python_version": GPU_MACHINE_PYTHON,
-        "python_full_version": f"{GPU_MACHINE_PYTHON}.3",
+        "python_version": python,
+        "python_full_version": f"{python}.0" if python != GPU_MACHINE_PYTHON else "3.12.3",
         "sys_platform": "linux",
         "platform_system": "Linux",
         "platform_machine": "x86_64",
@@ -124,13 +142,16 @@ def _environment(extra: str = "") -> dict[str, str]:
 
 
 def wheel_plan(
-    roots: list[str] | None = None, present: frozenset[str] = GPU_MACHINE_PACKAGES
+    roots: list[str] | None = None,
+    present: frozenset[str] = GPU_MACHINE_PACKAGES,
+    python: str = GPU_MACHINE_PYTHON,
 ) -> dict[str, str]:
     """name -> version (this environment's) of every distribution the GPU machine needs and
     lacks: the closure of fedst's requirements (``roots``, default fedst's own, without extras),
     descending only into packages the machine lacks (its own packages bring their own needs),
-    extras of a requirement included, plus :data:`CARRIED_ANYWAY`. Raises when a needed package
-    is not installed here."""
+    extras of a requirement included, plus :data:`CARRIED_ANYWAY`; markers evaluated for
+    CPython ``python`` (the machine's, or the rehearsal's). Raises when a needed package is not
+    installed here."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
@@ -143,7 +164,7 @@ def wheel_plan(
     expanded: set[tuple[str, frozenset[str]]] = set()
     while todo:
         req = todo.pop()
-        if req.marker is not None and not req.marker.evaluate(_environment()):
+        if req.marker is not None and not req.marker.evaluate(_environment(python=python)):
             continue
         name = canonicalize_name(req.name)
         if name in present or (name, frozenset(req.extras)) in expanded:
@@ -160,7 +181,9 @@ def wheel_plan(
         for text in dist.requires or []:
             sub = Requirement(text)
             wanted = ["", *sorted(req.extras)]
-            if sub.marker is None or any(sub.marker.evaluate(_environment(e)) for e in wanted):
+            if sub.marker is None or any(
+                sub.marker.evaluate(_environment(e, python)) for e in wanted
+            ):
                 sub.marker = None
                 todo.append(sub)
     for name in CARRIED_ANYWAY:
@@ -178,11 +201,14 @@ def _wheel_key(path: Path) -> tuple[str, str] | None:
     return str(name), str(version)
 
 
-def fetch_wheels(plan: dict[str, str], dest: Path = WHEEL_DIR) -> list[Path]:
-    """Download each planned wheel for the GPU machine into ``dest`` (kept when already there);
-    a pure-Python package published only as a source archive is built into a ``none-any`` wheel
-    here. Files of other versions or packages are removed: two versions stop the install."""
-    dest.mkdir(exist_ok=True)
+def fetch_wheels(
+    plan: dict[str, str], dest: Path = WHEEL_DIR, python: str = GPU_MACHINE_PYTHON
+) -> list[Path]:
+    """Download each planned wheel for CPython ``python`` on manylinux x86-64 (the GPU
+    machine's, or the rehearsal's) into ``dest`` (kept when already there); a pure-Python
+    package published only as a source archive is built into a ``none-any`` wheel here. Files of
+    other versions or packages are removed: two versions stop the install."""
+    dest.mkdir(parents=True, exist_ok=True)
     have = {_wheel_key(p): p for p in dest.glob("*.whl")}
     platforms = [arg for tag in GPU_MACHINE_PLATFORMS for arg in ("--platform", tag)]
     for name, version in plan.items():
@@ -197,7 +223,7 @@ def fetch_wheels(plan: dict[str, str], dest: Path = WHEEL_DIR) -> list[Path]:
             "--no-deps",
             "--only-binary=:all:",
             "--python-version",
-            GPU_MACHINE_PYTHON,
+            python,
             "--implementation",
             "cp",
             *platforms,
@@ -215,7 +241,7 @@ def fetch_wheels(plan: dict[str, str], dest: Path = WHEEL_DIR) -> list[Path]:
             if not built.name.endswith("-none-any.whl"):
                 raise SystemExit(
                     f"gpu-wheels: {name}=={version} has no wheel for CPython "
-                    f"{GPU_MACHINE_PYTHON} manylinux x86-64 and builds only a platform wheel "
+                    f"{python} manylinux x86-64 and builds only a platform wheel "
                     f"({built.name}); pin a version with one in pyproject.toml"
                 )
             shutil.move(built, dest / built.name)
@@ -249,6 +275,69 @@ def incompatible_wheels(wheels: list[Path]) -> list[str]:
     return [p.name for p in wheels if not (parse_wheel_filename(p.name)[3] & supported)]
 
 
+def unmet_on_the_gpu_machine(
+    plan: dict[str, str], known: dict[str, str] = GPU_MACHINE_VERSIONS
+) -> tuple[list[str], list[str]]:
+    """The requirements of the planned (carried) packages on packages the machine has, checked
+    against the machine's versions: (unmet, unknown). Unmet: the machine's recorded version does
+    not satisfy it, so the carried package would fail at import there (e.g. a carried pydantic
+    that needs a newer typing-extensions). Unknown: the machine's version was never read."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    unmet, unknown = [], []
+    for name in plan:
+        for text in metadata.requires(name) or []:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate(_environment()):
+                continue
+            needed = canonicalize_name(req.name)
+            if needed in plan or needed not in GPU_MACHINE_PACKAGES or not req.specifier:
+                continue
+            have = known.get(needed)
+            if have is None:
+                unknown.append(f"{name} needs {req.name}{req.specifier} (machine's: unknown)")
+            elif not req.specifier.contains(have, prereleases=True):
+                unmet.append(f"{name} needs {req.name}{req.specifier}, the machine has {have}")
+    return sorted(unmet), sorted(set(unknown))
+
+
+def requirement_report() -> list[str]:
+    """Every installed distribution (as this interpreter's sys.path finds it, PYTHONPATH first)
+    whose requirements are not met by what is installed: one line each, empty when all are met.
+    Lines of distributions shadowed by an earlier one on the path start with "shadowed"."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    first: dict[str, metadata.Distribution] = {}
+    lines = []
+    for dist in metadata.distributions():
+        name = canonicalize_name(dist.metadata["Name"] or "")
+        if name in first:
+            lines.append(
+                f"shadowed: {name} {dist.version} at {dist.locate_file('')} "
+                f"(in use: {first[name].version})"
+            )
+            continue
+        first[name] = dist
+    versions = {name: dist.version for name, dist in first.items()}
+    for name, dist in sorted(first.items()):
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            have = versions.get(canonicalize_name(req.name))
+            if have is None:
+                lines.append(f"{name} {dist.version}: needs {req}, not installed")
+            elif req.specifier and not req.specifier.contains(have, prereleases=True):
+                lines.append(f"{name} {dist.version}: needs {req}, installed {have}")
+    return lines
+
+
 def travelling_bytes(repo: Path = REPO) -> int:
     """Bytes of the working tree that travels to the device machine: tracked files and untracked
     files git does not ignore (``git ls-files --cached --others --exclude-standard``)."""
@@ -270,6 +359,14 @@ def make_wheels() -> None:
     wrong = incompatible_wheels(wheels)
     if wrong:
         raise SystemExit(f"gpu-wheels: not installable by the GPU machine's python3: {wrong}")
+    unmet, unknown = unmet_on_the_gpu_machine(plan)
+    for line in unknown:
+        log.info("not checkable here: %s", line)
+    if unmet:
+        raise SystemExit(
+            "gpu-wheels: carried packages need newer versions than the GPU machine has (carry "
+            "those too, or pin older packages): " + "; ".join(unmet)
+        )
     wheel_bytes = sum(p.stat().st_size for p in wheels)
     tree = travelling_bytes()
     mib = 1024**2
@@ -335,6 +432,13 @@ def device_facts(device_name: str) -> dict[str, object]:
         except metadata.PackageNotFoundError:
             versions[name] = None
     facts["packages"] = versions
+    import importlib.util
+
+    facts["imported_from"] = {  # where each comes from: /tmp/site's wheels, or the machine's own
+        name: str(Path(spec.origin).parent.parent)
+        for name in ("torch", "numpy", "flwr", "hydra", "monai")
+        if (spec := importlib.util.find_spec(name)) is not None and spec.origin
+    }
     try:
         import onnxruntime
 
@@ -342,6 +446,27 @@ def device_facts(device_name: str) -> dict[str, object]:
     except ImportError:
         facts["onnxruntime_providers"] = []
     return facts
+
+
+def preflight(device_name: str) -> str | None:
+    """Why the check cannot run on ``device_name`` (None: it can): on "cuda", a torch that sees
+    no GPU (fedst.accel.cuda_unavailable_reason: a CPU-only build, hidden GPUs, a driver too
+    old) or that cannot run one kernel on it. Seconds, before any wheel is installed."""
+    import torch
+
+    from fedst.accel import cuda_unavailable_reason
+
+    if device_name != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no GPU: {cuda_unavailable_reason()}"
+    try:
+        value = (torch.ones(64, 64, device="cuda") @ torch.ones(64, 64, device="cuda")).sum()
+        if float(value) != 64.0**3:
+            return f"a 64x64 matrix product on {torch.cuda.get_device_name()} gave {float(value)}"
+    except RuntimeError as err:
+        return f"torch {torch.__version__} cannot run a kernel on the GPU: {err}"
+    return None
 
 
 # -- step: one training step with and without the options ---------------------------------------
@@ -386,12 +511,13 @@ def _sync(device) -> None:
 
 
 def _set_tf32(device, enabled: bool) -> None:
-    import torch
+    """TF32 on or off through fedst.accel.set_tf32, which sets PyTorch's legacy and new switches
+    alike: the new ones alone make torch.compile raise "mix of the legacy and new APIs" on
+    some torch versions (2.10; the GPU machine has 2.11)."""
+    from fedst.accel import set_tf32
 
     if device.type == "cuda":
-        precision = "tf32" if enabled else "ieee"
-        torch.backends.cuda.matmul.fp32_precision = precision
-        torch.backends.cudnn.conv.fp32_precision = precision
+        set_tf32(enabled)
 
 
 def _autocast(device, dtype: str | None):
@@ -538,6 +664,22 @@ def _compile_streaming(net, backend: str, mode: str) -> None:
             module.compile(backend=backend)
 
 
+COMPARED_FRAMES = 8
+"""Frames whose logits every streaming variant compares with eager fp32's."""
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def frame_time_summary(seconds: list[float]) -> dict[str, float]:
+    """ms per frame at the median (p50) and 95th percentile (p95) and the FPS of each: the
+    median alone hides the slow frames a viewer sees as stutter."""
+    p50, p95 = median(seconds), _quantile(seconds, 0.95)
+    return {"ms_p50": p50 * 1e3, "ms_p95": p95 * 1e3, "fps": 1 / p50, "fps_p95": 1 / p95}
+
+
 def bench_stream(
     device_name: str,
     size: tuple[int, int],
@@ -548,8 +690,11 @@ def bench_stream(
 ) -> dict:
     """Frames per second of FedST streaming (one encoder pass per frame, earlier frames'
     features cached; ``FedSTNet.stream``) at ``size``, batch 1, a host sync after every frame
-    (a viewer needs each frame's logits): eager fp32, bf16 and fp16 autocast, compiled (fp32 and
-    bf16), and ONNX Runtime (CUDA provider on a GPU when installed, else the CPU provider)."""
+    (a viewer needs each frame's logits), p50 and p95 per frame: eager fp32, bf16 and fp16
+    autocast, compiled (fp32 and bf16), compiled with CUDA graphs (``reduce-overhead``, bf16),
+    and ONNX Runtime (on a GPU only with its CUDA provider; the CPU provider with ``--cpu``).
+    Each variant's logits of the first :data:`COMPARED_FRAMES` frames are compared with eager
+    fp32's (``max_abs_diff_vs_eager_fp32``): a fast variant with wrong output shows."""
     import torch
 
     from fedst.model.network import NetworkConfig, build_network
@@ -562,48 +707,66 @@ def bench_stream(
     video = torch.randn(8, 1, 3, *size, device=device)
     result: dict = {"device": str(device), "size": list(size), "frames": frames, "variants": {}}
     interval_s, fps_of_video = 0.2, 25.0
+    reference: list = []
 
-    def run(name: str, stream_net, dtype: str | None, warmup: int) -> None:
+    def run(name: str, stream_net, dtype: str | None, warmup: int, graphs: bool = False) -> None:
         if time.monotonic() - started > budget_s * 0.7:
             result["variants"][name] = {"status": "not run: time budget"}
+            _write_json(out, result)
             return
         try:
-            state = stream_net.stream(indicator, interval_s=interval_s)
-            times = []
+            logits, times = [], []
             with torch.no_grad(), _autocast(device, dtype):
-                for index in range(warmup + frames):
-                    begin = time.perf_counter()
-                    state.step(video[index % len(video)], index / fps_of_video)
-                    _sync(device)
-                    times.append(time.perf_counter() - begin)
-            timed = times[warmup:]
-            result["variants"][name] = {
-                "status": "ok",
-                "fps": 1 / median(timed),
-                "ms_median": median(timed) * 1e3,
-                "first_frames_seconds": sum(times[:warmup]),
-            }
+                # the compared frames first, from a fresh stream (the same history as eager's)
+                for repeat in range(2):
+                    state = stream_net.stream(indicator, interval_s=interval_s)
+                    for index in range(COMPARED_FRAMES if repeat == 0 else warmup + frames):
+                        if graphs:
+                            torch.compiler.cudagraph_mark_step_begin()
+                        begin = time.perf_counter()
+                        output = state.step(video[index % len(video)], index / fps_of_video)
+                        _sync(device)
+                        if repeat == 0:
+                            logits.append(output.float().cpu())
+                        else:
+                            times.append(time.perf_counter() - begin)
+            entry = {"status": "ok", **frame_time_summary(times[warmup:])}
+            entry["first_frames_seconds"] = sum(times[:warmup])
+            if not reference:
+                reference.extend(logits)
+            entry["max_abs_diff_vs_eager_fp32"] = max(
+                float((a - b).abs().max()) for a, b in zip(logits, reference, strict=True)
+            )
+            result["variants"][name] = entry
         except Exception as err:
             result["variants"][name] = {"status": f"failed: {type(err).__name__}: {err}"}
         _write_json(out, result)
 
+    _set_tf32(device, False)
+    run("eager fp32", net, None, warmup=4)  # the reference: fp32 without TF32
     _set_tf32(device, True)
-    run("eager fp32 (TF32)", net, None, warmup=6)
     if device.type == "cuda":
-        run("eager bf16 autocast", net, "bf16", warmup=6)
-        run("eager fp16 autocast", net, "fp16", warmup=6)
+        run("eager fp32 + TF32", net, None, warmup=4)
+        run("eager bf16 autocast", net, "bf16", warmup=4)
+        run("eager fp16 autocast", net, "fp16", warmup=4)
     compiled = copy.deepcopy(net)
     _compile_streaming(compiled, compile_backend, "default")
-    run(f"compiled fp32 ({compile_backend})", compiled, None, warmup=12)
+    run(f"compiled fp32 ({compile_backend})", compiled, None, warmup=8)
     if device.type == "cuda":
-        run(f"compiled bf16 ({compile_backend})", compiled, "bf16", warmup=12)
+        run(f"compiled bf16 ({compile_backend})", compiled, "bf16", warmup=8)
+        graphed = copy.deepcopy(net)
+        _compile_streaming(graphed, compile_backend, "reduce-overhead")
+        run("CUDA graphs bf16 (reduce-overhead)", graphed, "bf16", warmup=8, graphs=True)
+    else:
+        result["variants"]["CUDA graphs (reduce-overhead)"] = {"status": "skipped: needs CUDA"}
     _bench_onnx(net.cpu(), indicator.cpu(), size, frames, device, result, out)
     return result
 
 
 def _bench_onnx(net, indicator, size, frames, device, result: dict, out: Path | None) -> None:
-    """ONNX Runtime streaming of ``fedst.export``'s graph: its CUDA provider on a GPU when the
-    installed onnxruntime has it, else the CPU provider (named in the result)."""
+    """ONNX Runtime streaming of ``fedst.export``'s graph: on a GPU with its CUDA provider only
+    (the CPU provider there would time the 16 host cores, not the card); on the CPU with the CPU
+    provider."""
     name = "ONNX Runtime"
     try:
         import numpy as np
@@ -612,11 +775,13 @@ def _bench_onnx(net, indicator, size, frames, device, result: dict, out: Path | 
         from fedst.export import OnnxStreamer, export_onnx
 
         available = ort.get_available_providers()
-        provider = (
-            "CUDAExecutionProvider"
-            if device.type == "cuda" and "CUDAExecutionProvider" in available
-            else "CPUExecutionProvider"
-        )
+        if device.type == "cuda" and "CUDAExecutionProvider" not in available:
+            result["variants"][name] = {
+                "status": f"skipped: this onnxruntime has no CUDAExecutionProvider ({available})"
+            }
+            _write_json(out, result)
+            return
+        provider = "CUDAExecutionProvider" if device.type == "cuda" else "CPUExecutionProvider"
         name = f"ONNX Runtime {provider}"
         with tempfile.TemporaryDirectory() as tmp:
             path = export_onnx(net, indicator, size, 0.2, Path(tmp) / "fedst.onnx")
@@ -625,15 +790,13 @@ def _bench_onnx(net, indicator, size, frames, device, result: dict, out: Path | 
             streamer.session = ort.InferenceSession(str(path), providers=[provider])
             frame = np.random.default_rng(0).standard_normal((1, 3, *size), dtype=np.float32)
             times = []
-            for index in range(6 + frames):
+            for index in range(4 + frames):
                 begin = time.perf_counter()
                 streamer.step(frame, index / 25.0)
                 times.append(time.perf_counter() - begin)
-        timed = times[6:]
         result["variants"][name] = {
             "status": "ok",
-            "fps": 1 / median(timed),
-            "ms_median": median(timed) * 1e3,
+            **frame_time_summary(times[4:]),
             "providers_available": available,
         }
     except Exception as err:
@@ -701,6 +864,8 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     unsupported: str | None = None
     """Why the step cannot run in this checkout (a config field it overrides is missing)."""
+    measures: str = ""
+    """What the step's figures measure and over what window (the report prints it)."""
 
 
 @dataclass
@@ -714,6 +879,7 @@ class StepResult:
     metrics: dict = field(default_factory=dict)
     note: str = ""
     gpu: dict = field(default_factory=dict)
+    measures: str = ""
 
 
 class GpuWatch:
@@ -791,7 +957,7 @@ def _run_command(command: list[str], env: dict[str, str], timeout_s: float, logf
 def run_step(step: Step, env: dict[str, str], timeout_s: float, gpu: bool, logfile) -> StepResult:
     """Run one step within ``timeout_s`` and collect its result (partial metrics even after a
     timeout or a failed command, where its files exist)."""
-    result = StepResult(step.name, step.title, "ok")
+    result = StepResult(step.name, step.title, "ok", measures=step.measures)
     if step.unsupported:
         result.status, result.note = "unsupported", step.unsupported
         return result
@@ -856,15 +1022,26 @@ class Sizes:
 
     image: tuple[int, int]
     rounds: int
+    """paper_scale's rounds: the first warms up, the ones that neither evaluate nor save a
+    checkpoint give the busy fraction (bench/paper_scale.py, training_rounds)."""
     local_iters: int
+    """Site iterations per paper_scale round (the paper's 100: enough that per-round host work
+    is amortised as there)."""
+    eval_every: int
+    """paper_scale evaluates at this round (a non-last evaluation: the cost per frame) and at
+    the last."""
     pretrain_iters: int
+    """Synthetic pre-training steps; the first 2 are warm-up, not timed."""
     eval_frames: int
     step_iters: int
     step_repeats: int
     stream_frames: int
+    scoring_repeats: int
     compile_backend: str
-    test_files: tuple[str, ...]
     budget_s: float
+    options_rounds: int
+    options_local_iters: int
+    """The baseline and options runs of paper_scale: only their ms per site step is compared."""
     federation: tuple[str, ...] = ()
     """Overrides of the tiny federation (beyond experiment=tiny)."""
     outfed_frames: int | None = None
@@ -873,48 +1050,71 @@ class Sizes:
     """Every step's time limit is multiplied by this (a loaded 2-core CPU is slow to start)."""
 
 
+GPU_TEST_FILES = (
+    "tests/test_gpu_check.py::test_a_training_step_on_the_test_device_gives_the_cpu_s_loss_and_gradients",
+    "tests/test_gpu_check.py::test_streaming_on_the_test_device_gives_the_cpu_s_logits",
+    "tests/test_device_scoring.py",
+    "tests/test_federation.py::test_a_two_round_federation_writes_every_output",
+)
+"""The tests that run on CUDA there: the two that compare the test device ($FEDST_TEST_DEVICE)
+with the CPU, the pixel counts on CUDA (and the rest of that file, which takes seconds), and a
+tiny federation whose ``train.device=auto`` resolves to the GPU. The other test files pin the CPU
+or monkeypatch CUDA away."""
+
 GPU_SIZES = Sizes(
     image=(512, 640),
-    rounds=3,
-    local_iters=4,
-    pretrain_iters=2,
-    eval_frames=8,
+    rounds=5,
+    local_iters=20,
+    eval_every=4,
+    pretrain_iters=12,
+    eval_frames=48,
     step_iters=5,
     step_repeats=3,
-    stream_frames=40,
+    stream_frames=60,
+    scoring_repeats=20,
     compile_backend="inductor",
-    test_files=(
-        "tests/test_devices.py",
-        "tests/test_metrics.py",
-        "tests/test_evaluation.py",
-        "tests/test_network.py",
-        "tests/test_temporal.py",
-        "tests/test_serq_bank.py",
-        "tests/test_serq_descriptor.py",
-        "tests/test_serq_finetune.py",
-        "tests/test_serq_stream.py",
-        "tests/test_infer.py",
-        "tests/test_gpu_check.py",
-        "tests/test_federation.py::test_a_two_round_federation_writes_every_output",
-    ),
-    budget_s=360,
+    budget_s=420,
+    options_rounds=3,
+    options_local_iters=10,
 )
 CPU_SIZES = Sizes(
     image=(64, 80),
-    rounds=1,
+    rounds=4,
     local_iters=1,
-    pretrain_iters=1,
-    eval_frames=1,
+    eval_every=3,
+    pretrain_iters=3,
+    eval_frames=2,
     step_iters=1,
     step_repeats=1,
     stream_frames=3,
+    scoring_repeats=2,
     compile_backend="eager",
-    test_files=("tests/test_devices.py", "tests/test_gpu_check.py"),
-    budget_s=1500,
+    budget_s=1680,
+    options_rounds=2,
+    options_local_iters=1,
     federation=("train.total_iters=1", "train.local_iters=1", "train.eval_max_frames=1"),
     outfed_frames=1,
     timeout_scale=4.0,
 )
+
+STEP_LIMITS_S = {
+    "facts": 15,
+    "federation": 45,
+    "paper_scale": 100,
+    "tests": 40,
+    "scoring": 15,
+    "step": 55,
+    "stream": 50,
+    "paper_scale_baseline": 45,
+    "paper_scale_options": 55,
+}
+"""Each step's limit on the GPU (times ``Sizes.timeout_scale`` on the CPU), in the order they
+run (by value: facts, federation, paper scale, tests, scoring, step, stream, options); they add
+up to ``GPU_SIZES.budget_s`` so that every step gets its turn."""
+
+RUN_TIMEOUT_S = 540
+"""The device tool's ``timeout_s`` for ``bash bench/gpu_check.sh``: the 420 s of steps, the
+wheel install and pre-flight (about 20 s) and a margin; docs/paper-scale.md gives the call."""
 
 
 def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
@@ -950,27 +1150,32 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
             "progress=false",
         ]
 
-    def paper_scale(name: str, title: str, extra: list[str], timeout_s: float) -> Step:
+    def paper_scale(name: str, title: str, extra: list[str], rounds: int, iters: int) -> Step:
         missing = [o.split("=")[0] for o in extra if o.split("=")[0][6:] not in fields]
         path = work / f"{name}.json"
+        main_run = name == "paper_scale"
         command = [
             python,
             "-m",
             "bench.paper_scale",
             "--tiny-data",
+            "--tiny-preset",
+            "gpu_check",
             "--image-size",
             str(height),
             str(width),
             "--rounds",
-            str(sizes.rounds),
+            str(rounds),
             "--local-iters",
-            str(sizes.local_iters),
+            str(iters),
+            "--eval-every",
+            str(sizes.eval_every if main_run else rounds),
             "--pretrain-iters",
-            str(sizes.pretrain_iters),
+            str(sizes.pretrain_iters if main_run else 1),
             "--eval-frames",
             str(sizes.eval_frames),
             "--data-root",
-            str(tiny_root),
+            str(work / "gpu_check_data"),
             "--keep",
             str(work / name / "run"),
             "--json",
@@ -983,7 +1188,7 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
         return Step(
             name,
             title,
-            timeout_s,
+            STEP_LIMITS_S[name],
             [command],
             collect=lambda: _load(path),
             unsupported=(
@@ -991,7 +1196,14 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
                 if missing
                 else None
             ),
+            measures=PAPER_SCALE_MEASURES
+            if main_run
+            else "ms_per_site_step (compared with "
+            "the other paper_scale runs); the other figures as paper_scale's, over fewer rounds",
         )
+
+    def bench(name: str, *args: str) -> list[str]:
+        return [python, "-m", "bench.gpu_check", name, "--device", device, *args]
 
     baseline = ["train.amp_dtype=none", "train.tf32=false", _compile_override(fields, None)]
     if "channels_last" in fields:
@@ -1000,123 +1212,141 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
     if device == "cpu":  # inductor's C++ build takes minutes on 2 cores: channels_last only
         options = ["train.channels_last=true"]
     step_json, stream_json = work / "step.json", work / "stream.json"
-    facts_json = work / "facts.json"
+    facts_json, scoring_json = work / "facts.json", work / "scoring.json"
+    size_args = ["--size", str(height), str(width)]
     return [
         Step(
             "facts",
             "device facts",
-            30,
-            [
-                [
-                    python,
-                    "-m",
-                    "bench.gpu_check",
-                    "facts",
-                    "--device",
-                    device,
-                    "--json",
-                    str(facts_json),
-                ]
-            ],
+            STEP_LIMITS_S["facts"],
+            [bench("facts", "--json", str(facts_json))],
             collect=lambda: _load(facts_json),
+            measures="the machine as the check found it: torch, CUDA, the card, TF32 flags",
         ),
         Step(
             "federation",
             f"tiny federation end to end on {device}: train_fed.py, eval_outfed.py, fedst.infer",
-            75,
+            STEP_LIMITS_S["federation"],
             [
                 [python, "train_fed.py", *fed_overrides],
                 [python, "eval_outfed.py", f"run={fed}", "progress=false", *outfed],
                 infer_command,
             ],
             collect=lambda: check_federation(fed, infer, device),
+            measures="that the entry points run on the device (config.json and CUDA memory in "
+            "train.jsonl); no timing",
         ),
         paper_scale(
-            "paper_scale", f"paper_scale at {height}x{width}, paper.yaml's options", [], 75
+            "paper_scale",
+            f"paper_scale at {height}x{width}, paper.yaml's options",
+            [],
+            sizes.rounds,
+            sizes.local_iters,
         ),
         Step(
-            "step",
-            f"training step at {height}x{width}: baseline (fp32, eager) vs the options",
-            75,
+            "tests",
+            f"the tests that run on CUDA, with FEDST_TEST_DEVICE={device}",
+            STEP_LIMITS_S["tests"],
+            [[python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TEST_FILES]],
+            env={"FEDST_TEST_DEVICE": device},
+            measures="pass or fail of " + ", ".join(GPU_TEST_FILES),
+        ),
+        Step(
+            "scoring",
+            f"Dice / IoU pixel counts of one 1080p frame on {device} (bench.scoring)",
+            STEP_LIMITS_S["scoring"],
             [
                 [
                     python,
                     "-m",
-                    "bench.gpu_check",
-                    "step",
+                    "bench.scoring",
                     "--device",
                     device,
-                    "--size",
-                    str(height),
-                    str(width),
+                    "--repeats",
+                    str(sizes.scoring_repeats),
+                    "--json",
+                    str(scoring_json),
+                ]
+            ],
+            collect=lambda: _load(scoring_json),
+            measures=f"ms per 1080x1920 frame of evaluation's scoring on {device} (median of "
+            f"{sizes.scoring_repeats}, host copy and sync included) against MONAI's one-hot "
+            "path on the CPU; the scores must be equal",
+        ),
+        Step(
+            "step",
+            f"training step at {height}x{width}: baseline (fp32, eager) vs the options",
+            STEP_LIMITS_S["step"],
+            [
+                bench(
+                    "step",
+                    *size_args,
                     "--iters",
                     str(sizes.step_iters),
                     "--repeats",
                     str(sizes.step_repeats),
                     "--budget-s",
-                    str(65 * sizes.timeout_scale),
+                    str((STEP_LIMITS_S["step"] - 10) * sizes.timeout_scale),
                     "--compile-backend",
                     sizes.compile_backend,
                     "--json",
                     str(step_json),
-                ]
+                )
             ],
             collect=lambda: _load(step_json),
+            measures=f"ms per training step (batch 2 of 4-frame clips, AdamW), the lowest mean "
+            f"of {sizes.step_repeats} x {sizes.step_iters} steps after 3 warm-up steps, in one "
+            "process; speed-ups against its fp32 eager baseline",
         ),
         Step(
             "stream",
             f"streaming inference FPS at {height}x{width}",
-            60,
+            STEP_LIMITS_S["stream"],
             [
-                [
-                    python,
-                    "-m",
-                    "bench.gpu_check",
+                bench(
                     "stream",
-                    "--device",
-                    device,
-                    "--size",
-                    str(height),
-                    str(width),
+                    *size_args,
                     "--frames",
                     str(sizes.stream_frames),
                     "--budget-s",
-                    str(55 * sizes.timeout_scale),
+                    str((STEP_LIMITS_S["stream"] - 5) * sizes.timeout_scale),
                     "--compile-backend",
                     sizes.compile_backend,
                     "--json",
                     str(stream_json),
-                ]
+                )
             ],
             collect=lambda: _load(stream_json),
-        ),
-        Step(
-            "tests",
-            f"CUDA-relevant tests with FEDST_TEST_DEVICE={device}",
-            90,
-            [
-                [
-                    python,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-p",
-                    "no:cacheprovider",
-                    "-k",
-                    "not script_on_the_cpu",
-                    *sizes.test_files,
-                ]
-            ],
-            env={"FEDST_TEST_DEVICE": device},
+            measures=f"ms per frame (p50, p95) over {sizes.stream_frames} frames after warm-up, "
+            "batch 1, a host sync per frame; logits of the first frames against eager fp32's. "
+            "The paper reports 23 FPS (its GPU, its input size)",
         ),
         paper_scale(
             "paper_scale_baseline",
             "paper_scale with none of the options (fp32, eager)",
             baseline,
-            60,
+            sizes.options_rounds,
+            sizes.options_local_iters,
         ),
-        paper_scale("paper_scale_options", f"paper_scale with {' '.join(options)}", options, 90),
+        paper_scale(
+            "paper_scale_options",
+            f"paper_scale with {' '.join(options)}",
+            options,
+            sizes.options_rounds,
+            sizes.options_local_iters,
+        ),
     ]
+
+
+PAPER_SCALE_MEASURES = (
+    "ms_per_site_step: site compute per iteration over the rounds after the first; "
+    "gpu_busy_fraction: nvidia-smi utilisation (every 100 ms) over the rounds that only train "
+    "(gpu_busy_rounds: not the first or last, no evaluation, no checkpoint); "
+    "evaluation_seconds_per_frame: the non-last evaluation (evaluation_rounds) over its frames, "
+    "loader start included; pretrain_seconds_per_iter: the steps after 2 warm-up steps; "
+    "paper_run_hours: 300 rounds x 100 iterations x 4 sites + SERQ + evaluation every 10 rounds "
+    "+ 3000 pre-training iterations from these units (the paper: 43.8 h on one RTX A5000)"
+)
 
 
 def write_report(out: Path, header: dict, results: list[StepResult]) -> None:
@@ -1126,8 +1356,12 @@ def write_report(out: Path, header: dict, results: list[StepResult]) -> None:
     lines = [
         f"# GPU check: {header['mode']}",
         "",
-        f"{header['started']}, {header['host']}; budget {header['budget_s']:.0f} s, "
-        f"elapsed {header['elapsed_s']:.0f} s",
+        f"{header['started']}, {header['host']}; card: {header.get('card', 'not yet known')}; "
+        f"budget {header['budget_s']:.0f} s, elapsed {header['elapsed_s']:.0f} s",
+        "",
+        "The paper's figures for comparison: 43.8 h for its whole training on one RTX A5000, "
+        "23 FPS at inference (Sec. IV). Requirement report of this python (pip_list.txt, "
+        f"requirements.txt): {header.get('requirements', 'not written')}",
         "",
         "| step | status | s | GPU util % (mean) | GPU mem MiB (max) | note |",
         "|---|---|---|---|---|---|",
@@ -1143,6 +1377,8 @@ def write_report(out: Path, header: dict, results: list[StepResult]) -> None:
     for r in results:
         if r.metrics or r.commands:
             lines += ["", f"## {r.name}: {r.title}", ""]
+            if r.measures:
+                lines += [f"What it measures: {r.measures}.", ""]
             lines += [f"    {command}" for command in r.commands] + [""]
             lines += _metrics_markdown(r.metrics)
     (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
@@ -1157,12 +1393,20 @@ def _metrics_markdown(metrics: dict) -> list[str]:
     variants = metrics.get("variants")
     if isinstance(variants, dict):
         lines = [
-            "| variant | status | ms | FPS | speed-up vs baseline | peak GiB |",
-            "|---|---|---|---|---|---|",
+            "| variant | status | ms (p50) | ms p95 | FPS (p50) | speed-up vs baseline "
+            "| peak GiB | max abs diff vs eager fp32 |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for name, v in variants.items():
-            ms = v.get("ms_per_step", v.get("ms_median"))
-            cells = [ms, v.get("fps"), v.get("speedup_vs_baseline"), v.get("peak_allocated_gib")]
+            ms = v.get("ms_per_step", v.get("ms_p50"))
+            cells = [
+                ms,
+                v.get("ms_p95"),
+                v.get("fps"),
+                v.get("speedup_vs_baseline"),
+                v.get("peak_allocated_gib"),
+                v.get("max_abs_diff_vs_eager_fp32"),
+            ]
             lines.append(
                 f"| {name} | {v.get('status', '').replace('|', '/')[:200]} | "
                 + " | ".join("-" if c is None else _number(c) for c in cells)
@@ -1200,14 +1444,7 @@ def _run_steps(
     budget = budget_s if budget_s is not None else sizes.budget_s
     device = "cpu" if cpu else "cuda"
     steps = plan_steps(device, sizes, work)
-    env = {
-        **os.environ,
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
-        ),
-    }
+    env = {**child_environment(), "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     header = {
         "mode": "cpu (reduced sizes)" if cpu else "gpu",
@@ -1217,6 +1454,12 @@ def _run_steps(
         "elapsed_s": 0.0,
         "work_dir": f"{work} (removed at the end)" if removed else str(work),
     }
+    requirements = out / "requirements.txt"
+    if requirements.is_file():  # written by gpu_check.sh before the steps
+        unmet = [line for line in requirements.read_text().splitlines() if line.strip()]
+        header["requirements"] = (
+            "every requirement met" if not unmet else f"{len(unmet)} lines, see requirements.txt"
+        )
     results: list[StepResult] = []
     with open(out / "gpu_check.log", "a") as logfile:
         for step in steps:
@@ -1228,12 +1471,20 @@ def _run_steps(
                 "step %s: %s in %.0f s %s", step.name, result.status, result.seconds, result.note
             )
             results.append(result)
+            if step.name == "facts" and result.metrics.get("card"):
+                header["card"] = result.metrics["card"]
             header["elapsed_s"] = time.monotonic() - started
             write_report(out, header, results)
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
+def failed_steps(results: list[StepResult]) -> list[str]:
+    """The steps that did not end "ok" (failed, timeout, not run, unsupported): any makes the
+    check exit non-zero, so a lost figure is never a silent success."""
+    return [f"{r.name} ({r.status})" for r in results if r.status != "ok"]
+
+
+def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1249,6 +1500,9 @@ def main(argv: list[str] | None = None) -> None:
     facts = sub.add_parser("facts")
     facts.add_argument("--device", default="cuda")
     facts.add_argument("--json", type=Path, required=True)
+    flight = sub.add_parser("preflight", help="exit 3 with the reason when the device is unusable")
+    flight.add_argument("--device", default="cuda")
+    sub.add_parser("requirements", help="print the installed packages' unmet requirements")
     for name in ("step", "stream"):
         bench = sub.add_parser(name)
         bench.add_argument("--device", default="cuda")
@@ -1264,8 +1518,16 @@ def main(argv: list[str] | None = None) -> None:
         make_wheels()
     elif args.command == "run":
         results = run_check(args.cpu, args.out, args.budget_s, args.keep_work)
-        bad = [r.name for r in results if r.status != "ok"]
-        print(f"report: {args.out / 'gpu_check.md'}; not ok: {bad or 'none'}")
+        bad = failed_steps(results)
+        print(f"report: {args.out / 'gpu_check.md'}; not ok: {', '.join(bad) or 'none'}")
+        return 1 if bad else 0
+    elif args.command == "preflight":
+        reason = preflight(args.device)
+        if reason is not None:
+            print(f"gpu_check: no usable {args.device} device: {reason}", file=sys.stderr)
+            return 3
+    elif args.command == "requirements":
+        print("\n".join(requirement_report()))
     elif args.command == "facts":
         _write_json(args.json, device_facts(args.device))
     elif args.command == "step":
@@ -1287,7 +1549,8 @@ def main(argv: list[str] | None = None) -> None:
             args.compile_backend,
             args.json,
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -44,6 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.environment import child_environment  # noqa: E402
 from fedst.cli import compose_experiment  # noqa: E402
 from fedst.data.procedural import generate_oracle_split, oracle_site_name  # noqa: E402
 from fedst.training import BENCHMARK_SEED  # noqa: E402
@@ -117,8 +118,7 @@ def run_row(row: Row, run_dir: Path) -> dict:
     if (run_dir / "final.json").is_file():
         return record | {"skipped": True}
     command = command_of(row, run_dir)
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = str(REPO)
+    env = {**child_environment(), "OMP_NUM_THREADS": "1"}
     load = os.getloadavg()[0]
     print(f"[{row.name}] {shlex.join(command)}", flush=True)
     started = time.perf_counter()

@@ -57,6 +57,7 @@ from statistics import mean
 
 import torch
 
+from bench.environment import child_environment
 from bench.scratch import scratch_dir
 from fedst.accel import device_name
 
@@ -194,13 +195,43 @@ class PaperRound:
         return sum(self.parts.values())
 
 
+def evaluation_rounds(costs: list[RoundCost]) -> list[RoundCost]:
+    """The rounds whose evaluation stands for the paper's: those that evaluate, but not the
+    last round (which also scores HD95 / ASSD: ``train.distance_metrics_every=null``) unless no
+    other round evaluates."""
+    evaluated = [c for c in costs if c.evaluation_frames]
+    last = max((c.round for c in costs), default=None)
+    return [c for c in evaluated if c.round != last] or evaluated
+
+
+def evaluation_seconds_per_frame(costs: list[RoundCost]) -> float:
+    """Seconds per evaluated frame over :func:`evaluation_rounds` (loader start included,
+    amortised over their frames)."""
+    rounds = evaluation_rounds(costs)
+    return _per(sum(c.evaluation for c in rounds), sum(c.evaluation_frames for c in rounds))
+
+
+def training_rounds(costs: list[RoundCost]) -> list[RoundCost]:
+    """The rounds that only train: after the first (warm-up), before the last, and neither
+    evaluating nor writing a checkpoint; the window of the GPU's busy fraction (the paper's
+    round trains 100 iterations per site, evaluates every 10th and checkpoints rarely)."""
+    if not costs:
+        return []
+    first, last = costs[0].round, costs[-1].round
+    return [
+        c
+        for c in costs
+        if first < c.round < last and not c.evaluation_frames and not c.server_checkpoint_bytes
+    ]
+
+
 def extrapolate(
     steady: list[RoundCost], pretrain_seconds_per_iter: float, job: PaperJob = PaperJob()
 ) -> PaperRound:
     """The paper's round from the steady rounds' units: per site iteration (compute and loader
-    wait), per SERQ batch (EQ + SC), per bank entry written, per evaluated frame; aggregation,
-    ``server.pt`` and the rest of the round are per round. Evaluation is amortised over
-    ``job.eval_every`` rounds."""
+    wait), per SERQ batch (EQ + SC), per bank entry written, per evaluated frame (from the
+    rounds of :func:`evaluation_rounds`); aggregation, ``server.pt`` and the rest of the round
+    are per round. Evaluation is amortised over ``job.eval_every`` rounds."""
     iters = sum(c.site_iterations for c in steady)
     per_iter = _per(sum(c.site_compute for c in steady), iters)
     wait_per_iter = _per(sum(c.loader_wait for c in steady), iters)
@@ -214,10 +245,7 @@ def extrapolate(
     # checkpoint time by bytes: server.pt and bank entries are written by the same loop
     bytes_written = sum(c.server_checkpoint_bytes + c.bank_bytes for c in saved)
     seconds_per_byte = _per(sum(c.checkpoint for c in saved), int(bytes_written))
-    evaluated = [c for c in steady if c.evaluation_frames]
-    per_frame = _per(
-        sum(c.evaluation for c in evaluated), sum(c.evaluation_frames for c in evaluated)
-    )
+    per_frame = evaluation_seconds_per_frame(steady)
     # a checkpoint every k rounds, amortised per round
     per_checkpoint = server_pt_bytes + job.bank_writes_per_checkpoint * bank_entry_bytes
     checkpoint_bytes = per_checkpoint / job.checkpoint_every
@@ -332,6 +360,20 @@ def _train_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
 
 
+def pretraining_cost(row: dict | None) -> tuple[float, str]:
+    """Seconds per synthetic pre-training iteration from the run's round-0 row, and what the
+    figure covers: the steps after warm-up where the row has them
+    (fedst/methods/pretraining.py, ``WARMUP_ITERS``), else every step (older runs, or too few
+    steps: then loader start and autotuning are in it)."""
+    if row is None:
+        return 0.0, "no pre-training"
+    if row.get("pretrain_steady_iters"):
+        per = _per(row["pretrain_steady_seconds"], row["pretrain_steady_iters"])
+        return per, f"{row['pretrain_steady_iters']} steps after warm-up"
+    per = _per(row["pretrain_seconds"], row["pretrain_iters"])
+    return per, f"all {row['pretrain_iters']} steps, warm-up included (an upper bound)"
+
+
 def _print_rounds(costs: list[RoundCost]) -> None:
     print(
         "| round | site compute s (iters) | loader wait s | aggregation s | SERQ EQ + SC s "
@@ -426,14 +468,18 @@ def summarise(
     gpu: GpuSampler,
     config: dict,
     peak_rss_bytes: float,
+    pretrain_seconds_per_iter: float = 0.0,
+    pretrain_measure: str = "",
 ) -> dict[str, object]:
-    """The figures of the GPU check (issue 33): ms per site step, the GPU's busy fraction over
-    the steady rounds, SERQ's, the loader wait's and the evaluation's shares (measured and in
-    the paper's round), peak memory, the paper's run in hours and the device facts."""
+    """The figures of the GPU check (issues 33, 43): ms per site step, the GPU's busy fraction
+    over the rounds that only train (:func:`training_rounds`), SERQ's, the loader wait's and the
+    evaluation's shares (measured and in the paper's round), peak memory, the paper's run in
+    hours and the device facts."""
     iters = sum(c.site_iterations for c in steady)
     measured_wall = sum(c.round_wall for c in steady)
-    evaluated = [c for c in costs if c.evaluation_frames]
+    evaluated = evaluation_rounds(costs)
     eval_wall = sum(c.round_wall for c in evaluated)
+    busy_window = training_rounds(costs)
     cuda_peaks = [c.cuda_peak_bytes for c in costs if c.cuda_peak_bytes]
     wall = paper.wall
     return {
@@ -442,7 +488,8 @@ def summarise(
         "steady_rounds": [c.round for c in steady],
         "ms_per_site_step": 1e3 * _per(sum(c.site_compute for c in steady), iters),
         "loader_wait_ms_per_site_step": 1e3 * _per(sum(c.loader_wait for c in steady), iters),
-        "gpu_busy_fraction": gpu.busy_fraction([c.round for c in steady]),
+        "gpu_busy_fraction": gpu.busy_fraction([c.round for c in busy_window]),
+        "gpu_busy_rounds": [c.round for c in busy_window],
         "gpu_samples": len(gpu.samples),
         "measured_shares": {
             "site compute": _per(sum(c.site_compute for c in steady), measured_wall),
@@ -450,9 +497,11 @@ def summarise(
             "SERQ (EQ + SC)": _per(sum(c.serq_eq + c.serq_sc for c in steady), measured_wall),
             "evaluation (its rounds)": _per(sum(c.evaluation for c in evaluated), eval_wall),
         },
-        "evaluation_seconds_per_frame": _per(
-            sum(c.evaluation for c in evaluated), sum(c.evaluation_frames for c in evaluated)
-        ),
+        "evaluation_seconds_per_frame": evaluation_seconds_per_frame(costs),
+        "evaluation_rounds": [c.round for c in evaluated],
+        "evaluation_frames": sum(c.evaluation_frames for c in evaluated),
+        "pretrain_seconds_per_iter": pretrain_seconds_per_iter,
+        "pretrain_measure": pretrain_measure,
         "paper_round_seconds": wall,
         "paper_round_shares": {name: _per(seconds, wall) for name, seconds in paper.parts.items()},
         "paper_run_hours": paper.run_hours,
@@ -471,8 +520,8 @@ def _print_summary(summary: dict) -> None:
     print(
         f"site step {summary['ms_per_site_step']:.1f} ms (+ loader wait "
         f"{summary['loader_wait_ms_per_site_step']:.1f} ms); GPU busy "
-        f"{'n/a (no nvidia-smi samples)' if busy is None else f'{busy:.1%}'} of the steady "
-        f"rounds (target >= 85%)"
+        f"{'n/a (no nvidia-smi samples)' if busy is None else f'{busy:.1%}'} of the rounds "
+        f"that only train ({summary['gpu_busy_rounds'] or 'none'}; target >= 85%)"
     )
     print(
         f"measured shares of the steady rounds: SERQ {shares['SERQ (EQ + SC)']:.1%}, loader wait "
@@ -502,6 +551,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds to run (default 3)")
     parser.add_argument("--local-iters", type=int, default=4, help="site iterations per round")
+    parser.add_argument(
+        "--eval-every", type=int, default=None,
+        help="evaluate every k rounds and at the last (default: at the last only)",
+    )  # fmt: skip
     parser.add_argument("--pretrain-iters", type=int, default=4, help="v_pre pre-training iters")
     parser.add_argument("--eval-frames", type=int, default=16, help="test frames per site")
     parser.add_argument("--smoke", action="store_true", help="tiny preset at 64x80: seconds")
@@ -510,6 +563,10 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="tiny preset's frames, clips resized to --image-size (seconds to generate)",
     )
+    parser.add_argument(
+        "--tiny-preset", default="tiny", choices=("tiny", "gpu_check"),
+        help="--tiny-data's preset: gpu_check has 48 test frames per federated site (tiny: 6)",
+    )  # fmt: skip
     parser.add_argument(
         "--image-size", type=int, nargs=2, default=None, metavar=("H", "W"),
         help="clip.image_size (default: 512 640, or 64 80 with --smoke)",
@@ -527,7 +584,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for train_fed.py")
     args = parser.parse_args(argv)
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(REPO)}
+    env = child_environment()
     with scratch_dir("fedst_paper_scale_", args.keep) as scratch:
         run_dir = args.keep or scratch / "run"
         measure(args, run_dir, env)
@@ -539,8 +596,9 @@ def measure(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> Non
         height, width = args.image_size or ((64, 80) if args.smoke else (512, 640))
         data = [
             "data=tiny",
+            f"data.procedural={args.tiny_preset}",
             f"clip.image_size=[{height},{width}]",
-            f"data.root={args.data_root or run_dir.parent / 'tiny'}",
+            f"data.root={args.data_root or run_dir.parent / args.tiny_preset}",
         ]
     else:
         data = ["data=demo", f"data.root={DATA_ROOT}", "data.procedural=paper_scale"]
@@ -561,7 +619,7 @@ def measure(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> Non
         "method.indicator=onehot",
         f"train.local_iters={k}",
         f"train.total_iters={k * args.rounds}",
-        f"train.eval_every={args.rounds}",
+        f"train.eval_every={args.eval_every or args.rounds}",
         f"train.eval_max_frames={args.eval_frames}",
         f"serq.batches_per_round={k}",
         f"serq.pretrain_iters={args.pretrain_iters}",
@@ -587,14 +645,12 @@ def measure(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> Non
     )
     peak_gb = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, logged_peak) / GB
     pretrain = next((r for r in rows if r.get("round") == 0 and "pretrain_seconds" in r), None)
-    pretrain_per_iter = (
-        _per(pretrain["pretrain_seconds"], pretrain["pretrain_iters"]) if pretrain else 0.0
-    )
+    pretrain_per_iter, pretrain_measure = pretraining_cost(pretrain)
     print(f"\n{args.rounds} rounds x {k} iterations; the command took {wall:.0f} s, "
           f"peak RSS {peak_gb:.2f} GB (target <= 6 GB with the full bank, below)")  # fmt: skip
     _print_rounds(costs)
     if pretrain:
-        print(f"pre-training: {pretrain_per_iter:.2f} s per iteration")
+        print(f"pre-training: {pretrain_per_iter:.3f} s per iteration ({pretrain_measure})")
     steady = costs[1:] if len(costs) > 1 else costs
     config = json.loads((run_dir / "config.json").read_text())
     job = PaperJob(checkpoint_every=config["train"]["checkpoint_every"])
@@ -609,7 +665,9 @@ def measure(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> Non
         print(f"peak RSS with the whole bank filled: about {peak_gb + missing / GB:.2f} GB "
               f"(measured peak + the {job.synthetic_images - filled} entries not yet visited, "
               f"held in memory: serq.bank_storage=memory)")  # fmt: skip
-    summary = summarise(costs, steady, paper, gpu, config, peak_gb * GB)
+    summary = summarise(
+        costs, steady, paper, gpu, config, peak_gb * GB, pretrain_per_iter, pretrain_measure
+    )
     _print_summary(summary)
     if args.json is not None:
         args.json.write_text(json.dumps({**summary, "command": command, "wall_seconds": wall}))

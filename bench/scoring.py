@@ -15,17 +15,25 @@ exits 1 if they differ. Run from the repository root:
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.scoring              # 15 repeats, ~10 s
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.scoring --repeats 5
+    python -m bench.scoring --device cuda --json scoring.json         # the GPU check's step
+
+With ``--device cuda`` the new path runs on the GPU as evaluation runs it there (prediction and
+label already on the device; the scores' copy to the host, one per frame, inside the timing, with
+a device sync), the old path on the CPU as before; both are timed and compared the same way.
+``--json`` writes the figures to a file as well.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -117,21 +125,34 @@ def main() -> int:
     )
     parser.add_argument("--repeats", type=int, default=15, help="timed calls of each path")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="where the new path runs (cpu | cuda)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     pred, label = realistic_maps()
-    old, new = old_path(pred, label), new_path(pred, label)
+    pred_on_device, label_on_device = pred.to(device), label.to(device)
+
+    def new_on_device() -> list[FrameScores]:
+        scores = new_path(pred_on_device, label_on_device)  # overlap_scores copies to the host
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return scores
+
+    old, new = old_path(pred, label), new_on_device()
     equal = same_scores(old, new)
     times = time_interleaved(
-        {"old": lambda: old_path(pred, label), "new": lambda: new_path(pred, label)},
-        args.repeats,
+        {"old": lambda: old_path(pred, label), "new": new_on_device}, args.repeats
     )
     median = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
     print(
         f"CPU: {device_name(torch.device('cpu'))}; torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
     )
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"frame {HEIGHT}x{WIDTH}, {NUM_CLASSES} classes, {args.repeats} repeats, ms per frame")
+    print(
+        f"frame {HEIGHT}x{WIDTH}, {NUM_CLASSES} classes, {args.repeats} repeats, ms per frame; "
+        f"new path on {device_name(device)}"
+    )
     for name, label_text in (("old", "MONAI one-hot (old)"), ("new", "pixel counts (new)")):
         print(
             f"  {label_text:<20} wall median {median[name]['wall']:8.2f} "
@@ -144,6 +165,19 @@ def main() -> int:
     print(
         f"  scores equal: {equal}  (Dice of old: {[round(v['dice'], 6) for v in old[0].values()]})"
     )
+    if args.json is not None:
+        figures = {
+            "device": str(device),
+            "card": device_name(device),
+            "frame": [HEIGHT, WIDTH],
+            "repeats": args.repeats,
+            "ms_per_frame_new_median": median["new"]["wall"],
+            "ms_per_frame_new_min": min(times["new"]["wall"]),
+            "ms_per_frame_old_cpu_median": median["old"]["wall"],
+            "ratio_new_over_old": median["new"]["wall"] / median["old"]["wall"],
+            "scores_equal": equal,
+        }
+        args.json.write_text(json.dumps(figures, indent=1))
     if not equal:
         print(f"  new scores differ: {new[0]}", file=sys.stderr)
         return 1

@@ -3,11 +3,22 @@ paper's round (300 x 100) extrapolated from per-unit costs, checked against hand
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from bench.paper_scale import GpuSampler, PaperJob, extrapolate, round_costs, summarise
+from bench.environment import REPO, child_environment
+from bench.paper_scale import (
+    GpuSampler,
+    PaperJob,
+    evaluation_rounds,
+    extrapolate,
+    pretraining_cost,
+    round_costs,
+    summarise,
+    training_rounds,
+)
 
 MB = 1e6
 
@@ -128,3 +139,43 @@ def test_the_summary_reports_the_evaluation_s_share_and_the_device_facts():
     # on the CPU autocast and TF32 do nothing: fp32, TF32 off, whatever the config asks
     assert (facts["device"], facts["dtype"], facts["tf32"]) == ("cpu", "fp32", False)
     assert facts["compile"] == "none"
+
+
+def test_the_training_child_keeps_the_pythonpath_it_inherits():
+    # on the GPU machine the carried wheels are reachable only through PYTHONPATH (/tmp/site):
+    # a child that sees the repository alone dies at `import hydra`
+    wheels = "/tmp/site"
+    env = child_environment({"PYTHONPATH": f"{wheels}{os.pathsep}/opt/other", "HOME": "/root"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO), wheels, "/opt/other"]
+    assert env["HOME"] == "/root" and env["FLWR_TELEMETRY_ENABLED"] == "0"
+    assert child_environment({})["PYTHONPATH"] == str(REPO)
+
+
+def _with_checkpoint(rows: list[dict], saved: bool) -> list[dict]:
+    if not saved:
+        rows[-1] |= {"checkpoint_seconds": 0.0, "server_checkpoint_bytes": 0,
+                     "bank_bytes_written": 0, "bank_entries_written": 0}  # fmt: skip
+    return rows
+
+
+def test_the_busy_window_holds_only_rounds_that_train_neither_first_last_evaluating_nor_saving():
+    # rounds 1..6: 1 warms up, 3 evaluates, 4 saves a checkpoint, 6 is the last (evaluates, saves)
+    rows: list[dict] = []
+    for number, frames, saved in ((1, 0, False), (2, 0, False), (3, 16, False), (4, 0, True),
+                                  (5, 0, False), (6, 16, True)):  # fmt: skip
+        rows += _with_checkpoint(_rows(number, 10.0, 1.0, frames), saved)
+    costs = round_costs(rows, serq_batches=4)
+    assert [c.round for c in training_rounds(costs)] == [2, 5]
+    # the evaluation's cost per frame comes from round 3, not from the last round (which also
+    # scores HD95 / ASSD); with the last round alone evaluating, from that one
+    assert [c.round for c in evaluation_rounds(costs)] == [3]
+    assert [c.round for c in evaluation_rounds([costs[0], costs[-1]])] == [6]
+
+
+def test_pretraining_costs_the_steps_after_warm_up_where_the_run_logged_them():
+    row = {"pretrain_seconds": 30.0, "pretrain_iters": 12}  # 12 steps, the first slow
+    assert pretraining_cost(row)[0] == pytest.approx(2.5)  # older runs: every step, an upper bound
+    row |= {"pretrain_steady_seconds": 5.0, "pretrain_steady_iters": 10}
+    per, what = pretraining_cost(row)
+    assert per == pytest.approx(0.5) and "after warm-up" in what
+    assert pretraining_cost(None) == (0.0, "no pre-training")

@@ -69,3 +69,35 @@ def test_serq_without_pretraining_is_refused():
 
     with pytest.raises(ConfigError, match="synthetic_pretraining"):
         compose_experiment(["method=fedst", "method.synthetic_pretraining=false"])
+
+
+def test_pre_training_times_only_the_steps_after_warm_up(monkeypatch):
+    """The pre-training cost the GPU check extrapolates (3000 iterations) leaves out the first
+    WARMUP_ITERS steps, which pay the loader's start and autotuning: a step made to take 0.2 s
+    for the first two calls and 0.01 s after must time about 3 x 0.01 s for 5 iterations."""
+    import time
+
+    from fedst.methods import pretraining
+
+    delays = iter([0.2, 0.2, 0.01, 0.01, 0.01])
+
+    class Stream:
+        def next_batch(self):
+            time.sleep(next(delays))
+            return torch.zeros(1, 1, 3, 4, 4), torch.zeros(1, 4, 4, dtype=torch.long), None
+
+    model = torch.nn.Conv2d(3, 2, 1)
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda x, indicator, use_temporal: forward(x[:, -1]))
+    result = pretraining.pretrain_on_synthetic(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        Stream(),
+        None,
+        lambda logits, masks: logits.square().mean(),
+        iters=5,
+        device=torch.device("cpu"),
+    )
+    assert pretraining.WARMUP_ITERS == 2 and result.steady_iters == 3
+    assert 0.03 <= result.steady_seconds < 0.2  # the 0.2 s warm-up steps are outside
+    assert result.seconds_per_iter == pytest.approx(result.steady_seconds / 3)

@@ -202,14 +202,17 @@ def _start_or_resume(server: FederationServer, runlog: RunLog) -> dict[str, Any]
         log.info("resuming %s after round %d", run_dir, server.completed_round)
         return last_metrics
     pretrain_started = time.perf_counter()
-    pre_loss = server.initialize()
-    if pre_loss is not None:
+    pretrained = server.initialize()
+    if pretrained is not None:
         row = {
             "round": 0,
             "site": "server",
-            "synthetic_pretrain_loss": pre_loss,
+            "synthetic_pretrain_loss": pretrained.loss,
             "pretrain_iters": server.cfg.serq.pretrain_iters,
             "pretrain_seconds": time.perf_counter() - pretrain_started,
+            # after the first steps (loader start, autotuning): what one more step costs
+            "pretrain_steady_seconds": pretrained.steady_seconds,
+            "pretrain_steady_iters": pretrained.steady_iters,
         }
         runlog.write("train", row)
     server.save(0)

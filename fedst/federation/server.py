@@ -17,7 +17,7 @@ import torch
 from fedst.accel import configure_device, fused_optimizer_options, resolve_precision
 from fedst.experiment import ExperimentConfig
 from fedst.methods import method_of
-from fedst.methods.pretraining import pretrain_on_synthetic, synthetic_stream
+from fedst.methods.pretraining import PretrainResult, pretrain_on_synthetic, synthetic_stream
 from fedst.methods.server_step import ServerContext, StepFiles
 from fedst.model.state import load_subset, state_subset
 from fedst.runs.layout import SERVER_CHECKPOINT, SERVER_PREVIOUS, site_state_dir, site_state_file
@@ -98,21 +98,21 @@ class FederationServer:
         """The method's own step after aggregation (None: the aggregate is taken as it is)."""
 
     # -- round 0 --------------------------------------------------------------------------------
-    def initialize(self) -> float | None:
+    def initialize(self) -> PretrainResult | None:
         """Algorithm 1 line 3: v_g^0 = v_pre^0, the network pre-trained on the synthetic set
         (every method, fedst/methods/pretraining.py; with SERQ v_pre lives on in SERQ).
 
-        Returns the pre-training loss (None without pre-training).
+        Returns the pre-training's loss and cost (None without pre-training).
         """
         if not self.method.config.synthetic_pretraining:
             return None
         iters = self.cfg.serq.pretrain_iters
         seed_everything(self.cfg.seed, 0x5E12, 0)
-        loss = self.step.pretrain(iters) if self.step is not None else None
-        if loss is None:
+        result = self.step.pretrain(iters) if self.step is not None else None
+        if result is None:
             stream, _ = synthetic_stream(self.cfg, self.method.name, self.device)
             try:
-                loss = pretrain_on_synthetic(
+                result = pretrain_on_synthetic(
                     self.global_model,
                     torch.optim.Adam(
                         self.global_model.parameters(),
@@ -130,8 +130,8 @@ class FederationServer:
                 )
             finally:
                 stream.close()  # its loader workers (train.num_workers) are not needed again
-        log.info("synthetic pre-training: %d iterations, final loss %.4f", iters, loss)
-        return loss
+        log.info("synthetic pre-training: %d iterations, final loss %.4f", iters, result.loss)
+        return result
 
     def initial_payload(self) -> dict[str, torch.Tensor]:
         """What every site loads before round 1: the full initial model (shared and personal parts

@@ -12,6 +12,8 @@ from the initialisation instead (an ablation).
 from __future__ import annotations
 
 import dataclasses
+import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -26,6 +28,27 @@ from fedst.progress import progress_bar
 TAIL = 10
 """The returned loss is the mean of the last TAIL steps."""
 
+WARMUP_ITERS = 2
+"""Steps left out of :attr:`PretrainResult.steady_seconds`: the first pays the loader's start,
+cuDNN's autotuning and any compilation, none of which the later steps pay again."""
+
+
+@dataclass(frozen=True)
+class PretrainResult:
+    """What synthetic pre-training returns: its loss and its cost after warm-up."""
+
+    loss: float
+    """The mean loss of the last :data:`TAIL` steps."""
+    steady_seconds: float
+    """Wall time of the steps after the first :data:`WARMUP_ITERS` (0 when there are none)."""
+    steady_iters: int
+    """How many steps ``steady_seconds`` covers."""
+
+    @property
+    def seconds_per_iter(self) -> float | None:
+        """The steady cost of one step; None when every step was a warm-up step."""
+        return self.steady_seconds / self.steady_iters if self.steady_iters else None
+
 
 def pretrain_on_synthetic(
     model: nn.Module,
@@ -38,27 +61,43 @@ def pretrain_on_synthetic(
     progress: bool = False,
     precision: Precision | None = None,
     scaler: torch.amp.GradScaler | None = None,
-) -> float:
+) -> PretrainResult:
     """``iters`` steps of L_seg on synthetic batches (images [B, T, 3, H, W], masks [B, H, W]),
-    each frame alone; returns the mean loss of the last 10 steps.
+    each frame alone; returns the mean loss of the last 10 steps and the time of the steps after
+    the first :data:`WARMUP_ITERS`.
 
     ``precision`` (fedst.accel.resolve_precision of ``train.amp_dtype``; None: fp32) and its
-    ``scaler`` (fp16) set the mixed precision; losses stay on the device until the end.
+    ``scaler`` (fp16) set the mixed precision; losses stay on the device until the end (one
+    device sync where the warm-up ends, one at the end).
     """
     precision = precision or Precision(device.type)
     model.train()
     losses = LossLog()
-    for _ in progress_bar(
+    steady_started = None
+    for step in progress_bar(
         range(iters), desc="synthetic pre-training", enabled=progress, leave=False
     ):
+        if step == WARMUP_ITERS:
+            _synchronize(device)
+            steady_started = time.perf_counter()
         images, masks, _ = stream.next_batch()
         with precision.autocast():
             logits = model(images.to(device), indicator, use_temporal=False)
         loss = loss_fn(logits.float(), masks.to(device))
         optimizer_step(loss, optimizer, scaler, model.parameters())
         losses.append(loss)
-    tail = losses.values()[-TAIL:]
-    return sum(tail) / max(len(tail), 1)
+    tail = losses.values()[-TAIL:]  # copies the losses to the host: the device is done
+    steady = 0.0 if steady_started is None else time.perf_counter() - steady_started
+    return PretrainResult(
+        loss=sum(tail) / max(len(tail), 1),
+        steady_seconds=steady,
+        steady_iters=max(iters - WARMUP_ITERS, 0),
+    )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def synthetic_stream(

@@ -115,7 +115,7 @@ from fedst.methods.feature_bank import (
     read_entries,
     write_entries,
 )
-from fedst.methods.pretraining import pretrain_on_synthetic, synthetic_stream
+from fedst.methods.pretraining import PretrainResult, pretrain_on_synthetic, synthetic_stream
 from fedst.methods.server_step import ServerContext, StepFiles
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import FedSTNet
@@ -267,10 +267,10 @@ class Serq:
         return batch
 
     # -- synthetic pre-training of v_pre (Algorithm 1 input v_pre^0) ----------------------------
-    def pretrain(self, iters: int, progress: bool = False) -> float:
+    def pretrain(self, iters: int, progress: bool = False) -> PretrainResult:
         """Train v_pre on the synthetic set with L_seg (the pre-training every method gets,
-        fedst/methods/pretraining.py); returns the mean loss of the last 10 steps."""
-        loss = pretrain_on_synthetic(
+        fedst/methods/pretraining.py); returns its loss and cost."""
+        result = pretrain_on_synthetic(
             self.synthetic_model,
             self.pre_optimizer,
             self.stream,
@@ -283,7 +283,7 @@ class Serq:
             scaler=self.pre_scaler,
         )
         self.pretrained_iters += iters
-        return loss
+        return result
 
     # -- Eq. 10 + Eq. 11 -----------------------------------------------------------------------
     @torch.no_grad()
@@ -628,11 +628,11 @@ class SerqStep:
             channels_last=cfg.train.channels_last,
         )
 
-    def pretrain(self, iters: int) -> float:
+    def pretrain(self, iters: int) -> PretrainResult:
         """v_pre^0 trained on the synthetic set, which is also v_g^0 (Algorithm 1, line 3)."""
-        loss = self.serq.pretrain(iters, progress=self.progress)
+        result = self.serq.pretrain(iters, progress=self.progress)
         self.global_model.load_state_dict(self.serq.synthetic_model.state_dict())
-        return loss
+        return result
 
     def step(self, global_model: FedSTNet, server_round: int) -> dict[str, Any]:
         """SERQ-EQ then SERQ-SC (or the fine-tuning of ``serq.mode=finetune``): SerqRoundStats."""

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from fedst.accel import Precision
 from fedst.model.network import FedSTNet
+
+if TYPE_CHECKING:
+    from fedst.methods.pretraining import PretrainResult
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,9 @@ class ServerStep(Protocol):
     method's entry of the server checkpoint; files of its own are written before that checkpoint
     and pruned after it."""
 
-    def pretrain(self, iters: int) -> float | None:
+    def pretrain(self, iters: int) -> PretrainResult | None:
         """Line 3 when the step owns the synthetic pre-training (the result loaded into v_g):
-        its final loss; None: the server's plain pre-training applies."""
+        its final loss and cost; None: the server's plain pre-training applies."""
         ...
 
     def step(self, global_model: FedSTNet, server_round: int) -> dict[str, Any]:

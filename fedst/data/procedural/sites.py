@@ -380,6 +380,22 @@ PRESETS: dict[str, Preset] = {
         ),
         description="unit tests: every site, a handful of 64x80 frames",
     ),
+    "gpu_check": Preset(
+        name="gpu_check",
+        height=64,
+        width=80,
+        sites=_sizes(
+            SplitSize(2, 6),
+            SplitSize(1, 6),
+            SplitSize(2, 24),
+            (SplitSize(2, 6), SplitSize(1, 6), SplitSize(2, 48)),
+            (SplitSize(1, 6), SplitSize(1, 6), SplitSize(2, 24)),
+            SplitSize(2, 6),
+            24,
+        ),
+        description="bench/gpu_check.sh: tiny's training splits with 48 test frames per "
+        "federated site (C: 48 labelled of 96), so an evaluation's loader start is amortised",
+    ),
     "demo": Preset(
         name="demo",
         height=128,
