@@ -1202,8 +1202,12 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
             "the other paper_scale runs); the other figures as paper_scale's, over fewer rounds",
         )
 
-    def bench(name: str, *args: str) -> list[str]:
-        return [python, "-m", "bench.gpu_check", name, "--device", device, *args]
+    def bench(module: str, *args: str, **options: object) -> list[str]:
+        """``python -m <module> [args] --device <device> --<option> <value> ...``"""
+        flags = [
+            f for key, value in options.items() for f in (f"--{key.replace('_', '-')}", str(value))
+        ]
+        return [python, "-m", module, *args, "--device", device, *flags]
 
     baseline = ["train.amp_dtype=none", "train.tf32=false", _compile_override(fields, None)]
     if "channels_last" in fields:
@@ -1219,7 +1223,7 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
             "facts",
             "device facts",
             STEP_LIMITS_S["facts"],
-            [bench("facts", "--json", str(facts_json))],
+            [bench("bench.gpu_check", "facts", json=facts_json)],
             collect=lambda: _load(facts_json),
             measures="the machine as the check found it: torch, CUDA, the card, TF32 flags",
         ),
@@ -1255,19 +1259,7 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
             "scoring",
             f"Dice / IoU pixel counts of one 1080p frame on {device} (bench.scoring)",
             STEP_LIMITS_S["scoring"],
-            [
-                [
-                    python,
-                    "-m",
-                    "bench.scoring",
-                    "--device",
-                    device,
-                    "--repeats",
-                    str(sizes.scoring_repeats),
-                    "--json",
-                    str(scoring_json),
-                ]
-            ],
+            [bench("bench.scoring", repeats=sizes.scoring_repeats, json=scoring_json)],
             collect=lambda: _load(scoring_json),
             measures=f"ms per 1080x1920 frame of evaluation's scoring on {device} (median of "
             f"{sizes.scoring_repeats}, host copy and sync included) against MONAI's one-hot "
@@ -1279,18 +1271,14 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
             STEP_LIMITS_S["step"],
             [
                 bench(
+                    "bench.gpu_check",
                     "step",
                     *size_args,
-                    "--iters",
-                    str(sizes.step_iters),
-                    "--repeats",
-                    str(sizes.step_repeats),
-                    "--budget-s",
-                    str((STEP_LIMITS_S["step"] - 10) * sizes.timeout_scale),
-                    "--compile-backend",
-                    sizes.compile_backend,
-                    "--json",
-                    str(step_json),
+                    iters=sizes.step_iters,
+                    repeats=sizes.step_repeats,
+                    budget_s=(STEP_LIMITS_S["step"] - 10) * sizes.timeout_scale,
+                    compile_backend=sizes.compile_backend,
+                    json=step_json,
                 )
             ],
             collect=lambda: _load(step_json),
@@ -1304,16 +1292,13 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
             STEP_LIMITS_S["stream"],
             [
                 bench(
+                    "bench.gpu_check",
                     "stream",
                     *size_args,
-                    "--frames",
-                    str(sizes.stream_frames),
-                    "--budget-s",
-                    str((STEP_LIMITS_S["stream"] - 5) * sizes.timeout_scale),
-                    "--compile-backend",
-                    sizes.compile_backend,
-                    "--json",
-                    str(stream_json),
+                    frames=sizes.stream_frames,
+                    budget_s=(STEP_LIMITS_S["stream"] - 5) * sizes.timeout_scale,
+                    compile_backend=sizes.compile_backend,
+                    json=stream_json,
                 )
             ],
             collect=lambda: _load(stream_json),
