@@ -116,6 +116,8 @@ GPU_MACHINE_VERSIONS = {
 CARRIED_ANYWAY = {
     "protobuf": "flwr's generated code needs protobuf >= 5.29 and grpcio-health-checking's >= "
     "6.33.5; the machine's version is not recorded",
+    "typing-extensions": "the carried pydantic 2.14 (albumentations) needs >= 4.16.0; the "
+    "machine's version is not recorded, and a newer one serves its older users too",
 }
 """Packages the machine has that travel anyway, in our version, and why."""
 

@@ -84,9 +84,15 @@ def test_streaming_on_the_test_device_gives_the_cpu_s_logits(test_device):
 def test_the_wheel_plan_descends_only_into_packages_the_gpu_machine_lacks():
     # hydra-core 1.3.8 needs omegaconf, antlr4-python3-runtime 4.9.* and packaging; omegaconf
     # needs antlr4 and PyYAML (their METADATA): with packaging and PyYAML on the machine, the
-    # three others travel, and protobuf always does (gpu_check.CARRIED_ANYWAY)
+    # three others travel, and protobuf and typing-extensions always do (gpu_check.CARRIED_ANYWAY)
     plan = gpu_check.wheel_plan(["hydra-core==1.3.8"], present=frozenset({"packaging", "pyyaml"}))
-    assert set(plan) == {"hydra-core", "omegaconf", "antlr4-python3-runtime", "protobuf"}
+    assert set(plan) == {
+        "hydra-core",
+        "omegaconf",
+        "antlr4-python3-runtime",
+        *gpu_check.CARRIED_ANYWAY,
+    }
+    assert set(gpu_check.CARRIED_ANYWAY) == {"protobuf", "typing-extensions"}
     assert plan["hydra-core"] == "1.3.8" and plan["antlr4-python3-runtime"].startswith("4.9.")
     # a package the machine has is not expanded: omegaconf's own needs do not travel either
     plan = gpu_check.wheel_plan(["hydra-core==1.3.8"], present=frozenset({"omegaconf"}))
@@ -269,13 +275,15 @@ def test_p95_shows_the_slow_frames_the_median_hides():
 
 
 def test_a_carried_package_that_needs_more_than_the_machine_has_is_named():
-    # pydantic 2.x needs typing-extensions >= 4.6 (its METADATA): a machine with 4.0.0 fails
-    # the import of every carried package that needs pydantic
-    plan = gpu_check.wheel_plan(["pydantic"], present=gpu_check.GPU_MACHINE_PACKAGES)
-    unmet, _ = gpu_check.unmet_on_the_gpu_machine(plan, known={"typing-extensions": "4.0.0"})
-    assert any(line.startswith("pydantic needs typing-extensions") for line in unmet), unmet
+    # omegaconf 2.3 needs PyYAML >= 5.1.0 (its METADATA), which the machine has: a machine with
+    # PyYAML 5.0 would fail the import of omegaconf, so of hydra and every run
+    plan = gpu_check.wheel_plan(["hydra-core==1.3.8"])
+    assert "omegaconf" in plan and "pyyaml" not in plan
+    unmet, _ = gpu_check.unmet_on_the_gpu_machine(plan, known={"pyyaml": "5.0"})
+    assert any(line.startswith("omegaconf needs PyYAML>=5.1") for line in unmet), unmet
+    assert not gpu_check.unmet_on_the_gpu_machine(plan, known={"pyyaml": "6.0.2"})[0]
     unmet, unknown = gpu_check.unmet_on_the_gpu_machine(plan, known={})
-    assert not unmet and any("typing-extensions" in line for line in unknown)
+    assert not unmet and any(line.startswith("omegaconf needs PyYAML") for line in unknown)
 
 
 def test_the_requirement_report_names_an_unmet_requirement_on_pythonpath(tmp_path):
