@@ -22,7 +22,13 @@ from flwr.app import Context, RecordDict
 from omegaconf import OmegaConf
 
 from fedst import units
-from fedst.accel import DeviceFacts, configure_device, device_facts, resolve_precision
+from fedst.accel import (
+    DeviceFacts,
+    configure_device,
+    cuda_unavailable_reason,
+    device_facts,
+    resolve_precision,
+)
 from fedst.app.client_app import app as client_app
 from fedst.app.client_app import make_client_app, release_sites
 from fedst.app.inprocess import InProcessGrid
@@ -137,6 +143,12 @@ def ray_client_resources(
     gpus = ray.num_gpus_per_site
     if gpus == "auto":
         gpus = min(1.0, gpu_count / num_sites)
+    elif gpus > 0 and gpu_count == 0:  # Ray would wait for a GPU forever: no actor would start
+        raise ConfigError(
+            f"ray.num_gpus_per_site={gpus} but torch sees no CUDA GPU here "
+            f"({cuda_unavailable_reason()}): no site actor could start; set "
+            "ray.num_gpus_per_site=0 (or auto) to train the sites on the CPU"
+        )
     return {"num_cpus": float(cpus), "num_gpus": float(gpus)}
 
 

@@ -1,9 +1,9 @@
 """A site keeps its Ray actor (issue 33, item 5; fedst/app/ray_affinity.py).
 
-Ray is not installed here (flwr[simulation]); Flower's own Ray backend and actor pool
-(flwr/server/superlink/fleet/vce/backend/raybackend.py, flwr/simulation/ray_transport/
-ray_actor.py) run against a synchronous stand-in for the few ``ray`` calls they make, so the
-test exercises Flower's real ``process_message`` path with the pool fedst installs."""
+Flower's own Ray backend and actor pool (flwr/server/superlink/fleet/vce/backend/raybackend.py,
+flwr/simulation/ray_transport/ray_actor.py) run against a synchronous stand-in for the few ``ray``
+calls they make, so this fast test exercises Flower's real ``process_message`` path with the pool
+fedst installs; tests/test_ray_engine.py (slow) runs real Ray and counts each site's actor."""
 
 from __future__ import annotations
 

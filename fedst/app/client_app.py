@@ -213,6 +213,8 @@ def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, Metr
     """gamma_k after this round's local training, and the reply's metrics (with the GPU's peak
     allocated / reserved bytes during it, where the site computes on CUDA)."""
     peaks = PhasePeaks(rss=False)  # in-process the resident size is the whole job's: not sent
+    built = not site.build_reported  # since the last train reply (an evaluate may have built it)
+    site.build_reported = True
     with _forget_on_error(site), peaks.phase("train"):
         result = site.train_round(
             received,
@@ -228,10 +230,15 @@ def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, Metr
             keys.TRAIN_LOSS: result.mean_loss,
             keys.SECONDS: result.seconds,
             keys.LOADER_SECONDS: result.loader_seconds,
+            # where it ran: one process and one build per site when sites keep their Ray actor
+            keys.PROCESS_ID: os.getpid(),
+            keys.SITE_BUILT: int(built),
+            keys.STATE_RESTORES: site.disk_restores - site.restores_reported,
             **peaks.reply_metrics("train"),
             **result.metrics,
         }
     )
+    site.restores_reported = site.disk_restores
     return result.shared, metrics
 
 

@@ -38,6 +38,14 @@ SECONDS = "seconds"
 LOADER_SECONDS = "loader-seconds"
 ITERATIONS = "iterations"
 ENSEMBLE_SIZE = "ensemble-size"
+PROCESS_ID = "process-id"
+"""Of a train reply: the operating-system process the site ran in (under Ray: its actor)."""
+SITE_BUILT = "site-built"
+"""Of a train reply: 1 when the site was built (model, optimizer, data) in this process since the
+previous train reply (for this message or an evaluate message before it)."""
+STATE_RESTORES = "state-restores"
+"""Of a train reply: states the site loaded from disk since the previous train reply (0: it
+stayed in memory)."""
 
 # -- message kinds beyond Flower's "train" and "evaluate" ------------------------------------------
 PERSONAL_QUERY = "personal"

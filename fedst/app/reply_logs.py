@@ -58,10 +58,22 @@ def log_training_reply(
                 else {}
             ),
             "update_norm": update_norm,
+            **{  # where it ran (absent from replies of older sites)
+                row: int(metrics[key]) for key, row in PLACEMENT_KEYS.items() if key in metrics
+            },
             # the site's GPU peaks during its round (absent: it computed on the CPU)
             **{row: int(metrics[key]) for key, row in REPLY_MEMORY_KEYS.items() if key in metrics},
         },
     )
+
+
+PLACEMENT_KEYS = {
+    keys.PROCESS_ID: "process",
+    keys.SITE_BUILT: "site_built",
+    keys.STATE_RESTORES: "state_restores",
+}
+"""Train-reply metrics -> train.jsonl fields telling where a site ran (tests/test_ray_engine.py
+counts builds, restores and moves from them)."""
 
 
 def bytes_by_component(packed: transport.Packed) -> dict[str, int]:

@@ -179,6 +179,14 @@ class Site:
             num_classes=cfg.network.num_classes,
         )
         self.completed_round = 0
+        self.build_reported = False
+        """Set once a train reply has reported that this Site was built (fedst/app/client_app.py:
+        under Ray, a site built twice moved to another actor)."""
+        self.disk_restores = 0
+        """States loaded from disk since this Site was built (:meth:`restore`, for any message):
+        under Ray, each one is a message that found its site's state in another actor's hands."""
+        self.restores_reported = 0
+        """:attr:`disk_restores` as the last train reply reported them."""
         self.loader_seconds = 0.0
         """Time the current round's steps waited for batches (the loader), in seconds."""
         self.keep_rounds: tuple[int, ...] = ()
@@ -469,3 +477,4 @@ class Site:
             self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["stream"])
         self.completed_round = server_round
+        self.disk_restores += 1

@@ -4,7 +4,9 @@
 config.json / config.yaml   resolved experiment config (config.yaml also holds Hydra's view)
 metrics.jsonl               per-round evaluation rows (site, model, dice, iou, hd95, assd, per_class)
 train.jsonl                 per-round training rows (site, loss, seconds, loader_seconds: of those,
-                            the wait for batches, iterations); site "server":
+                            the wait for batches, iterations, process: the site's process id,
+                            site_built: the site was built since its previous row,
+                            state_restores: states it loaded from disk since); site "server":
                             aggregation_seconds, seconds (aggregation + server step), SERQ losses,
                             eq_seconds and sc_seconds, checkpoint_seconds, checkpoint_bytes and
                             bank_entries_written (the round's server checkpoint),
