@@ -1,9 +1,10 @@
 """Round time and memory as the federation grows: 4, 8, 16 sites on one machine, tiny preset, one
-thread per process, the in-process engine and the deployment engine (TLS and node
-authentication on 127.0.0.1).
+thread per process, the in-process engine, Flower's Ray simulation (``engine=ray``) and the
+deployment engine (TLS and node authentication on 127.0.0.1).
 
-    .venv/bin/python -m bench.deploy_scale                         # 4, 8 and 16 sites, both engines
+    .venv/bin/python -m bench.deploy_scale                         # 4, 8 and 16 sites, every engine
     .venv/bin/python -m bench.deploy_scale --sites 4 --engines inprocess
+    .venv/bin/python -m bench.deploy_scale --engines inprocess ray  # docs/results.md's Ray table
     .venv/bin/python -m bench.deploy_scale --sites 4 8 16 train.total_iters=6   # 3 rounds
 
 Sites beyond A-D read A-D's data again (``site_dir`` of the generic backend: S05 reads A, S06 B,
@@ -12,7 +13,10 @@ entry point as a child process (``train_fed.py`` in-process, ``python -m fedst.d
 the deployment); the round times are the server's "round N done in X s" log lines. Memory is the
 peak resident set (VmHWM) of each process, sampled from /proc every second: in-process the one
 process holding every site, in deployment per site its executor (model, data, training), its
-SuperNode and its site process (train_fed.py site=<name>), and the server's processes.
+SuperNode and its site process (train_fed.py site=<name>), and the server's processes; under Ray
+the driver (server), each site actor (``ray::ClientAppActor``) and Ray's own services (GCS,
+raylet, dashboard, log monitor), and the sum of every process's peak (an upper bound of the
+whole job's footprint: the peaks need not coincide).
 """
 
 from __future__ import annotations
@@ -112,11 +116,11 @@ def run(engine: str, count: int, overrides: list[str], work: Path, env: dict) ->
     """One federation of ``count`` sites with ``engine``: round times and peak memory."""
     sites = site_names(count)
     overrides = [*overrides, *extra_site_overrides(count), "data.out_of_federation=[]"]
-    if engine == "inprocess":
+    if engine in ("inprocess", "ray"):
         run_dir = work / "run"
         command = [sys.executable, str(REPO / "train_fed.py"), *overrides]
         command += [f"data.federation=[{','.join(sites)}]", f"hydra.run.dir={run_dir}"]
-        command += ["progress=false"]
+        command += ["progress=false", f"engine={engine}"]
     else:
         run_dir = work / "run"
         command = [sys.executable, "-m", "fedst.deploy", "local", "--sites", *sites]
@@ -137,6 +141,7 @@ def run(engine: str, count: int, overrides: list[str], work: Path, env: dict) ->
         "rounds": round_times(run_dir / "log.txt"),
         "wall": time.monotonic() - started,
         **memory,
+        "all processes (sum of peaks)": [sum(sampler.peaks.values())],
     }
 
 
@@ -144,6 +149,12 @@ def _role(command: str, is_root: bool, engine: str) -> str:
     """Which part of a federation a process is, by its command line."""
     if engine == "inprocess" and is_root:
         return "process"
+    if engine == "ray":
+        if is_root:
+            return "driver (server)"
+        if "ClientAppActor" in command:
+            return "site actor"
+        return "Ray services and idle workers"
     if "fedst.app.site_executor" in command:
         return "site executor"
     if "flower-supernode" in command:
@@ -159,7 +170,7 @@ def main() -> None:
     )
     parser.add_argument("overrides", nargs="*", default=["experiment=tiny"])
     parser.add_argument("--sites", nargs="+", type=int, default=[4, 8, 16])
-    parser.add_argument("--engines", nargs="+", default=["inprocess", "deployment"])
+    parser.add_argument("--engines", nargs="+", default=["inprocess", "ray", "deployment"])
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the runs here (default: removed)"
     )

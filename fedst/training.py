@@ -143,7 +143,7 @@ def ray_client_resources(
     gpus = ray.num_gpus_per_site
     if gpus == "auto":
         gpus = min(1.0, gpu_count / num_sites)
-    elif gpus > 0 and gpu_count == 0:  # Ray would wait for a GPU forever: no actor would start
+    elif gpus > 0 and gpu_count == 0 and ray.address is None:  # Ray would wait forever
         raise ConfigError(
             f"ray.num_gpus_per_site={gpus} but torch sees no CUDA GPU here "
             f"({cuda_unavailable_reason()}): no site actor could start; set "
@@ -233,7 +233,11 @@ def run_training(
                 server_app=server_app,
                 client_app=make_client_app(nodes, sites_per_actor=ray.site_limit),
                 num_supernodes=num_sites,
-                backend_config={"client_resources": resources},
+                backend_config={
+                    "client_resources": resources,
+                    # ray.init's arguments: a running cluster's address (None: start one here)
+                    **({"init_args": {"address": ray.address}} if ray.address else {}),
+                },
             )
     return finalize_run(run, progress=progress)
 

@@ -116,3 +116,52 @@ def test_ray_gives_the_in_process_numbers_and_each_site_keeps_its_actor(
     assert (
         len({process for events in placements(inprocess).values() for process, _, _ in events}) == 1
     )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_simulation_runs_across_a_two_node_ray_cluster_as_in_process(data_root, tmp_path):
+    """ray.address: a head and a worker node started here (one core each; docs/paper-scale.md,
+    "On a Ray cluster"), the run's two site actors placed on them, the in-process numbers."""
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    port = _free_port()
+    start = [ray_cli, "start", "--num-cpus=1", "--num-gpus=0", "--disable-usage-stats"]
+    try:
+        head = subprocess.run([*start, "--head", f"--port={port}", "--include-dashboard=false"],
+                              env=env, capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+        assert head.returncode == 0, head.stderr[-2000:]
+        worker = subprocess.run([*start, f"--address=127.0.0.1:{port}"], env=env,
+                                capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+        assert worker.returncode == 0, worker.stderr[-2000:]
+        done = train(tmp_path / "cluster", data_root, "method=fedavg", "engine=ray",
+                     f"ray.address=127.0.0.1:{port}", "ray.num_cpus_per_site=1")  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        count = (
+            f"import ray; ray.init(address='127.0.0.1:{port}'); "
+            "print(sum(n['Alive'] for n in ray.nodes()))"
+        )
+        nodes = subprocess.run(
+            [sys.executable, "-c", count],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert nodes.stdout.strip().splitlines()[-1] == "2", nodes.stderr[-2000:]
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=120)
+    done = train(tmp_path / "inprocess", data_root, "method=fedavg")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert numbers(tmp_path / "cluster") == numbers(tmp_path / "inprocess")
+    # one core per node and one per site: each node ran one site's actor
+    placed = placements(tmp_path / "cluster")
+    assert len({events[0][0] for events in placed.values()}) == 2

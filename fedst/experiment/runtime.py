@@ -87,6 +87,12 @@ class RayConfig:
     many actors as sites: always, from round 2 on), so the site keeps its actor, its built model
     and its loader workers; false: Flower's own choice, the last idle actor
     (fedst/app/ray_affinity.py replaces Flower 1.41's pool class to do it)."""
+    address: str | None = None
+    """A running Ray cluster to use (``ray start --head`` on one machine, ``ray start
+    --address=<head>:<port>`` on the others; docs/paper-scale.md): its head's ``host:port``, or
+    "auto" for the cluster this machine belongs to; null: a Ray instance of this run's own, on
+    this machine. On a cluster, give the shares explicitly ("auto" counts this machine's cores
+    and GPUs); the GPU share is then not checked against this machine's GPUs."""
 
     def __post_init__(self) -> None:
         for name in ("num_cpus_per_site", "num_gpus_per_site"):
