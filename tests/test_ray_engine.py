@@ -165,3 +165,63 @@ def test_a_simulation_runs_across_a_two_node_ray_cluster_as_in_process(data_root
     # one core per node and one per site: each node ran one site's actor
     placed = placements(tmp_path / "cluster")
     assert len({events[0][0] for events in placed.values()}) == 2
+
+
+def _kill_site_after_round(run_dir: Path, site: str, after_round: int, process) -> int | None:
+    """SIGKILL ``site``'s actor process once the server logged ``after_round`` (then 1 s into the
+    next round's training); returns the killed pid (None: the run ended first)."""
+    import signal
+    import time
+
+    log = run_dir / "train.jsonl"
+    while process.poll() is None:
+        time.sleep(0.3)
+        if not log.is_file():
+            continue
+        rows_now = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        if any(r.get("round") == after_round and r.get("site") == "server" for r in rows_now):
+            pid = next(r["process"] for r in rows_now if r.get("site") == site)
+            time.sleep(1.0)
+            os.kill(pid, signal.SIGKILL)
+            return pid
+    return None
+
+
+@pytest.mark.slow
+def test_a_site_actor_killed_in_a_round_stops_the_run_in_one_line_and_resume_equals_no_kill(
+    data_root, tmp_path
+):
+    """A site's process dying during round 2 (its Ray actor SIGKILLed): with every site needed
+    (the simulation's default), the run stops with one line naming the site, keeps round 1, and
+    ``resume=`` finishes it with the numbers of a run that was never interrupted."""
+    longer = ["method=fedavg", "train.local_iters=10", "train.total_iters=30"]  # 3 rounds
+    killed_run = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
+    command = [sys.executable, "train_fed.py", "experiment=tiny", "data.federation=[A,B]",
+               "data.out_of_federation=[E]", f"data.root={data_root}", "progress=false",
+               "engine=ray", *longer]  # fmt: skip
+    with (tmp_path / "killed.out").open("w") as out:
+        process = subprocess.Popen([*command, f"hydra.run.dir={killed_run}"], cwd=REPO, env=env,
+                                   stdout=out, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        pid = _kill_site_after_round(killed_run, "A", 1, process)
+        _, stderr = process.communicate(timeout=600)
+    assert pid is not None, "the run ended before round 1 was logged"
+    errors = [line for line in stderr.splitlines() if line.startswith("train_fed.py: error:")]
+    assert process.returncode == 2 and len(errors) == 1, stderr[-3000:]
+    assert "failed during train of round 2" in errors[0] and "A: " in errors[0]
+    assert "ActorDiedError" in errors[0] and "resume" in errors[0]
+    assert stderr.strip().splitlines()[-1] == errors[0]  # the last word, after Flower's own log
+    assert 'train_fed.py", line' not in stderr  # no traceback of the entry point
+    resume = [
+        sys.executable,
+        "train_fed.py",
+        f"resume={killed_run}",
+        "engine=ray",
+        "progress=false",
+    ]
+    done = subprocess.run(resume, cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = train(tmp_path / "whole", data_root, *longer)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert numbers(killed_run) == numbers(tmp_path / "whole")

@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedst.app import keys
+from fedst.errors import UserError
 from fedst.experiment import RoundPolicy
 from fedst.federation import transport
 from fedst.runs.files import RunLog
@@ -25,8 +26,11 @@ from fedst.runs.files import RunLog
 log = logging.getLogger("fedst.app.server_app")  # the ServerApp's log, as before the split
 
 
-class FederationError(RuntimeError):
-    """A site failed during a round; the message carries the site's own error text."""
+class FederationError(UserError, RuntimeError):
+    """Too few sites answered a round (or a node claimed a site it is not): the run stops here.
+    Not a bug of this process: the entry point prints the one-line reason (each failed site and
+    the first line of its error; the whole errors are in the log) and exits 2; the run resumes
+    from its last completed round (``train_fed.py resume=<run>``)."""
 
 
 class Replies:
@@ -219,10 +223,13 @@ def check_sites(
     result.replies.sort(key=lambda reply: federation.index(site_of(reply)))
     failures = [f"{sites_of.get(n, f'node {n}')}: {reason}" for n, reason in result.failed.items()]
     if len(result.replies) < min_sites:
+        for failure in failures:  # the whole error texts (a site's traceback, Ray's report)
+            log.error("round %d %s: %s", server_round, kind, failure)
+        firsts = "; ".join(failure.strip().splitlines()[0] for failure in failures)
         raise FederationError(
             f"{len(failures)} site(s) failed during {kind} of round {server_round} and only "
-            f"{len(result.replies)} answered (deploy.min_sites={min_sites}):\n"
-            + "\n".join(failures)
+            f"{len(result.replies)} answered (deploy.min_sites={min_sites}): {firsts}. The run "
+            f"keeps its last completed round: resume it with train_fed.py resume=<run dir>"
         )
     for failure in failures:
         log.warning("round %d %s: left out %s", server_round, kind, failure.splitlines()[0])
