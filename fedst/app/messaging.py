@@ -1,11 +1,13 @@
 """The ServerApp's side of the wire. :class:`SiteGrid` is the server's conversation with the
 sites: ``ask(kind, payload, config, round)`` sends one message kind to the connected nodes and
-returns the checked replies in federation order. Beneath it: :func:`broadcast` collects replies
-(a failure, a silent node or parameters that cannot be unpacked is returned, not raised), polling
-the SuperLink every ``deploy.reply_poll`` seconds; the wire audit (wire.jsonl); waiting for the
-nodes to connect; and :func:`check_sites`, which learns which node is which site, orders the
-replies by federation and stops the run (:class:`FederationError`) when fewer than
-``RoundPolicy.min_sites`` answered."""
+returns the checked replies in federation order: every reply's round and site, and for a training
+step each update's tensors, sample count and norm (fedst/federation/reply_checks.py); a refused
+reply is a dropped site, logged (train.jsonl, wire.jsonl) with its check and reason. Beneath it:
+:func:`broadcast` collects replies (a failure, a silent node or parameters that cannot be
+unpacked is returned, not raised), polling the SuperLink every ``deploy.reply_poll`` seconds; the
+wire audit (wire.jsonl); waiting for the nodes to connect; and :func:`check_sites`, which learns
+which node is which site, orders the replies by federation and stops the run
+(:class:`FederationError`) when fewer than ``RoundPolicy.min_sites`` answered."""
 
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedst.app import keys
 from fedst.experiment import RoundPolicy
 from fedst.federation import transport
+from fedst.federation.reply_checks import Refusal, ReplyChecker, Update, identity_problem
 from fedst.runs.files import RunLog
 
 log = logging.getLogger("fedst.app.server_app")  # the ServerApp's log, as before the split
@@ -30,11 +34,26 @@ class FederationError(RuntimeError):
 
 
 class Replies:
-    """The replies of one broadcast: good replies by site, and what failed or stayed silent."""
+    """The replies of one broadcast: the accepted replies; by node, what failed, stayed silent or
+    was refused; every refusal; and, of a checked training step, each accepted site's gamma_k
+    (fp32) and update norm."""
 
     def __init__(self) -> None:
         self.replies: list[Message] = []
         self.failed: dict[int, str] = {}
+        self.refused: list[Refusal] = []
+        self.claimed: dict[int, str] = {}
+        """Node -> the site its refused reply named (for the failure lines)."""
+        self.states: dict[str, dict[str, torch.Tensor]] = {}
+        self.norms: dict[str, float] = {}
+
+    def refuse(self, node: int | None, refusal: Refusal) -> None:
+        """Record ``refusal``; with ``node`` (its reply was that node's answer) the node is left
+        out of the step like a failed one."""
+        self.refused.append(refusal)
+        if node is not None:
+            self.failed[node] = f"reply refused ({refusal.check} check): {refusal.reason}"
+            self.claimed[node] = refusal.site
 
 
 def broadcast(
@@ -78,20 +97,29 @@ def broadcast(
         for message in messages:
             _audit(audit, "down", message, server_round)
     result = Replies()
-    answered = set()
+    answered, seen = set(), set()
     replies = _send_and_receive(grid, messages, timeout, poll)
     # the SuperLink's own error replies (e.g. node unavailable) do not come from the node:
     # match each reply to its instruction
     node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
     for reply in replies:
-        node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-        answered.add(node)
+        message_id = reply.metadata.reply_to_message_id
+        node = node_of.get(message_id)
         if audit is not None:
             _audit(audit, "up", reply, server_round)
         if reply.has_error():
+            node = reply.metadata.src_node_id if node is None else node
+            answered.add(node)
             result.failed[node] = reply.error.reason
-        elif (refusal := _wire_refusal(reply)) is not None:
-            result.failed[node] = refusal
+            continue
+        if node is None or message_id in seen:  # never aggregated, whatever it carries
+            what = "no message of this step" if node is None else "a message a second time"
+            result.refuse(None, Refusal(_claimed_site(reply), "round", f"it answers {what}"))
+            continue
+        seen.add(message_id)
+        answered.add(node)
+        if (refusal := _wire_refusal(reply)) is not None:
+            result.refuse(node, refusal)
         else:
             result.replies.append(reply)
     for node in set(nodes) - answered:
@@ -118,15 +146,21 @@ def _send_and_receive(
     return replies
 
 
-def _wire_refusal(reply: Message) -> str | None:
+def _wire_refusal(reply: Message) -> Refusal | None:
     """Why the parameters of a reply cannot be unpacked (older layout, unknown manifest), or None."""
     try:
         for name in reply.content.array_records:
             transport.received(reply.content, name)
     except transport.WireFormatError as err:
-        site = reply.content[keys.SITE][keys.SITE_NAME] if keys.SITE in reply.content else "?"
-        return f"refused the reply of site {site}: {err}"
+        return Refusal(_claimed_site(reply), "wire", str(err))
     return None
+
+
+def _claimed_site(reply: Message) -> str:
+    """The site a reply says it comes from, else its node."""
+    if keys.SITE in reply.content and keys.SITE_NAME in reply.content[keys.SITE]:
+        return str(reply.content[keys.SITE][keys.SITE_NAME])
+    return f"node {reply.metadata.src_node_id}"
 
 
 def _audit(runlog: RunLog, direction: str, message: Message, server_round: int) -> None:
@@ -202,6 +236,13 @@ def check_sites(
 ) -> None:
     """Learn node -> site from the replies, refuse a site answering twice, and stop the run when
     fewer than ``min_sites`` sites answered."""
+    learn_sites(result, sites_of, federation)
+    require_sites(result, sites_of, min_sites, kind, server_round)
+
+
+def learn_sites(result: Replies, sites_of: dict[int, str], federation: list[str]) -> None:
+    """Learn node -> site from the accepted replies (two nodes claiming one site stop the run)
+    and put the replies in federation order."""
     seen: dict[str, int] = {}
     for reply in result.replies:
         node, site = reply.metadata.src_node_id, site_of(reply)
@@ -217,7 +258,17 @@ def check_sites(
     # federation order, not arrival order: the floating-point sum of the aggregation (and the
     # logs) must not depend on which site answered first
     result.replies.sort(key=lambda reply: federation.index(site_of(reply)))
-    failures = [f"{sites_of.get(n, f'node {n}')}: {reason}" for n, reason in result.failed.items()]
+
+
+def require_sites(
+    result: Replies, sites_of: dict[int, str], min_sites: int, kind: str, server_round: int
+) -> None:
+    """Stop the run (naming every failure and refusal) when fewer than ``min_sites`` answered;
+    else log who was left out."""
+    failures = [
+        f"{sites_of.get(n) or result.claimed.get(n) or f'node {n}'}: {reason}"
+        for n, reason in result.failed.items()
+    ]
     if len(result.replies) < min_sites:
         raise FederationError(
             f"{len(failures)} site(s) failed during {kind} of round {server_round} and only "
@@ -230,8 +281,9 @@ def check_sites(
 
 class SiteGrid:
     """The server's conversation with the sites: Flower's grid, the federation in its order, the
-    round policy (timeouts, ``min_sites``, reply polling), the wire audit and which node is which
-    site (learnt from the replies)."""
+    round policy (timeouts, ``min_sites``, reply polling), the checks of the replies
+    (``checker``), the wire audit, the run log that records refusals (train.jsonl) and which node
+    is which site (learnt from the replies)."""
 
     def __init__(
         self,
@@ -239,11 +291,15 @@ class SiteGrid:
         federation: Sequence[str],
         policy: RoundPolicy,
         audit: RunLog | None = None,
+        checker: ReplyChecker | None = None,
+        runlog: RunLog | None = None,
     ) -> None:
         self.grid = grid
         self.federation = list(federation)
         self.policy = policy
         self.audit = audit
+        self.checker = checker or ReplyChecker()
+        self.runlog = runlog
         self.min_sites = policy.min_sites or len(self.federation)
         if self.min_sites > len(self.federation):
             raise FederationError(
@@ -283,10 +339,14 @@ class SiteGrid:
         first_payloads: dict[int, transport.Packed] | None = None,
         records: dict[int, dict[str, transport.Packed]] | None = None,
         check: bool = True,
+        reference: dict[str, torch.Tensor] | None = None,
     ) -> Replies:
         """Send ``kind`` (payload in "arrays", ``config``) to ``nodes`` (default: the connected
         ones) and collect the replies within the policy's timeout (``eval_timeout`` for an
-        evaluation, ``round_timeout`` otherwise). With ``check``, the replies come back in
+        evaluation, ``round_timeout`` otherwise). Every reply must answer the round of
+        ``config`` as the site its node is; with ``reference`` (gamma_g^t of a training step)
+        each reply's gamma_k is checked against it and kept in ``Replies.states``. A refused
+        reply is left out like a failed site and logged. With ``check``, the replies come back in
         federation order and fewer than ``min_sites`` stops the run naming ``what`` failed."""
         timeout = (
             self.policy.eval_timeout if kind == MessageType.EVALUATE else self.policy.round_timeout
@@ -304,6 +364,57 @@ class SiteGrid:
             audit=self.audit,
             records=records,
         )
+        self._check_identity(replies, int(config[keys.SERVER_ROUND]))
         if check:
-            check_sites(replies, self.sites_of, self.federation, self.min_sites, what, server_round)
+            learn_sites(replies, self.sites_of, self.federation)
+        if reference is not None:
+            self._check_updates(replies, reference)
+        self._log_refusals(replies, server_round, what)
+        if check:
+            require_sites(replies, self.sites_of, self.min_sites, what, server_round)
         return replies
+
+    def _check_identity(self, result: Replies, expected_round: int) -> None:
+        """Refuse the replies that do not answer ``expected_round`` as their node's site."""
+        kept = []
+        for reply in result.replies:
+            node, info = reply.metadata.src_node_id, reply.content.config_records.get(keys.SITE)
+            if info is None or keys.SITE_NAME not in info:
+                result.refuse(node, Refusal(f"node {node}", "site", "it names no site"))
+                continue
+            site = str(info[keys.SITE_NAME])
+            declared = int(info[keys.SITE_ROUND]) if keys.SITE_ROUND in info else None
+            known = self.sites_of.get(node)
+            problem = identity_problem(site, declared, expected_round, self.federation, known)
+            if problem is None:
+                kept.append(reply)
+            else:
+                result.refuse(node, Refusal(site, *problem))
+        result.replies = kept
+
+    def _check_updates(self, result: Replies, reference: dict[str, torch.Tensor]) -> None:
+        """The checks of the training replies' gamma_k (fedst/federation/reply_checks.py)."""
+        updates, node_of = {}, {}
+        for reply in result.replies:
+            site, info = site_of(reply), reply.content[keys.SITE]
+            node_of[site] = reply.metadata.src_node_id
+            updates[site] = Update(
+                state=transport.received(reply.content).unpack(),
+                num_examples=float(reply.content[keys.METRICS][keys.NUM_EXAMPLES]),
+                data_size=int(info[keys.DATA_SIZE]) if keys.DATA_SIZE in info else None,
+                data_changed=bool(int(info.get(keys.DATA_CHANGED, 0))),
+            )
+        refusals, result.norms = self.checker.check(updates, reference)
+        for site, refusal in refusals.items():
+            result.refuse(node_of[site], refusal)
+        result.replies = [r for r in result.replies if site_of(r) not in refusals]
+        result.states = {site: dict(u.state) for site, u in updates.items() if site not in refusals}
+
+    def _log_refusals(self, result: Replies, server_round: int, what: str) -> None:
+        """Each refusal: a warning, a train.jsonl row and (with the audit) a wire.jsonl row."""
+        for refusal in result.refused:
+            log.warning("round %d %s: %s", server_round, what, refusal.line())
+            if self.runlog is not None:
+                self.runlog.write("train", refusal.row(server_round, what))
+            if self.audit is not None:
+                self.audit.write("wire", {**refusal.row(server_round, what), "direction": "up"})
