@@ -125,7 +125,7 @@ def test_the_norm_rule_refuses_an_update_beyond_r_times_the_rounds_median_and_is
         ("A", 2, "A", ("round", "it answers round 2, the step asked round 3")),
         ("A", None, "A", ("round", "it names no round")),
         ("Z", 3, None, ("site", "it says it is site 'Z', which is not in the federation")),
-        ("B", 3, "A", ("site", "its node answered as site A before")),
+        ("B", 3, "A", ("site", "it says it is site B, its node answered as site A before")),
     ],
 )
 def test_a_reply_must_answer_the_round_asked_as_the_site_its_node_is(
@@ -215,6 +215,8 @@ def stand_in_sites(shared: list[str], fault: str | None):
                 metrics["num-examples"] = 10**9
             if faulty and fault == "round":  # an answer to the previous round's instruction
                 record["round"] = server_round - 1
+            if faulty and fault == "site":  # C's node answers as A
+                record["site"] = "A"
             content.update(packed.records())
             metrics |= {"train-loss": 1.0, "seconds": 0.0}
         else:
@@ -232,6 +234,7 @@ FAULTS = {  # fault -> (overrides, the reason's words in the log)
     "norm": (["fed.max_update_ratio=10"], "exceeds fed.max_update_ratio=10"),
     "samples": (["method.aggregation_weights=samples"], "claims n_k = 1e+09 samples"),
     "round": ([], "it answers round 1, the step asked round 2"),
+    "site": ([], "it says it is site A, its node answered as site C before"),
 }
 
 

@@ -196,6 +196,18 @@ def site_of(reply: Message) -> str:
     return str(reply.content[keys.SITE][keys.SITE_NAME])
 
 
+def node_sites(grid: Grid, sites_of: dict[int, str]) -> dict[int, str]:
+    """Node id -> site of the connected nodes that can be told apart: learnt from their replies,
+    else the name their key was registered under (deployment: ``flwr supernode register --name
+    <site>``, which the SuperLink reports in its node list before the node ever answers)."""
+    named = {}
+    for info in grid.get_nodes():
+        name = getattr(info, "name", "") or ""  # Flower's NodeInfo: "" when not registered
+        if name:
+            named[int(info.node_id)] = name
+    return {**named, **sites_of}
+
+
 def wait_for_nodes(
     grid: Grid,
     expected: int,
@@ -214,12 +226,25 @@ def wait_for_nodes(
             break
         time.sleep(1.0)
     if len(nodes) < required:
-        known = set((sites_of or {}).values())
-        missing = [s for s in federation if s not in known] if known else federation
+        site_of_node = node_sites(grid, sites_of or {})
+        connected = [s for s in federation if s in {site_of_node.get(n) for n in nodes}]
+        unknown = len(nodes) - len(connected)  # connected, but which site is not known yet
+        missing = [s for s in federation if s not in connected]
+        parts = [
+            f"{len(nodes)} of {expected} sites connected after {timeout:.0f} s (need {required})"
+        ]
+        if connected:
+            parts.append(f"connected: {', '.join(connected)}")
+        if unknown:
+            parts.append(
+                f"{unknown} connected node(s) not identified yet; "
+                f"{len(missing) - unknown} of {', '.join(missing)} not connected"
+            )
+        else:
+            parts.append(f"not connected: {', '.join(missing)}")
         raise FederationError(
-            f"{len(nodes)} of {expected} sites connected after {timeout:.0f} s (need {required}); "
-            f"not connected{' (or not yet seen)' if not known else ''}: {', '.join(missing)}. "
-            f"Start them with: python train_fed.py site=<name> deploy.server=<host:port>"
+            "; ".join(parts) + ". Start them with: python train_fed.py site=<name> "
+            "deploy.server=<host:port>"
         )
     if len(nodes) < expected:
         log.warning("%d of %d sites connected; going on with them", len(nodes), expected)
@@ -388,8 +413,8 @@ class SiteGrid:
             problem = identity_problem(site, declared, expected_round, self.federation, known)
             if problem is None:
                 kept.append(reply)
-            else:
-                result.refuse(node, Refusal(site, *problem))
+            else:  # named as the site its node is, when known
+                result.refuse(node, Refusal(known or site, *problem))
         result.replies = kept
 
     def _check_updates(self, result: Replies, reference: dict[str, torch.Tensor]) -> None:

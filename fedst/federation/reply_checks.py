@@ -91,7 +91,7 @@ def identity_problem(
             f"it says it is site {site!r}, which is not in the federation {list(federation)}",
         )
     if known_site is not None and site != known_site:
-        return "site", f"its node answered as site {known_site} before"
+        return "site", f"it says it is site {site}, its node answered as site {known_site} before"
     if declared_round is None:
         return "round", "it names no round (run the same FedST version at every site)"
     if declared_round != expected_round:
