@@ -99,27 +99,50 @@ def identity_problem(
     return None
 
 
-def tensor_problem(
+def inspect_update(
     state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
-) -> tuple[str, str] | None:
-    """(check, reason) when ``state`` is not ``reference``'s keys and shapes with finite values."""
+) -> tuple[tuple[str, str] | None, float | None]:
+    """(problem, norm): (check, reason) when ``state`` is not ``reference``'s keys and shapes
+    with finite values, else None and the update norm ||state - reference||_2 over the
+    floating-point tensors. One pass over the values: a NaN or inf makes its tensor's norm
+    non-finite (``reference``, the server's gamma_g, is finite)."""
     missing = [k for k in reference if k not in state]
     extra = [k for k in state if k not in reference]
     if missing or extra:
         parts = [f"lacks {len(missing)} shared tensor(s), e.g. {missing[:3]}"] if missing else []
         parts += [f"has {len(extra)} the server does not share, e.g. {extra[:3]}"] if extra else []
-        return "keys", "; ".join(parts) + " (another network or method config?)"
+        return ("keys", "; ".join(parts) + " (another network or method config?)"), None
     wrong = [
         f"{k} {list(state[k].shape)} (server: {list(v.shape)})"
         for k, v in reference.items()
         if state[k].shape != v.shape
     ]
     if wrong:
-        return "shapes", f"{len(wrong)} tensor(s) of another shape, e.g. {', '.join(wrong[:3])}"
-    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())]
-    if bad:
-        return "finite", f"{len(bad)} tensor(s) hold NaN or inf values, e.g. {bad[:3]}"
-    return None
+        return (
+            "shapes",
+            f"{len(wrong)} tensor(s) of another shape, e.g. {', '.join(wrong[:3])}",
+        ), None
+    floats = [k for k, v in reference.items() if v.is_floating_point()]
+    if not floats:
+        return None, 0.0
+    squares = torch.stack(  # (tensors,): ||gamma_k - gamma_g^t||^2 per tensor
+        [
+            torch.linalg.vector_norm(state[k].float() - reference[k], dtype=torch.float64).square()
+            for k in floats
+        ]
+    )
+    finite = squares.isfinite()
+    if not bool(finite.all()):
+        bad = [k for k, ok in zip(floats, finite.tolist(), strict=True) if not ok]
+        return ("finite", f"{len(bad)} tensor(s) hold NaN or inf values, e.g. {bad[:3]}"), None
+    return None, math.sqrt(float(squares.sum()))
+
+
+def tensor_problem(
+    state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
+) -> tuple[str, str] | None:
+    """(check, reason) when ``state`` is not ``reference``'s keys and shapes with finite values."""
+    return inspect_update(state, reference)[0]
 
 
 def samples_problem(update: Update, first_size: int | None) -> str | None:
@@ -136,16 +159,6 @@ def samples_problem(update: Update, first_size: int | None) -> str | None:
             f"and does not say its data changed"
         )
     return None
-
-
-def update_norm(state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> float:
-    """||gamma_k - gamma_g^t||_2 over the floating-point tensors of ``reference``."""
-    squares = [
-        torch.linalg.vector_norm(state[k] - v, dtype=torch.float64).square()
-        for k, v in reference.items()
-        if v.is_floating_point()
-    ]
-    return math.sqrt(float(torch.stack(squares).sum())) if squares else 0.0
 
 
 def norm_problems(norms: Mapping[str, float], ratio: float) -> dict[str, str]:
@@ -182,11 +195,11 @@ class ReplyChecker:
         refusals: dict[str, Refusal] = {}
         norms: dict[str, float] = {}
         for site, update in updates.items():
-            problem = tensor_problem(update.state, reference)
+            problem, norm = inspect_update(update.state, reference)
             if problem is not None:
                 refusals[site] = Refusal(site, *problem)
                 continue
-            norms[site] = update_norm(update.state, reference)
+            norms[site] = norm
             reason = samples_problem(update, self.data_sizes.get(site))
             if reason is not None:
                 refusals[site] = Refusal(site, "samples", reason)
