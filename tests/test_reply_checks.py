@@ -13,6 +13,7 @@ a faulty site cannot spoil the federation.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from flwr.app import Array, Message, MessageType, MetricRecord, RecordDict
 
 from fedst.app import server_app
 from fedst.app.inprocess import InProcessGrid
-from fedst.app.messaging import FederationError
+from fedst.app.messaging import FederationError, SiteGrid, site_of
 from fedst.experiment import RoundPolicy
 from fedst.federation import transport
 from fedst.federation.reply_checks import (
@@ -37,6 +38,7 @@ from fedst.federation.reply_checks import (
 from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site import NonFiniteUpdateError, Site
 from fedst.methods import method_of
+from fedst.runs.files import RunLog
 from fedst.storage import read_jsonl
 from fedst.training import refused_replies
 from tests.conftest import site_record
@@ -310,3 +312,47 @@ def test_a_refused_reply_below_min_sites_stops_the_run_naming_the_site_and_the_c
 ):
     with pytest.raises(FederationError, match=r"C: reply refused \(finite check\): 1 tensor"):
         federate(tiny_root, tmp_path / "run", "finite", RoundPolicy())
+
+
+class RepeatingGrid(InProcessGrid):
+    """Delivers every reply twice, and one reply to a message of no step (as a confused link
+    might): neither may reach the aggregation."""
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        stray = copy.deepcopy(next(r for r in replies if site_of(r) == "A"))
+        stray.metadata.__dict__["_reply_to_message_id"] = "a message of another step"
+        return [*replies, *replies, stray]
+
+
+def test_a_second_answer_to_a_message_or_an_answer_to_no_message_is_refused(tmp_path):
+    def toy_site(message: Message, context) -> Message:
+        site = "AB"[message.metadata.dst_node_id - 1]
+        content = transport.pack({"w": torch.full((2,), 1.0 + (site == "B"))}, "fp32").records()
+        return Message(
+            RecordDict(
+                {
+                    **content,
+                    "site": site_record(site, message, data_size=1),
+                    "metrics": MetricRecord({"num-examples": 1, "uniform-weight": 1}),
+                }
+            ),
+            reply_to=message,
+        )
+
+    grid = RepeatingGrid(toy_site, [{}, {}])
+    runlog = RunLog(tmp_path, tensorboard=False)
+    sites = SiteGrid(grid, ["A", "B"], RoundPolicy(), runlog=runlog)
+    sites.connect()
+    reference = {"w": torch.zeros(2)}
+    down = transport.pack(reference, "fp32")
+    replies = sites.ask("train", down, {"server-round": 1}, 1, "train", reference=reference)
+    assert [site_of(r) for r in replies.replies] == ["A", "B"] and replies.failed == {}
+    assert sorted((r.site, r.check, r.reason) for r in replies.refused) == [
+        ("A", "round", "it answers a message a second time"),
+        ("A", "round", "it answers no message of this step"),
+        ("B", "round", "it answers a message a second time"),
+    ]
+    assert replies.states["B"]["w"].tolist() == [2.0, 2.0]
+    rows = [r for r in read_jsonl(tmp_path / "train.jsonl") if "refused" in r]
+    assert len(rows) == 3
