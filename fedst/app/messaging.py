@@ -5,9 +5,9 @@ step each update's tensors, sample count and norm (fedst/federation/reply_checks
 reply is a dropped site, logged (train.jsonl, wire.jsonl) with its check and reason. Beneath it:
 :func:`broadcast` collects replies (a failure, a silent node or parameters that cannot be
 unpacked is returned, not raised), polling the SuperLink every ``deploy.reply_poll`` seconds; the
-wire audit (wire.jsonl); waiting for the nodes to connect; and :func:`check_sites`, which learns
-which node is which site, orders the replies by federation and stops the run
-(:class:`FederationError`) when fewer than ``RoundPolicy.min_sites`` answered."""
+wire audit (wire.jsonl); waiting for the nodes to connect; :func:`learn_sites`, which learns
+which node is which site and orders the replies by federation; and :func:`require_sites`, which
+stops the run (:class:`FederationError`) when fewer than ``RoundPolicy.min_sites`` answered."""
 
 from __future__ import annotations
 
@@ -251,20 +251,6 @@ def wait_for_nodes(
     return nodes
 
 
-def check_sites(
-    result: Replies,
-    sites_of: dict[int, str],
-    federation: list[str],
-    min_sites: int,
-    kind: str,
-    server_round: int,
-) -> None:
-    """Learn node -> site from the replies, refuse a site answering twice, and stop the run when
-    fewer than ``min_sites`` sites answered."""
-    learn_sites(result, sites_of, federation)
-    require_sites(result, sites_of, min_sites, kind, server_round)
-
-
 def learn_sites(result: Replies, sites_of: dict[int, str], federation: list[str]) -> None:
     """Learn node -> site from the accepted replies (two nodes claiming one site stop the run)
     and put the replies in federation order."""
@@ -419,12 +405,18 @@ class SiteGrid:
 
     def _check_updates(self, result: Replies, reference: dict[str, torch.Tensor]) -> None:
         """The checks of the training replies' gamma_k (fedst/federation/reply_checks.py)."""
-        updates, node_of = {}, {}
+        updates, node_of, unreadable = {}, {}, set()
         for reply in result.replies:
             site, info = site_of(reply), reply.content[keys.SITE]
             node_of[site] = reply.metadata.src_node_id
+            try:
+                state = transport.received(reply.content).unpack()
+            except transport.WireFormatError as err:  # e.g. a train reply without gamma_k
+                result.refuse(node_of[site], Refusal(site, "wire", str(err)))
+                unreadable.add(site)
+                continue
             updates[site] = Update(
-                state=transport.received(reply.content).unpack(),
+                state=state,
                 num_examples=float(reply.content[keys.METRICS][keys.NUM_EXAMPLES]),
                 data_size=int(info[keys.DATA_SIZE]) if keys.DATA_SIZE in info else None,
                 data_changed=bool(int(info.get(keys.DATA_CHANGED, 0))),
@@ -432,7 +424,7 @@ class SiteGrid:
         refusals, result.norms = self.checker.check(updates, reference)
         for site, refusal in refusals.items():
             result.refuse(node_of[site], refusal)
-        result.replies = [r for r in result.replies if site_of(r) not in refusals]
+        result.replies = [r for r in result.replies if site_of(r) not in {*refusals, *unreadable}]
         result.states = {site: dict(u.state) for site, u in updates.items() if site not in refusals}
 
     def _log_refusals(self, result: Replies, server_round: int, what: str) -> None:
