@@ -348,6 +348,8 @@ def finalize_run(
         **_sizes_per_round("upload", rounds, "upload_param_bytes"),
         **_sizes_per_round("download", steady, "download_param_bytes"),
         **_final_stage_comm(comm),
+        # the replies the server refused (fedst/federation/reply_checks.py): its train.jsonl rows
+        "refused_replies": refused_replies(read_jsonl(run_dir / "train.jsonl")),
     }
     if cfg.train.val_every is not None:  # rounds chosen on validation only, then tested
         record = run_selection(run, device, progress=progress)
@@ -402,6 +404,25 @@ def code_version() -> dict[str, Any] | None:
 ROUND_KIND = "round"
 """comm.jsonl ``kind`` of a federated round's rows (the default when absent); a method's final
 stage writes its own (e.g. FedDP's "uncertainty_tuning")."""
+
+
+def refused_replies(train_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """final.json ``refused_replies``: how many replies the server refused, by check and by
+    site, and each one (round, site, step, check, reason) from the train.jsonl rows."""
+    rows = [r for r in train_rows if "refused" in r]
+    by_check: dict[str, int] = {}
+    by_site: dict[str, int] = {}
+    for row in rows:
+        by_check[row["refused"]] = by_check.get(row["refused"], 0) + 1
+        by_site[row["site"]] = by_site.get(row["site"], 0) + 1
+    return {
+        "count": len(rows),
+        "by_check": by_check,
+        "by_site": by_site,
+        "replies": [
+            {k: row[k] for k in ("round", "site", "step", "refused", "reason")} for row in rows
+        ],
+    }
 
 
 def _final_stage_comm(comm: list[dict[str, Any]]) -> dict[str, Any]:

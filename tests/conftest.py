@@ -273,3 +273,19 @@ def train_reply(arrays: Mapping, num_examples: int = 1, **metrics: float) -> Mes
     instruction = Message(RecordDict(), dst_node_id=1, message_type="train", group_id="1")
     instruction.metadata.__dict__["_message_id"] = "m"
     return Message(content, reply_to=instruction)
+
+
+def site_record(site: str, instruction: Message, data_size: int | None = None):
+    """The "site" record of a constructed reply to ``instruction``: the site's name, the round
+    the instruction asked (its config's server-round) and, for a train reply, its data size."""
+    from flwr.app import ConfigRecord
+
+    from fedst.app import keys
+
+    record = {
+        keys.SITE_NAME: site,
+        keys.SITE_ROUND: int(instruction.content[keys.CONFIG][keys.SERVER_ROUND]),
+    }
+    if data_size is not None:
+        record[keys.DATA_SIZE] = data_size
+    return ConfigRecord(record)

@@ -50,9 +50,27 @@ def test_the_weighting_is_a_config_value():
     )
 
 
-def test_a_weighted_median_is_refused():
-    with pytest.raises(ConfigError, match="aggregation_weights=uniform"):
-        compose_experiment(["method.aggregation=fedmedian", "method.aggregation_weights=samples"])
+def test_trimmed_mean_drops_the_extreme_sites_of_each_coordinate_before_averaging():
+    """Flower's FedTrimmedAvg, fed.trim_fraction = 0.2 of 5 sites: one value cut at each end.
+    Coordinate 0: 0, 1, 2, 6, 100 -> (1 + 2 + 6) / 3 = 3 (the median would be 2, the mean 21.8);
+    coordinate 1: 5, -50, 4, 3, 2 -> (3 + 4 + 2) / 3 = 3."""
+    cfg, _ = compose_experiment(
+        ["experiment=tiny", "method.aggregation=trimmed_mean", "fed.trim_fraction=0.2"]
+    )
+    columns = [(0.0, 5.0), (1.0, -50.0), (2.0, 4.0), (6.0, 3.0), (100.0, 2.0)]
+    replies = [_site_reply(np.array(c), 1) for c in columns]
+    aggregated = method_of(cfg).aggregate(1, replies, {"w": torch.zeros(2)})["w"].numpy()
+    np.testing.assert_allclose(aggregated, [3.0, 3.0])
+
+
+@pytest.mark.parametrize("aggregation", ["fedmedian", "trimmed_mean"])
+def test_a_weighted_median_or_trimmed_mean_is_refused(aggregation):
+    with pytest.raises(
+        ConfigError, match=r"is unweighted; set method\.aggregation_weights=uniform"
+    ):
+        compose_experiment(
+            [f"method.aggregation={aggregation}", "method.aggregation_weights=samples"]
+        )
 
 
 class _TinyModel(torch.nn.Module):

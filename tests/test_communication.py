@@ -21,7 +21,7 @@ from fedst.federation import transport
 from fedst.methods import method_of
 from fedst.runs.layout import SERVER_CHECKPOINT
 from fedst.training import run_training
-from tests.conftest import reply_of_one_site, sent_keys
+from tests.conftest import reply_of_one_site, sent_keys, site_record
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def constant_sites(values: dict[int, float], shared: tuple[str, ...], initial, p
 
     def reply(message: Message, context) -> Message:
         node = message.metadata.dst_node_id
-        content = {"site": ConfigRecord({"site": "ABCD"[node - 1]})}
+        content = {"site": site_record("ABCD"[node - 1], message, data_size=1)}
         metrics: dict = {"num-examples": 1, "uniform-weight": 1}
         if message.metadata.message_type == MessageType.TRAIN:
             gamma = {k: torch.full_like(initial[k], values[node]) for k in shared}
@@ -146,8 +146,8 @@ def test_a_reply_in_the_older_per_tensor_layout_is_refused_with_one_line(tiny_ro
 
     with pytest.raises(FederationError) as caught:
         server_app.run_federation(InProcessGrid(older_b, [{}, {}]), cfg, tmp_path, progress=False)
-    (line,) = [line for line in str(caught.value).splitlines() if "site B" in line]
-    assert f"refused the reply of site B: record 'arrays' carries {len(shared)} arrays" in line
+    (line,) = [line for line in str(caught.value).splitlines() if line.startswith("B:")]
+    assert f"B: reply refused (wire check): record 'arrays' carries {len(shared)} arrays" in line
     assert "older layout" in line and "same FedST version" in line
 
 

@@ -84,10 +84,15 @@ class Loopback:
         return self._start(name, command)
 
     def start_site(
-        self, site: str, *extra: str, name: str | None = None, state: str | None = None
+        self,
+        site: str,
+        *extra: str,
+        name: str | None = None,
+        state: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen:
         """``train_fed.py site=<site>`` as process ``name``, with state folder ``state``
-        (default: ``name``)."""
+        (default: ``name``) and environment ``env`` (default: deploy.process_env())."""
         command = [sys.executable, str(REPO / "train_fed.py"), f"site={site}"]
         command += [
             f"deploy.server=127.0.0.1:{self.port}",
@@ -95,7 +100,7 @@ class Loopback:
         ]
         command += [f"deploy.state_dir={self.state_dir(state or name or site)}"]
         command += [f"hydra.run.dir={self.work / 'hydra' / (name or site)}", *self.common, *extra]
-        return self._start(name or site, command)
+        return self._start(name or site, command, env)
 
     def state_dir(self, name: str) -> Path:
         """The state folder of the site process ``name`` (a site, or a test's extra process)."""
@@ -433,6 +438,93 @@ def test_a_site_killed_during_a_round_is_left_out_and_rejoins_with_its_saved_sta
     # message; a fresh start would have 2
     assert steps in ({4}, {6})
     assert saved  # D had saved round 1 before it was killed
+
+
+OLD_ROUND_SITE = '''"""Test only (tests/test_deployment.py): in this process, the FedST ClientApp
+answers round 2's train message as if it answered round 1 (issue 45's 'answers an old round')."""
+import importlib.machinery
+import sys
+
+
+class OldRound:
+    def find_spec(self, name, path, target=None):
+        if name != "fedst.app.client_app":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            record = module._site_record
+
+            def stale(site, config, **extra):
+                answer = record(site, config, **extra)
+                if "data-size" in extra and int(config["server-round"]) == 2:
+                    answer["round"] = 1
+                return answer
+
+            module._site_record = stale
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, OldRound())
+'''
+
+
+@pytest.mark.slow
+def test_a_deployed_site_answering_an_old_round_is_left_out_and_named(tiny_root, tmp_path):
+    """Three sites, two rounds, SERQ off (gamma_g is the plain mean); D's processes get a
+    sitecustomize that makes its ClientApp answer round 2 as round 1. The server refuses D's
+    reply (round check), goes on with A and B (deploy.min_sites=2): gamma_g after round 2 is the
+    mean of A's and B's gamma_k as they saved them, and the logs name D and the check."""
+    overrides = ["method.serq=false", "data.out_of_federation=[]"]
+    loop = Loopback(tmp_path / "loop", tiny_root, ["A", "B", "D"], overrides)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(OLD_ROUND_SITE)
+    faulty = deploy.process_env()
+    faulty["PYTHONPATH"] = os.pathsep.join([str(hook), faulty["PYTHONPATH"]])
+    try:
+        server = loop.start_server("deploy.min_sites=2")
+        for site in loop.sites:
+            loop.start_site(site, env=faulty if site == "D" else None)
+        assert server.wait(timeout=SERVER_TIMEOUT) == 0, loop.output("server")[-3000:]
+    finally:
+        loop.stop_all()
+    assert leftover_processes(str(tmp_path / "loop")) == []
+    refused = [r for r in read_jsonl(loop.run_dir / "train.jsonl") if "refused" in r]
+    assert [(r["round"], r["site"], r["step"], r["refused"]) for r in refused] == [
+        (2, "D", "train", "round")
+    ]
+    assert refused[0]["reason"] == "it answers round 1, the step asked round 2"
+    wire = [r for r in read_jsonl(loop.run_dir / "wire.jsonl") if "refused" in r]
+    assert [(r["round"], r["site"], r["refused"]) for r in wire] == [(2, "D", "round")]
+    participation = read_jsonl(loop.run_dir / "participation.jsonl")
+    assert [r["missing"] for r in participation] == [[], ["D"]]
+    final = json.loads((loop.run_dir / "final.json").read_text())
+    assert final["refused_replies"]["by_check"] == {"round": 1}
+    assert "refused the reply of site D (round check)" in (loop.run_dir / "log.txt").read_text()
+    # the server's gamma_g of round 2 (no server step) is the mean of A's and B's replies, which
+    # are their own gamma_k^2 on disk (fp32 transport); D's, on its disk too, is not in it
+    shared = {
+        site: torch.load(loop.state_dir(site) / "run" / "state_r0002.pt", weights_only=False)[
+            "shared"
+        ]
+        for site in loop.sites
+    }
+    global_model = torch.load(loop.run_dir / "checkpoints" / "server.pt", weights_only=False)[
+        "global_model"
+    ]
+    assert shared["A"]
+    for key in shared["A"]:
+        torch.testing.assert_close(global_model[key], (shared["A"][key] + shared["B"][key]) / 2)
+    assert any(
+        not torch.allclose(global_model[k], (shared["A"][k] + shared["B"][k] + shared["D"][k]) / 3)
+        for k in shared["A"]
+    )
 
 
 @pytest.mark.slow

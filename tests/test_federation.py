@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from hydra import compose, initialize_config_dir
 
 from fedst.app import server_app
@@ -33,7 +33,7 @@ from fedst.methods import Method, method_of
 from fedst.methods.feature_bank import SERQ_BANK_SCRATCH
 from fedst.model.state import state_subset
 from fedst.training import run_training
-from tests.conftest import sent_keys
+from tests.conftest import sent_keys, site_record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -171,8 +171,11 @@ def test_only_shared_parameters_ever_leave_a_site(fedst_run):
         for name, record in reply.content.config_records.items():
             if name.endswith(transport.MANIFEST_SUFFIX):
                 assert set(record.keys()) == {"version", "tensors"}
-            else:  # no file names, ids or images travel
-                assert set(record.keys()) == {"site"}
+            else:  # no file names, ids or images travel: the site, its round, its data size
+                answer = {"site", "round"}
+                if reply.metadata.message_type == "train":
+                    answer |= {"data-size", "data-changed"}
+                assert set(record.keys()) == answer
     downloads = [m for d, m in messages if d == "down"]
     for message in downloads:
         keys = sent_keys(message)
@@ -290,7 +293,7 @@ def test_the_server_aggregates_the_shared_tensors_the_sites_send(
     def constructed_site(message: Message, context) -> Message:
         node = message.metadata.dst_node_id
         metrics: dict = {"num-examples": examples[node], "uniform-weight": 1}
-        content = {"site": ConfigRecord({"site": "ABCD"[node - 1]})}
+        content = {"site": site_record("ABCD"[node - 1], message, data_size=examples[node])}
         if message.metadata.message_type == MessageType.TRAIN:
             gamma = {k: torch.full_like(initial[k], constant[node]) for k in partition.shared}
             content.update(transport.pack(gamma, "fp32").records())

@@ -305,6 +305,38 @@ def test_a_round_with_fewer_sites_than_the_minimum_stops_naming_the_failure(tiny
             _inprocess_run(cfg, tmp_path / "run", RoundPolicy(min_sites=2))
 
 
+class ConnectedNodes:
+    """The two Grid calls of the server's wait for its sites: connected node ids, and their
+    NodeInfo with the name each key was registered under ("" for none, as Flower reports it)."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.names)
+
+    def get_nodes(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(node_id=n, name=name) for n, name in self.names.items()]
+
+
+@pytest.mark.parametrize(
+    ("names", "learnt", "says"),
+    [
+        ({7: "D"}, {}, "connected: D; not connected: A."),  # its registered name
+        ({7: ""}, {7: "D"}, "connected: D; not connected: A."),  # learnt from its replies
+        ({7: ""}, {}, "1 connected node(s) not identified yet; 1 of A, D not connected."),
+    ],
+)
+def test_too_few_sites_stop_the_run_naming_as_missing_only_sites_not_counted_connected(
+    names, learnt, says
+):
+    """A resumed server has learnt no node's site from replies yet; the count of connected sites
+    and the list of missing ones must still agree."""
+    with pytest.raises(FederationError) as caught:
+        messaging.wait_for_nodes(ConnectedNodes(names), 2, 0.0, ["A", "D"], learnt)
+    assert str(caught.value).startswith(f"1 of 2 sites connected after 0 s (need 2); {says}")
+
+
 def test_two_nodes_claiming_the_same_site_stop_the_run(tiny_root, tmp_path):
     cfg = experiment(tiny_root, "data.federation=[A,D]", "data.out_of_federation=[]")
     with pytest.raises(FederationError, match="claim site A"):

@@ -1,7 +1,8 @@
 """Specification of which settings own a site's private state (fedst/experiment/site_view.py).
 
-* execution settings (compile mode, channels_last, deterministic kernels, require_gpu) and the
-  unseen-site indicator rule do not change the state fingerprint: a run resumes with others;
+* execution settings (compile mode, channels_last, deterministic kernels, require_gpu), the
+  unseen-site indicator rule and the server's reply handling (``fed.*``) do not change the state
+  fingerprint: a run resumes with others;
 * a state folder written before those fields existed (``train.compile`` a bool, no
   channels_last, deterministic, require_gpu or indicator.unseen) is still claimed by the same
   configuration;
@@ -39,14 +40,17 @@ def old_format_fingerprint(cfg) -> str:
         values["train"].pop(key)
     values["train"]["compile"] = False
     values["indicator"].pop("unseen")
+    values.pop("fed")  # the server's reply handling (issue 45) did not exist then
     return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def test_execution_settings_and_the_unseen_rule_leave_the_fingerprint_as_it_is(tmp_path):
+def test_execution_settings_the_unseen_rule_and_reply_handling_leave_the_fingerprint(tmp_path):
     cfg = experiment(tmp_path)
     changed = _train(cfg, compile="reduce-overhead", channels_last=True, deterministic=False)
     changed = dataclasses.replace(
-        changed, indicator=dataclasses.replace(changed.indicator, unseen="mean")
+        changed,
+        indicator=dataclasses.replace(changed.indicator, unseen="mean"),
+        fed=dataclasses.replace(changed.fed, max_update_ratio=10.0, trim_fraction=0.2),
     )
     assert state_fingerprint(site_view(changed)) == state_fingerprint(site_view(cfg))
     assert state_fingerprint(site_view(_train(cfg, lr=cfg.train.lr * 2))) != state_fingerprint(

@@ -166,8 +166,11 @@ def _forget_on_error(site: Site) -> Iterator[None]:
         raise
 
 
-def _site_record(site: Site) -> ConfigRecord:
-    return ConfigRecord({keys.SITE_NAME: site.name})
+def _site_record(site: Site, config: ConfigRecord, **extra: int) -> ConfigRecord:
+    """The reply's "site" record: the site's name and the round it answers (``config``'s)."""
+    return ConfigRecord(
+        {keys.SITE_NAME: site.name, keys.SITE_ROUND: int(config[keys.SERVER_ROUND]), **extra}
+    )
 
 
 def _received(site: Site, message: Message) -> dict:
@@ -188,7 +191,7 @@ def train(message: Message, context: Context) -> Message:
     mod = privacy.client_mod(site.cfg.privacy)
     if mod is None:
         shared, metrics = _train(site, received, config)
-        return _train_reply(message, site, shared, metrics)
+        return _train_reply(message, site, shared, metrics, config)
     view = copy.copy(message)  # the mod's view: gamma as received, in reply order
     view.content = RecordDict(
         {
@@ -206,7 +209,7 @@ def train(message: Message, context: Context) -> Message:
     if clipped.has_error():
         return clipped
     shared = clipped.content[keys.ARRAYS].to_torch_state_dict()
-    return _train_reply(message, site, shared, clipped.content[keys.METRICS])
+    return _train_reply(message, site, shared, clipped.content[keys.METRICS], config)
 
 
 def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, MetricRecord]:
@@ -242,12 +245,18 @@ def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, Metr
     return result.shared, metrics
 
 
-def _train_reply(message: Message, site: Site, shared: dict, metrics: MetricRecord) -> Message:
-    """The train reply: gamma_k packed in the wire precision, the metrics, the site's name."""
+def _train_reply(
+    message: Message, site: Site, shared: dict, metrics: MetricRecord, config: ConfigRecord
+) -> Message:
+    """The train reply: gamma_k packed in the wire precision (transport.pack refuses a value
+    the wire cannot carry), the metrics, the site's name, round and training data size."""
     packed = transport.pack(shared, site.cfg.comm.precision)
-    content = RecordDict(
-        {**packed.records(keys.ARRAYS), keys.METRICS: metrics, keys.SITE: _site_record(site)}
+    record = _site_record(
+        site,
+        config,
+        **{keys.DATA_SIZE: site.num_examples, keys.DATA_CHANGED: int(site.data_changed)},
     )
+    content = RecordDict({**packed.records(keys.ARRAYS), keys.METRICS: metrics, keys.SITE: record})
     return Message(content, reply_to=message)
 
 
@@ -280,7 +289,7 @@ def evaluate(message: Message, context: Context) -> Message:
         metrics_record(scored, site.name): MetricRecord(evaluation_metrics(result.summary))
         for scored, result in results.items()
     }
-    content = RecordDict({**records, keys.SITE: _site_record(site)})
+    content = RecordDict({**records, keys.SITE: _site_record(site, config)})
     return Message(content, reply_to=message)
 
 
@@ -319,7 +328,7 @@ def _personal_reply(message: Message, context: Context, purpose: str, precision:
         site.restore(server_round)
     if not _node(context).share_personal:
         log.warning("site %s declines to send its personalized parameters %s", site.name, purpose)
-        info = ConfigRecord({keys.SITE_NAME: site.name, keys.SHARED: 0})
+        info = _site_record(site, config, **{keys.SHARED: 0})
         return Message(RecordDict({keys.SITE: info}), reply_to=message)
     personal = site.personal_state()
     log.warning(
@@ -332,7 +341,7 @@ def _personal_reply(message: Message, context: Context, purpose: str, precision:
         {
             **transport.pack(personal, precision).records(keys.PERSONAL),
             keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: site.num_examples}),
-            keys.SITE: ConfigRecord({keys.SITE_NAME: site.name, keys.SHARED: 1}),
+            keys.SITE: _site_record(site, config, **{keys.SHARED: 1}),
         }
     )
     return Message(content, reply_to=message)
@@ -361,7 +370,8 @@ def final_stage(message: Message, context: Context) -> Message:
         }
     )
     return Message(
-        RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site)}), reply_to=message
+        RecordDict({keys.METRICS: metrics, keys.SITE: _site_record(site, config)}),
+        reply_to=message,
     )
 
 

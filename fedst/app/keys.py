@@ -13,12 +13,19 @@ PERSONAL = "personal"
 CONFIG = "config"
 METRICS = "metrics"
 SITE = "site"
-"""A reply's ConfigRecord naming its site: {SITE_NAME: name[, SHARED: 0 | 1]}."""
+"""A reply's ConfigRecord naming its site and the round it answers: {SITE_NAME: name, SITE_ROUND:
+round[, SHARED: 0 | 1][, DATA_SIZE: n, DATA_CHANGED: 0 | 1]}."""
 
 # -- inside the "site" record ------------------------------------------------------------------
 SITE_NAME = "site"
+SITE_ROUND = "round"
+"""The SERVER_ROUND of the instruction the reply answers (the server refuses another)."""
 SHARED = "shared"
 """1 when the site sent its rho_k, 0 when its node config keeps it."""
+DATA_SIZE = "data-size"
+"""Of a train reply: the size of the site's validated training data (bounds its num-examples)."""
+DATA_CHANGED = "data-changed"
+"""Of a train reply: 1 when the site's training data changed since its previous saved round."""
 
 # -- inside "config" ---------------------------------------------------------------------------
 EXPERIMENT = "experiment"

@@ -1,11 +1,13 @@
 """The ServerApp's side of the wire. :class:`SiteGrid` is the server's conversation with the
 sites: ``ask(kind, payload, config, round)`` sends one message kind to the connected nodes and
-returns the checked replies in federation order. Beneath it: :func:`broadcast` collects replies
-(a failure, a silent node or parameters that cannot be unpacked is returned, not raised), polling
-the SuperLink every ``deploy.reply_poll`` seconds; the wire audit (wire.jsonl); waiting for the
-nodes to connect; and :func:`check_sites`, which learns which node is which site, orders the
-replies by federation and stops the run (:class:`FederationError`) when fewer than
-``RoundPolicy.min_sites`` answered."""
+returns the checked replies in federation order: every reply's round and site, and for a training
+step each update's tensors, sample count and norm (fedst/federation/reply_checks.py); a refused
+reply is a dropped site, logged (train.jsonl, wire.jsonl) with its check and reason. Beneath it:
+:func:`broadcast` collects replies (a failure, a silent node or parameters that cannot be
+unpacked is returned, not raised), polling the SuperLink every ``deploy.reply_poll`` seconds; the
+wire audit (wire.jsonl); waiting for the nodes to connect; :func:`learn_sites`, which learns
+which node is which site and orders the replies by federation; and :func:`require_sites`, which
+stops the run (:class:`FederationError`) when fewer than ``RoundPolicy.min_sites`` answered."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
@@ -21,6 +24,7 @@ from fedst.app import keys
 from fedst.errors import UserError
 from fedst.experiment import RoundPolicy
 from fedst.federation import transport
+from fedst.federation.reply_checks import Refusal, ReplyChecker, Update, identity_problem
 from fedst.runs.files import RunLog
 
 log = logging.getLogger("fedst.app.server_app")  # the ServerApp's log, as before the split
@@ -34,11 +38,26 @@ class FederationError(UserError, RuntimeError):
 
 
 class Replies:
-    """The replies of one broadcast: good replies by site, and what failed or stayed silent."""
+    """The replies of one broadcast: the accepted replies; by node, what failed, stayed silent or
+    was refused; every refusal; and, of a checked training step, each accepted site's gamma_k
+    (fp32) and update norm."""
 
     def __init__(self) -> None:
         self.replies: list[Message] = []
         self.failed: dict[int, str] = {}
+        self.refused: list[Refusal] = []
+        self.claimed: dict[int, str] = {}
+        """Node -> the site its refused reply named (for the failure lines)."""
+        self.states: dict[str, dict[str, torch.Tensor]] = {}
+        self.norms: dict[str, float] = {}
+
+    def refuse(self, node: int | None, refusal: Refusal) -> None:
+        """Record ``refusal``; with ``node`` (its reply was that node's answer) the node is left
+        out of the step like a failed one."""
+        self.refused.append(refusal)
+        if node is not None:
+            self.failed[node] = f"reply refused ({refusal.check} check): {refusal.reason}"
+            self.claimed[node] = refusal.site
 
 
 def broadcast(
@@ -82,20 +101,29 @@ def broadcast(
         for message in messages:
             _audit(audit, "down", message, server_round)
     result = Replies()
-    answered = set()
+    answered, seen = set(), set()
     replies = _send_and_receive(grid, messages, timeout, poll)
     # the SuperLink's own error replies (e.g. node unavailable) do not come from the node:
     # match each reply to its instruction
     node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
     for reply in replies:
-        node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-        answered.add(node)
+        message_id = reply.metadata.reply_to_message_id
+        node = node_of.get(message_id)
         if audit is not None:
             _audit(audit, "up", reply, server_round)
         if reply.has_error():
+            node = reply.metadata.src_node_id if node is None else node
+            answered.add(node)
             result.failed[node] = reply.error.reason
-        elif (refusal := _wire_refusal(reply)) is not None:
-            result.failed[node] = refusal
+            continue
+        if node is None or message_id in seen:  # never aggregated, whatever it carries
+            what = "no message of this step" if node is None else "a message a second time"
+            result.refuse(None, Refusal(_claimed_site(reply), "round", f"it answers {what}"))
+            continue
+        seen.add(message_id)
+        answered.add(node)
+        if (refusal := _wire_refusal(reply)) is not None:
+            result.refuse(node, refusal)
         else:
             result.replies.append(reply)
     for node in set(nodes) - answered:
@@ -122,15 +150,21 @@ def _send_and_receive(
     return replies
 
 
-def _wire_refusal(reply: Message) -> str | None:
+def _wire_refusal(reply: Message) -> Refusal | None:
     """Why the parameters of a reply cannot be unpacked (older layout, unknown manifest), or None."""
     try:
         for name in reply.content.array_records:
             transport.received(reply.content, name)
     except transport.WireFormatError as err:
-        site = reply.content[keys.SITE][keys.SITE_NAME] if keys.SITE in reply.content else "?"
-        return f"refused the reply of site {site}: {err}"
+        return Refusal(_claimed_site(reply), "wire", str(err))
     return None
+
+
+def _claimed_site(reply: Message) -> str:
+    """The site a reply says it comes from, else its node."""
+    if keys.SITE in reply.content and keys.SITE_NAME in reply.content[keys.SITE]:
+        return str(reply.content[keys.SITE][keys.SITE_NAME])
+    return f"node {reply.metadata.src_node_id}"
 
 
 def _audit(runlog: RunLog, direction: str, message: Message, server_round: int) -> None:
@@ -166,6 +200,18 @@ def site_of(reply: Message) -> str:
     return str(reply.content[keys.SITE][keys.SITE_NAME])
 
 
+def node_sites(grid: Grid, sites_of: dict[int, str]) -> dict[int, str]:
+    """Node id -> site of the connected nodes that can be told apart: learnt from their replies,
+    else the name their key was registered under (deployment: ``flwr supernode register --name
+    <site>``, which the SuperLink reports in its node list before the node ever answers)."""
+    named = {}
+    for info in grid.get_nodes():
+        name = getattr(info, "name", "") or ""  # Flower's NodeInfo: "" when not registered
+        if name:
+            named[int(info.node_id)] = name
+    return {**named, **sites_of}
+
+
 def wait_for_nodes(
     grid: Grid,
     expected: int,
@@ -184,28 +230,34 @@ def wait_for_nodes(
             break
         time.sleep(1.0)
     if len(nodes) < required:
-        known = set((sites_of or {}).values())
-        missing = [s for s in federation if s not in known] if known else federation
+        site_of_node = node_sites(grid, sites_of or {})
+        connected = [s for s in federation if s in {site_of_node.get(n) for n in nodes}]
+        unknown = len(nodes) - len(connected)  # connected, but which site is not known yet
+        missing = [s for s in federation if s not in connected]
+        parts = [
+            f"{len(nodes)} of {expected} sites connected after {timeout:.0f} s (need {required})"
+        ]
+        if connected:
+            parts.append(f"connected: {', '.join(connected)}")
+        if unknown:
+            parts.append(
+                f"{unknown} connected node(s) not identified yet; "
+                f"{len(missing) - unknown} of {', '.join(missing)} not connected"
+            )
+        else:
+            parts.append(f"not connected: {', '.join(missing)}")
         raise FederationError(
-            f"{len(nodes)} of {expected} sites connected after {timeout:.0f} s (need {required}); "
-            f"not connected{' (or not yet seen)' if not known else ''}: {', '.join(missing)}. "
-            f"Start them with: python train_fed.py site=<name> deploy.server=<host:port>"
+            "; ".join(parts) + ". Start them with: python train_fed.py site=<name> "
+            "deploy.server=<host:port>"
         )
     if len(nodes) < expected:
         log.warning("%d of %d sites connected; going on with them", len(nodes), expected)
     return nodes
 
 
-def check_sites(
-    result: Replies,
-    sites_of: dict[int, str],
-    federation: list[str],
-    min_sites: int,
-    kind: str,
-    server_round: int,
-) -> None:
-    """Learn node -> site from the replies, refuse a site answering twice, and stop the run when
-    fewer than ``min_sites`` sites answered."""
+def learn_sites(result: Replies, sites_of: dict[int, str], federation: list[str]) -> None:
+    """Learn node -> site from the accepted replies (two nodes claiming one site stop the run)
+    and put the replies in federation order."""
     seen: dict[str, int] = {}
     for reply in result.replies:
         node, site = reply.metadata.src_node_id, site_of(reply)
@@ -221,7 +273,17 @@ def check_sites(
     # federation order, not arrival order: the floating-point sum of the aggregation (and the
     # logs) must not depend on which site answered first
     result.replies.sort(key=lambda reply: federation.index(site_of(reply)))
-    failures = [f"{sites_of.get(n, f'node {n}')}: {reason}" for n, reason in result.failed.items()]
+
+
+def require_sites(
+    result: Replies, sites_of: dict[int, str], min_sites: int, kind: str, server_round: int
+) -> None:
+    """Stop the run (naming every failure and refusal) when fewer than ``min_sites`` answered;
+    else log who was left out."""
+    failures = [
+        f"{sites_of.get(n) or result.claimed.get(n) or f'node {n}'}: {reason}"
+        for n, reason in result.failed.items()
+    ]
     if len(result.replies) < min_sites:
         for failure in failures:  # the whole error texts (a site's traceback, Ray's report)
             log.error("round %d %s: %s", server_round, kind, failure)
@@ -237,8 +299,9 @@ def check_sites(
 
 class SiteGrid:
     """The server's conversation with the sites: Flower's grid, the federation in its order, the
-    round policy (timeouts, ``min_sites``, reply polling), the wire audit and which node is which
-    site (learnt from the replies)."""
+    round policy (timeouts, ``min_sites``, reply polling), the checks of the replies
+    (``checker``), the wire audit, the run log that records refusals (train.jsonl) and which node
+    is which site (learnt from the replies)."""
 
     def __init__(
         self,
@@ -246,11 +309,15 @@ class SiteGrid:
         federation: Sequence[str],
         policy: RoundPolicy,
         audit: RunLog | None = None,
+        checker: ReplyChecker | None = None,
+        runlog: RunLog | None = None,
     ) -> None:
         self.grid = grid
         self.federation = list(federation)
         self.policy = policy
         self.audit = audit
+        self.checker = checker or ReplyChecker()
+        self.runlog = runlog
         self.min_sites = policy.min_sites or len(self.federation)
         if self.min_sites > len(self.federation):
             raise FederationError(
@@ -290,10 +357,14 @@ class SiteGrid:
         first_payloads: dict[int, transport.Packed] | None = None,
         records: dict[int, dict[str, transport.Packed]] | None = None,
         check: bool = True,
+        reference: dict[str, torch.Tensor] | None = None,
     ) -> Replies:
         """Send ``kind`` (payload in "arrays", ``config``) to ``nodes`` (default: the connected
         ones) and collect the replies within the policy's timeout (``eval_timeout`` for an
-        evaluation, ``round_timeout`` otherwise). With ``check``, the replies come back in
+        evaluation, ``round_timeout`` otherwise). Every reply must answer the round of
+        ``config`` as the site its node is; with ``reference`` (gamma_g^t of a training step)
+        each reply's gamma_k is checked against it and kept in ``Replies.states``. A refused
+        reply is left out like a failed site and logged. With ``check``, the replies come back in
         federation order and fewer than ``min_sites`` stops the run naming ``what`` failed."""
         timeout = (
             self.policy.eval_timeout if kind == MessageType.EVALUATE else self.policy.round_timeout
@@ -311,6 +382,63 @@ class SiteGrid:
             audit=self.audit,
             records=records,
         )
+        self._check_identity(replies, int(config[keys.SERVER_ROUND]))
         if check:
-            check_sites(replies, self.sites_of, self.federation, self.min_sites, what, server_round)
+            learn_sites(replies, self.sites_of, self.federation)
+        if reference is not None:
+            self._check_updates(replies, reference)
+        self._log_refusals(replies, server_round, what)
+        if check:
+            require_sites(replies, self.sites_of, self.min_sites, what, server_round)
         return replies
+
+    def _check_identity(self, result: Replies, expected_round: int) -> None:
+        """Refuse the replies that do not answer ``expected_round`` as their node's site."""
+        kept = []
+        for reply in result.replies:
+            node, info = reply.metadata.src_node_id, reply.content.config_records.get(keys.SITE)
+            if info is None or keys.SITE_NAME not in info:
+                result.refuse(node, Refusal(f"node {node}", "site", "it names no site"))
+                continue
+            site = str(info[keys.SITE_NAME])
+            declared = int(info[keys.SITE_ROUND]) if keys.SITE_ROUND in info else None
+            known = self.sites_of.get(node)
+            problem = identity_problem(site, declared, expected_round, self.federation, known)
+            if problem is None:
+                kept.append(reply)
+            else:  # named as the site its node is, when known
+                result.refuse(node, Refusal(known or site, *problem))
+        result.replies = kept
+
+    def _check_updates(self, result: Replies, reference: dict[str, torch.Tensor]) -> None:
+        """The checks of the training replies' gamma_k (fedst/federation/reply_checks.py)."""
+        updates, node_of, unreadable = {}, {}, set()
+        for reply in result.replies:
+            site, info = site_of(reply), reply.content[keys.SITE]
+            node_of[site] = reply.metadata.src_node_id
+            try:
+                state = transport.received(reply.content).unpack()
+            except transport.WireFormatError as err:  # e.g. a train reply without gamma_k
+                result.refuse(node_of[site], Refusal(site, "wire", str(err)))
+                unreadable.add(site)
+                continue
+            updates[site] = Update(
+                state=state,
+                num_examples=float(reply.content[keys.METRICS][keys.NUM_EXAMPLES]),
+                data_size=int(info[keys.DATA_SIZE]) if keys.DATA_SIZE in info else None,
+                data_changed=bool(int(info.get(keys.DATA_CHANGED, 0))),
+            )
+        refusals, result.norms = self.checker.check(updates, reference)
+        for site, refusal in refusals.items():
+            result.refuse(node_of[site], refusal)
+        result.replies = [r for r in result.replies if site_of(r) not in {*refusals, *unreadable}]
+        result.states = {site: dict(u.state) for site, u in updates.items() if site not in refusals}
+
+    def _log_refusals(self, result: Replies, server_round: int, what: str) -> None:
+        """Each refusal: a warning, a train.jsonl row and (with the audit) a wire.jsonl row."""
+        for refusal in result.refused:
+            log.warning("round %d %s: %s", server_round, what, refusal.line())
+            if self.runlog is not None:
+                self.runlog.write("train", refusal.row(server_round, what))
+            if self.audit is not None:
+                self.audit.write("wire", {**refusal.row(server_round, what), "direction": "up"})

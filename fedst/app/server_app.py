@@ -9,8 +9,11 @@ record "arrays" carries parameters, packed as a few buffers with a manifest
 (fedst/federation/transport.py), and from the sites it only ever holds shared keys. The config in
 each message is the site view of the experiment (no path of any site or of the server).
 
-Sites that fail or time out are left out of the round as long as ``RoundPolicy.min_sites``
-answered (participation.jsonl records who took part); they rejoin from their state on disk.
+Every reply is checked before it is used (fedst/federation/reply_checks.py, through
+``SiteGrid.ask``: round, site, keys, shapes, finite values, sample count, optionally the update
+norm); a refused reply counts as a failed site. Sites that fail, are refused or time out are left
+out of the round as long as ``RoundPolicy.min_sites`` answered (participation.jsonl records who
+took part); they rejoin from their state on disk.
 
 The deployed ServerApp of ``flwr run .`` and of ``train_fed.py site=server`` is ``app`` in
 fedst/deploy/server_app.py: it reads its run directory from the run config ([tool.flwr.app.config] in
@@ -39,9 +42,9 @@ from fedst.app.messaging import SiteGrid, site_of
 from fedst.app.reply_logs import log_training_reply, metrics_rows
 from fedst.experiment import ExperimentConfig, RoundPolicy, run_device, site_view
 from fedst.federation import transport
+from fedst.federation.reply_checks import ReplyChecker
 from fedst.federation.server import FederationServer
 from fedst.federation.snapshots import save_shared_snapshot
-from fedst.methods import privacy
 from fedst.progress import progress_bar
 from fedst.runs.files import RunLog
 from fedst.runs.layout import SERVER_CHECKPOINT
@@ -114,10 +117,14 @@ def run_federation(
     policy = policy or RoundPolicy()
     server = FederationServer(cfg, run_dir, run_device(cfg), progress=progress)
     runlog = RunLog(run_dir)
-    last_metrics = _start_or_resume(server, runlog)
+    resumed = _start_or_resume(server, runlog)
+    last_metrics = resumed.get("last_metrics", {})
     method = server.method
     audit = RunLog(run_dir, tensorboard=False) if policy.audit else None
-    sites = SiteGrid(grid, method.training_sites(), policy, audit)  # upper bound: its pool
+    # every reply is checked before it is used (fedst/federation/reply_checks.py)
+    checker = ReplyChecker(cfg.fed.max_update_ratio, resumed.get("data_sizes"))
+    # the upper bound's federation is its pool
+    sites = SiteGrid(grid, method.training_sites(), policy, audit, checker, runlog)
     base_config = {
         keys.EXPERIMENT: site_view(cfg).to_json(),
         keys.RUN_NAME: run_dir.name,
@@ -163,7 +170,8 @@ def run_federation(
         ):
             timing.update(_score(sites, server, config, server_round, runlog, "val", last_metrics))
         with peaks.phase("checkpoint"):
-            checkpoint = server.end_round(server_round, extra={"last_metrics": last_metrics})
+            extra = {"last_metrics": last_metrics, "data_sizes": dict(checker.data_sizes)}
+            checkpoint = server.end_round(server_round, extra=extra)
         if method.communicates:  # written with the round's checkpoint time and bytes
             timing["round_seconds"] = time.perf_counter() - started
             memory = {**memory_usage(), **peaks.row()}
@@ -193,14 +201,15 @@ def _due(server_round: int, every: int, last: int) -> bool:
 
 def _start_or_resume(server: FederationServer, runlog: RunLog) -> dict[str, Any]:
     """Resume from the run's checkpoint (logs cut back to it), or start: synthetic pre-training
-    (Algorithm 1, line 3; logged as round 0) and the checkpoint of round 0. Returns the last
-    per-site metrics of a resumed run."""
+    (Algorithm 1, line 3; logged as round 0) and the checkpoint of round 0. Returns what a
+    resumed run's checkpoint kept beside the models (the last per-site metrics, the sites' data
+    sizes); empty for a new run."""
     run_dir = server.run_dir
     if (run_dir / SERVER_CHECKPOINT).exists():
-        last_metrics = server.load().get("last_metrics", {})
+        extra = server.load()
         runlog.truncate_after(server.completed_round)
         log.info("resuming %s after round %d", run_dir, server.completed_round)
-        return last_metrics
+        return extra
     pretrain_started = time.perf_counter()
     pretrained = server.initialize()
     if pretrained is not None:
@@ -233,21 +242,27 @@ def _train(
     precision = server.cfg.comm.precision
     down = transport.pack(_train_payload(server, server_round), precision)
     first = _newcomer_payloads(server, server_round, sites.nodes, sites.sites_of)
-    trained = sites.ask(
-        MessageType.TRAIN, down, config, server_round, "train", first_payloads=first
+    received = server.shared_payload() if server.method.communicates else {}  # gamma_g^t
+    trained = sites.ask(  # each gamma_k checked against gamma_g^t when it is to be aggregated
+        MessageType.TRAIN,
+        down,
+        config,
+        server_round,
+        "train",
+        first_payloads=first,
+        reference=received if server.method.communicates else None,
     )
     down_sizes = {"download_bytes": down.wire_bytes, "download_param_bytes": down.param_bytes}
-    received = server.shared_payload() if server.method.communicates else {}  # gamma_g^t
     local_iters = server.cfg.train.local_iters
     unpacked = []
     for reply in trained.replies:
         # restored to fp32 before any aggregation (the bytes logged are those sent)
-        up = transport.received(reply.content)
-        state = up.unpack(expected=received)
-        norm = privacy.update_l2_norm(state, received) if received else None
+        up, site = transport.received(reply.content), site_of(reply)
+        state = trained.states[site] if site in trained.states else up.unpack()
+        norm = trained.norms.get(site)
         log_training_reply(runlog, reply, up, down_sizes, server_round, local_iters, norm)
         unpacked.append(_with_arrays(reply, state))
-        last_shared[site_of(reply)] = {"round": server_round, "shared": state}
+        last_shared[site] = {"round": server_round, "shared": state}
     participants = sorted(site_of(r) for r in trained.replies)
     missing = [s for s in sites.federation if s not in participants]
     runlog.write(

@@ -1,6 +1,6 @@
 """The typed experiment configuration, top to bottom: its sections, each a frozen dataclass with
 its defaults and checks (``method``: :class:`MethodConfig`, the algorithm and the components a
-method uses; ``train``, ``serq``, ``comm``, ``privacy``, ``selection``, ``indicator``, with the
+method uses; ``train``, ``serq``, ``comm``, ``fed``, ``privacy``, ``selection``, ``indicator``, with the
 names each accepts), then the whole, :class:`ExperimentConfig`, which holds them with the data,
 network, clip and augment configs of their own modules (fedst/data/sites.py,
 fedst/model/network.py, fedst/data/clips/), checks across sections and derives values from them;
@@ -24,7 +24,7 @@ from fedst.data.sites import DataConfig
 from fedst.model.indicators import DEFAULT_CLIP_MODEL, DEFAULT_CLIP_PRETRAINED
 from fedst.model.network import NetworkConfig
 
-AGGREGATIONS = ("fedavg", "fedmedian")
+AGGREGATIONS = ("fedavg", "fedmedian", "trimmed_mean")
 AGGREGATION_WEIGHTS = ("uniform", "samples", "fisher")
 INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 RETURNED_MODELS = ("own", "global")
@@ -67,7 +67,10 @@ class MethodConfig:
     """Start from the network pre-trained on the server's synthetic set (every method, paper
     Sec. IV-A; fedst/methods/pretraining.py). False: from the initialisation (an ablation)."""
     aggregation: str = "fedavg"
-    """fedavg (weighted mean, weights: ``aggregation_weights``) | fedmedian (coordinate-wise median)."""
+    """fedavg (weighted mean, weights: ``aggregation_weights``) | fedmedian (coordinate-wise
+    median) | trimmed_mean (Flower's FedTrimmedAvg: per coordinate, the mean without the
+    ``fed.trim_fraction`` lowest and highest values; robust to a minority of outlying sites that
+    the reply checks let through, at the cost of averaging fewer values)."""
     aggregation_weights: str = "uniform"
     """Site weights of the fedavg mean: uniform (1/K, FedST: Algorithm 1 line 8) | samples (n_k / n,
     McMahan et al.'s FedAvg) | fisher (F_k / sum_j F_j, each site's empirical-Fisher trace: FedAS
@@ -95,9 +98,9 @@ class MethodConfig:
             raise ConfigError(
                 f"method.aggregation_weights={self.aggregation_weights!r}; choose {AGGREGATION_WEIGHTS}"
             )
-        if self.aggregation == "fedmedian" and self.aggregation_weights != "uniform":
+        if self.aggregation != "fedavg" and self.aggregation_weights != "uniform":
             raise ConfigError(
-                "method.aggregation=fedmedian is an unweighted median; set "
+                f"method.aggregation={self.aggregation} is unweighted; set "
                 "method.aggregation_weights=uniform (got "
                 f"{self.aggregation_weights!r})"
             )
@@ -334,6 +337,32 @@ class SerqConfig:
             )
 
 
+@dataclass(frozen=True)
+class FedConfig:
+    """How the server treats the sites' replies beyond the always-on checks (keys, shapes,
+    finite values, round, site, sample count: fedst/federation/reply_checks.py)."""
+
+    max_update_ratio: float | None = None
+    """R of the norm rule: refuse a training reply whose update norm ||gamma_k - gamma_g^t||_2
+    exceeds R x the median of the round's update norms (a refused reply is a dropped site for
+    the round). null: off. Needs 3 or more sites to refuse anything (with two, no norm exceeds
+    2 x their median); R = 10 leaves a healthy round's spread alone (train.jsonl
+    ``update_norm`` shows it)."""
+    trim_fraction: float = 0.25
+    """``method.aggregation=trimmed_mean``: the fraction of sites cut at each end of every
+    coordinate (Flower's ``beta``; floor(fraction x K) values each end). 0.25 cuts one of 4 sites
+    each end; Flower's default 0.2 cuts none below 5 sites."""
+
+    def __post_init__(self) -> None:
+        if self.max_update_ratio is not None and self.max_update_ratio <= 1:
+            raise ConfigError(
+                f"fed.max_update_ratio={self.max_update_ratio}: must be > 1 (a multiple of the "
+                f"round's median update norm) or null (off)"
+            )
+        if not 0 <= self.trim_fraction < 0.5:
+            raise ConfigError(f"fed.trim_fraction={self.trim_fraction}: must be in [0, 0.5)")
+
+
 PRECISIONS = ("fp32", "fp16", "bf16")
 DP_MODES = ("none", "server_fixed", "server_adaptive", "client_fixed", "client_adaptive")
 
@@ -449,6 +478,7 @@ class ExperimentConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     indicator: IndicatorConfig = field(default_factory=IndicatorConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    fed: FedConfig = field(default_factory=FedConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
 

@@ -71,7 +71,8 @@ of the state fingerprint, so a run may be resumed with another compile mode or m
 def state_fingerprint(view: ExperimentConfig) -> str:
     """Fingerprint of what produces a site's private state: the site view without the
     evaluation settings (:data:`EVALUATION_FIELDS`, the selection rule, method.returned_model,
-    indicator.unseen) and the execution settings (:data:`EXECUTION_FIELDS`)."""
+    indicator.unseen), the server's reply handling (``fed.*``, so runs from before it existed
+    keep their fingerprint) and the execution settings (:data:`EXECUTION_FIELDS`)."""
     values = _fingerprinted_values(view)
     for key in EXECUTION_FIELDS:
         values["train"].pop(key)
@@ -97,6 +98,7 @@ def _fingerprinted_values(view: ExperimentConfig) -> dict:
         values["selection"].pop(key)
     values["method"].pop("returned_model")  # which model is scored, not what a site learns
     values["indicator"].pop("unseen")  # what an unseen site is given, not what a site learns
+    values.pop("fed")  # which replies the server accepts and how it trims: the server's side
     return values
 
 

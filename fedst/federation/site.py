@@ -106,6 +106,10 @@ class NonFiniteLossError(RuntimeError):
     """A training loss became NaN or infinite; the run stops and keeps its last good checkpoint."""
 
 
+class NonFiniteUpdateError(RuntimeError):
+    """A shared parameter became NaN or infinite after local training; nothing is sent or saved."""
+
+
 @dataclass
 class LocalRoundResult:
     shared: dict[str, torch.Tensor]
@@ -194,6 +198,9 @@ class Site:
         self._validation: dict[str, ClipDataset] | None = None
         self.owns_whole_model = False
         """True after a final stage (Method.final_stage): every float tensor is then the site's."""
+        self.data_changed = False
+        """Its training data differ in size from those of its last restored state (the train
+        reply says so, so the server accepts the new size, fedst/federation/reply_checks.py)."""
         remove_stale_tmp(state_dir)  # left by a site killed while saving
         self.fingerprint = claim_state_dir(state_dir, name, cfg)
 
@@ -222,10 +229,21 @@ class Site:
         self.loader_seconds = 0.0
         for phase in self.method.local_phases(local_iters):
             losses += self.train_phase(phase, server_round)
+        shared = state_subset(self.model, self.partition.shared)
+        floats = {k: v for k, v in shared.items() if v.is_floating_point()}
+        finite = [v.isfinite().all() for v in floats.values()]  # on the device: one sync below
+        if finite and not bool(torch.stack(finite).all()):
+            bad = [k for k, ok in zip(floats, finite, strict=True) if not ok]
+            raise NonFiniteUpdateError(
+                f"site {self.name}: {len(bad)} shared parameter(s) hold NaN or inf after local "
+                f"training in round {server_round}, e.g. {bad[:3]}; nothing is sent and the site "
+                f"keeps its state of round {server_round - 1}. Lower train.lr or enable "
+                f"train.max_grad_norm."
+            )
         self.completed_round = server_round
         self.save(server_round)
         return LocalRoundResult(
-            shared=state_subset(self.model, self.partition.shared),
+            shared=shared,
             num_examples=self.num_examples,
             mean_loss=sum(losses) / max(len(losses), 1),
             seconds=time.perf_counter() - started,
@@ -466,6 +484,16 @@ class Site:
                 f"site {self.name}: {err}. Its previous round is kept in "
                 f"{self.state_path(server_round - 1)}; resuming the run falls back to it"
             ) from err
+        saved_examples = state.get("num_examples", self.num_examples)
+        if saved_examples != self.num_examples:
+            log.warning(
+                "site %s: %d training samples now, %d in its state of round %d",
+                self.name,
+                self.num_examples,
+                saved_examples,
+                state["round"],
+            )
+        self.data_changed = saved_examples != self.num_examples
         load_subset(self.model, state.get("shared", {}))  # gamma_k: v_k is the site's own again
         load_subset(self.model, state["personal"])
         self.method.load_site_state(self, state.get("method", {}))

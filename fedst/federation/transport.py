@@ -20,8 +20,11 @@ Array of an ArrayRecord as parameters, never average or clip it; ConfigRecord li
 the ragged shapes.
 
 Precision (``comm.precision``: fp32 | fp16 | bf16) applies before packing, to floating-point
-tensors only; integer and bool tensors travel exactly. The receiver restores floats to fp32, so
-the server aggregates in fp32 and sites load fp32 values. NumPy has no bfloat16, so the bfloat16
+tensors only; integer and bool tensors travel exactly. A floating-point tensor that is NaN or inf
+once cast (a non-finite value, or under fp16 a value beyond 65504) is refused with
+:class:`WireValueError` naming it: nothing non-finite is ever sent, by a site or the server.
+The receiver restores floats to fp32, so the server aggregates in fp32 and sites load fp32
+values. NumPy has no bfloat16, so the bfloat16
 buffer travels as its raw 16-bit patterns (an int16 array) and the manifest's dtype names it.
 
 A message in the older layout (one Array per tensor, no manifest), an unknown manifest version,
@@ -55,6 +58,11 @@ _SAME_VERSION = "run the same FedST version at the server and at every site"
 
 class WireFormatError(ValueError):
     """A message's parameters cannot be unpacked: older layout, unknown manifest, missing key."""
+
+
+class WireValueError(ValueError):
+    """A tensor cannot be sent: it holds NaN or inf, or values beyond the wire precision's range
+    (fp16: |x| > 65504 would arrive as inf)."""
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -151,7 +159,10 @@ def pack(state: Mapping[str, torch.Tensor], precision: str) -> Packed:
     for key, value in state.items():
         value = value.detach().to("cpu")
         if value.is_floating_point():
-            value = value.to(wire_dtype)
+            cast = value.to(wire_dtype)
+            if not bool(cast.isfinite().all()):
+                raise WireValueError(_unsendable(key, value, precision))
+            value = cast
         name = _dtype_name(value.dtype)
         tensors.append(WireTensor(key, tuple(value.shape), name, offsets.get(name, 0)))
         offsets[name] = offsets.get(name, 0) + value.numel()
@@ -170,6 +181,19 @@ def pack(state: Mapping[str, torch.Tensor], precision: str) -> Packed:
         {"version": MANIFEST_VERSION, "tensors": json.dumps(entries, separators=(",", ":"))}
     )
     return Packed(ArrayRecord(buffers), manifest, tuple(tensors))
+
+
+def _unsendable(key: str, value: torch.Tensor, precision: str) -> str:
+    """Why tensor ``key`` (``value`` before the cast to ``precision``) cannot be sent."""
+    if not bool(value.isfinite().all()):
+        return f"tensor {key} holds NaN or inf values: a non-finite update is never sent"
+    largest = float(value.abs().max())
+    limit = torch.finfo(_WIRE_DTYPE[precision]).max
+    return (
+        f"tensor {key} holds values up to |x| = {largest:.6g}, beyond comm.precision={precision}'s "
+        f"largest finite value {limit:.6g} (they would arrive as inf): use comm.precision=bf16 or "
+        f"fp32"
+    )
 
 
 def received(content: RecordDict, name: str = "arrays") -> Packed:

@@ -5,6 +5,14 @@
 * fedavg + fisher: gamma_g = sum_k F_k / sum_j F_j gamma_k with F_k the trace of site k's
   empirical Fisher information (FedAS, Yang et al. CVPR 2024; only FedAS replies carry it).
 * fedmedian: the coordinate-wise median (unweighted).
+* trimmed_mean: Flower's FedTrimmedAvg (Yin et al. 2018), per coordinate the mean of the values
+  left after cutting floor(beta x K) of the K sites' values at each end (beta:
+  ``fed.trim_fraction``; unweighted). Use it when a minority of sites may send updates that are
+  valid (finite, the right shapes, within the norm rule) but pull the mean away: it keeps more of
+  the data than the median (K = 4, beta = 0.25: the mean of the middle two values, which is
+  FedMedian's value for K = 4; K = 8: of the middle six).
+
+Every reply reaching these strategies passed the server's checks (fedst/federation/reply_checks.py).
 
 Flower's FedAvg weights each reply by one key of its MetricRecord (``weighted_by_key``): every
 site reply carries "num-examples" (n_k) and :data:`UNIFORM_WEIGHT_KEY` = 1, so both weightings are
@@ -13,7 +21,7 @@ Flower's own arithmetic.
 
 from __future__ import annotations
 
-from flwr.serverapp.strategy import FedAvg, FedMedian, Strategy
+from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Strategy
 
 UNIFORM_WEIGHT_KEY = "uniform-weight"
 """MetricRecord key of a site's weight under uniform aggregation (always 1)."""
@@ -28,10 +36,16 @@ WEIGHT_KEYS = {
 }
 
 
-def make_strategy(aggregation: str, aggregation_weights: str) -> Strategy:
-    """The Flower strategy of ``method.aggregation`` / ``method.aggregation_weights``."""
+def make_strategy(aggregation: str, aggregation_weights: str, trim_fraction: float) -> Strategy:
+    """The Flower strategy of ``method.aggregation`` / ``method.aggregation_weights``
+    (``trim_fraction``: ``fed.trim_fraction`` of trimmed_mean)."""
+    weighted_by_key = WEIGHT_KEYS[aggregation_weights]
     if aggregation == "fedmedian":
-        return FedMedian(weighted_by_key=WEIGHT_KEYS[aggregation_weights])
+        return FedMedian(weighted_by_key=weighted_by_key)
     if aggregation == "fedavg":
-        return FedAvg(weighted_by_key=WEIGHT_KEYS[aggregation_weights])
-    raise ValueError(f"unknown aggregation {aggregation!r}; choose fedavg or fedmedian")
+        return FedAvg(weighted_by_key=weighted_by_key)
+    if aggregation == "trimmed_mean":
+        return FedTrimmedAvg(weighted_by_key=weighted_by_key, beta=trim_fraction)
+    raise ValueError(
+        f"unknown aggregation {aggregation!r}; choose fedavg, fedmedian or trimmed_mean"
+    )

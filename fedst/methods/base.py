@@ -356,7 +356,11 @@ class Method:
         """The Flower strategy of the mean, wrapped for DP when ``privacy.dp`` asks (built once:
         adaptive clipping keeps its bound from round to round)."""
         if self._strategy is None:
-            inner = make_strategy(self.config.aggregation, self.config.aggregation_weights)
+            inner = make_strategy(
+                self.config.aggregation,
+                self.config.aggregation_weights,
+                self.cfg.fed.trim_fraction,
+            )
             sites = len(self.cfg.data.federation)
             self._strategy = privacy.with_privacy(inner, self.cfg.privacy, sites)
         return self._strategy
