@@ -105,7 +105,9 @@ class MemorySampler:
                 peak = _peak_rss_mb(pid)
                 if peak is not None:
                     self.peaks[pid] = max(peak, self.peaks.get(pid, 0.0))
-                    self.commands.setdefault(pid, _cmdline(pid))
+                    # every name a process took: a Ray worker starts as ray::IDLE and renames
+                    # itself once it hosts an actor (ray::ClientAppActor)
+                    self.commands[pid] = f"{self.commands.get(pid, '')} {_cmdline(pid)}"
 
     def stop(self) -> None:
         self._stop.set()
