@@ -11,7 +11,10 @@ removal of unfinished run directories (fedst/cli.py) in process.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +24,15 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
+from fedst.app.messaging import FederationError
 from fedst.cli import NewRunDirectories, compose_experiment, remove_unfinished_runs
 from fedst.config import ConfigError, build
+from fedst.data.procedural import generate
 from fedst.errors import UserError, one_line, run_entry_point
 from fedst.experiment.config import TrainConfig
-from fedst.training import save_config
+from fedst.federation.site import Site
+from fedst.report.results import RunError, group_by_method, load_runs
+from fedst.training import check_resumable, run_training, save_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -287,3 +294,100 @@ def test_a_sweep_whose_jobs_all_failed_is_removed(notes, tmp_path):
     hydra_makes(sweep / "fedst_s0_0", "config.json")
     remove_unfinished_runs()
     assert tree(tmp_path) == []
+
+
+# -- a run is finished only when its training finished (issue 46, point 1) ------------------------
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny run of 3 rounds (no SERQ: fast) that stopped in round 2 when a site died: its
+    checkpoint is round 1's, as after Ctrl-C in round 2."""
+    root = tmp_path_factory.mktemp("data") / "tiny"
+    generate(root, seed=0, preset="tiny", workers=1, progress=False)
+    overrides = ["experiment=tiny", "method.serq=false", "train.total_iters=6", f"data.root={root}"]
+    cfg = compose_experiment(overrides)[0]
+    run = tmp_path_factory.mktemp("runs") / "interrupted"
+    original = Site.train_round
+
+    def power_cut(self, received, server_round, local_iters, **kwargs):
+        if server_round == 2:
+            raise RuntimeError("power cut")
+        return original(self, received, server_round, local_iters, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Site, "train_round", power_cut)
+        with pytest.raises(FederationError):
+            run_training(cfg, run, progress=False)
+    return run
+
+
+def test_evaluating_an_interrupted_run_scores_its_round_and_leaves_it_resumable_and_unreported(
+    interrupted_run, tmp_path
+):
+    run = tmp_path / "run"
+    shutil.copytree(interrupted_run, run)
+    done = run_command(["eval_outfed.py", f"run={run}", "progress=false"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (run / "final.json").exists()  # only the end of training writes it
+    assert set(json.loads((run / "outfed_r0001.json").read_text())) == {"E", "grasp"}
+    assert (
+        f"scores of round 1, kept out of final.json (resume it: python train_fed.py resume={run})"
+        in done.stdout
+    )
+    check_resumable(run)  # no error: train_fed.py resume=run continues it
+    with pytest.raises(RunError, match=r"incomplete run, missing final\.json"):
+        load_runs([run])
+
+
+@pytest.fixture(scope="module")
+def tiny_config():
+    return compose_experiment(["experiment=tiny"])[0]
+
+
+def reported_run(root: Path, name: str, cfg, seed: int, dice: float, rounds: int | None = None):
+    """A run directory as the report reads it: config.json / .yaml, empty logs and a final.json
+    of Dice ``dice`` at every site after ``rounds`` (default: all of ``cfg``'s) rounds."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(dataclasses.replace(cfg, seed=seed).to_json())
+    (run / "config.yaml").write_text(f"seed: {seed}\n")
+    for log_file in ("metrics.jsonl", "comm.jsonl"):
+        (run / log_file).write_text("")
+    final = {
+        "method": cfg.method.name,
+        "seed": seed,
+        "experiment": cfg.name,
+        "rounds": cfg.train.rounds if rounds is None else rounds,
+        "sites": {site: {"dice": dice} for site in "ABCD"},
+        "out_of_federation": {},
+    }
+    (run / "final.json").write_text(json.dumps(final))
+    return run
+
+
+def test_a_run_whose_final_json_an_evaluation_wrote_before_the_end_is_unfinished(
+    tiny_config, tmp_path
+):
+    """eval_outfed.py before issue 46 wrote final.json into an interrupted run: that run is
+    resumable, the report refuses it, and --skip-incomplete leaves the row as it was."""
+    assert tiny_config.train.rounds == 2
+    reported_run(tmp_path, "s0", tiny_config, 0, 30.0)
+    reported_run(tmp_path, "s1", tiny_config, 1, 32.0)
+    touched = reported_run(tmp_path, "s2", tiny_config, 2, 0.0, rounds=1)
+    check_resumable(touched)  # no error
+    with pytest.raises(RunError) as refused:
+        load_runs([tmp_path])
+    assert f"{touched}: not a finished run, it trained 1 of 2 rounds" in one_line(refused.value)
+    [row] = group_by_method(load_runs([tmp_path], skip_incomplete=True)).values()
+    assert sorted(run["seed"] for run in row) == [0, 1]
+
+
+def test_identical_copies_of_one_run_count_once(tiny_config, tmp_path):
+    """A copied run folder is one seed, not two (n=2 with std 0.00 before issue 46)."""
+    first = reported_run(tmp_path, "s0", tiny_config, 0, 30.0)
+    shutil.copytree(first, tmp_path / "s0_copy")
+    reported_run(tmp_path, "s0_rerun_elsewhere", tiny_config, 0, 31.0)  # same seed, other scores
+    reported_run(tmp_path, "s1", tiny_config, 1, 32.0)
+    [row] = group_by_method(load_runs([tmp_path])).values()
+    assert sorted(run["path"].name for run in row) == ["s0", "s0_rerun_elsewhere", "s1"]

@@ -39,7 +39,8 @@ import numpy as np
 from fedst.metrics import format_score
 from fedst.report.results import RunError
 from fedst.runs import Run
-from fedst.runs.layout import CONFIG_JSON, FINAL_JSON
+from fedst.runs.files import unfinished
+from fedst.runs.layout import CONFIG_JSON
 from fedst.selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
 from fedst.storage import read_jsonl
 
@@ -61,9 +62,10 @@ def finished_run(run_dir: Path, command: str) -> Run:
             f"{command}: {run_dir} is not a run directory (no config.json); pass a folder "
             "train_fed.py wrote"
         )
-    if not (run_dir / FINAL_JSON).is_file():
+    reason = unfinished(run_dir)
+    if reason is not None:
         raise RunError(
-            f"{command}: {run_dir} is not a finished run (no final.json); let its training "
+            f"{command}: {run_dir} is not a finished run ({reason}); let its training "
             f"finish (train_fed.py resume={run_dir}), then report it"
         )
     return Run(run_dir)
