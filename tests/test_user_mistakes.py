@@ -27,7 +27,11 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 from fedst.app.messaging import FederationError
 from fedst.cli import NewRunDirectories, compose_experiment, remove_unfinished_runs
 from fedst.config import ConfigError, build
+from fedst.data import check
+from fedst.data.base import DataError
+from fedst.data.clips import ClipConfig
 from fedst.data.procedural import generate
+from fedst.data.site_checks import validate_experiment_data
 from fedst.errors import UserError, one_line, run_entry_point
 from fedst.experiment.config import TrainConfig
 from fedst.federation.site import Site
@@ -391,3 +395,37 @@ def test_identical_copies_of_one_run_count_once(tiny_config, tmp_path):
     reported_run(tmp_path, "s1", tiny_config, 1, 32.0)
     [row] = group_by_method(load_runs([tmp_path])).values()
     assert sorted(run["path"].name for run in row) == ["s0", "s0_rerun_elsewhere", "s1"]
+
+
+# -- a label that meta.json promises is there (issue 46, point 3) --------------------------------
+
+
+def generic_data_config(root: Path, path: Path) -> Path:
+    """A data config (fedst.data.check's data=FILE) with one federated generic-layout site, D."""
+    spec = {"backend": "generic", "root": str(root), "surgery_type": "hysterectomy"}
+    lines = ["federation: [D]", "out_of_federation: []", "server: null", "val_split: dataset"]
+    path.write_text("\n".join([*lines, "sites:", f"  D: {json.dumps(spec)}"]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("label_every", [1, 2])
+def test_an_annotated_frame_without_its_mask_is_an_error_in_the_checker_and_before_training(
+    write_site, tmp_path, capsys, label_every
+):
+    """meta.json's annotated_fps = fps / k: every k-th frame (index a multiple of k) has a mask.
+    One of them deleted is an error naming the file; the frames in between have none."""
+    written = write_site("D", videos={"v1": 8}, label_every=label_every)
+    missing = written.masks["v1"][4]
+    missing.unlink()
+    config = generic_data_config(tmp_path, tmp_path / "data.yaml")
+    assert check.main([f"data={config}"]) == 1
+    assert f"{missing}: missing mask of an annotated frame" in capsys.readouterr().out
+    with pytest.raises(DataError) as refused:
+        validate_experiment_data(check.load_data_config(str(config)), ClipConfig(), ["D"])
+    assert f"{missing}: missing mask of an annotated frame" in str(refused.value)
+
+
+def test_frames_between_annotated_ones_need_no_mask(write_site, tmp_path, capsys):
+    write_site("D", videos={"v1": 8}, label_every=2)  # masks of frames 0, 2, 4, 6 only
+    config = generic_data_config(tmp_path, tmp_path / "data.yaml")
+    assert check.main([f"data={config}"]) == 0, capsys.readouterr().out
