@@ -188,7 +188,10 @@ def _round_suffix(run: Run) -> str:
     try:
         completed = run.last_round
     except FileNotFoundError as err:
-        raise ConfigError(f"run={run.dir}: {err}") from err
+        raise ConfigError(
+            f"run={run.dir}: no round of its training has completed, so it has no model to "
+            f"score; continue it: python train_fed.py resume={run.dir}"
+        ) from err
     return f"_r{completed:04d}"
 
 

@@ -60,7 +60,7 @@ def demo_config(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
@@ -127,6 +127,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from fedst.errors import run_entry_point
+    from fedst.errors import ArgumentParser, run_entry_point
 
     run_entry_point(main, "python -m fedst.demo")

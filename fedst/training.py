@@ -185,6 +185,8 @@ def run_training(
     if engine == "ray":
         require_ray()
     prepare_run(cfg, run_dir, progress, regenerate)
+    # where the run writes, once its setup passed (a setup error removes the folder, fedst/cli.py)
+    log.info("run directory: %s", run_dir.absolute())
     run = Run(run_dir, cfg)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     parties = run.method.training_sites()  # the federated sites (upper bound: its pool)

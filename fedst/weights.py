@@ -135,7 +135,7 @@ def prepare_clip(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m fedst.weights",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -204,6 +204,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from fedst.errors import run_entry_point
+    from fedst.errors import ArgumentParser, run_entry_point
 
     run_entry_point(main, "python -m fedst.weights")

@@ -25,7 +25,6 @@ State on disk stays authoritative: a restarted executor rebuilds each site from 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -187,7 +186,7 @@ def serve(runtime_api_address: str, poll_seconds: float = POLL_SECONDS) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m fedst.app.site_executor", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's host:port")
@@ -224,6 +223,6 @@ def exit_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    from fedst.errors import run_entry_point
+    from fedst.errors import ArgumentParser, run_entry_point
 
     run_entry_point(main, "python -m fedst.app.site_executor")

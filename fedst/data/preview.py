@@ -11,7 +11,6 @@ so it also works on a half-built site folder.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from collections.abc import Sequence
@@ -188,7 +187,7 @@ def _save(path: Path, rgb: np.ndarray) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI: ``python -m fedst.data.preview DIR [--out DIR/preview]``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path, help="folder holding <site>/meta.json folders")
     parser.add_argument("--out", type=Path, default=None, help="output folder (ROOT/preview)")
     args = parser.parse_args(argv)
@@ -198,6 +197,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from fedst.errors import run_entry_point
+    from fedst.errors import ArgumentParser, run_entry_point
 
     run_entry_point(main, "python -m fedst.data.preview")

@@ -565,11 +565,14 @@ def experiment_from_json(text: str) -> ExperimentConfig:
     return experiment_from_dict(values)
 
 
-def resolve_device(name: str, require_gpu: bool = False, experiment: str = "") -> torch.device:
+def resolve_device(
+    name: str, require_gpu: bool = False, experiment: str = "", key: str = "train.device"
+) -> torch.device:
     """``train.device`` -> the torch device: ``auto`` -> the first CUDA device when available,
     else the CPU, unless ``require_gpu`` (``train.require_gpu``: the config named ``experiment``
     is sized for a GPU), which makes a CPU fallback a ConfigError with the reason and the fix;
-    ``cuda``/``cuda:N`` where CUDA is unavailable is an error."""
+    ``cuda``/``cuda:N`` where CUDA is unavailable is an error. ``key``: the option the user set
+    (``device`` for fedst.infer), named in the fix."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -584,8 +587,8 @@ def resolve_device(name: str, require_gpu: bool = False, experiment: str = "") -
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
-            f"train.device={name!r} but CUDA is not available ({cuda_unavailable_reason()}); "
-            f"use device=auto or cpu"
+            f"{key}={name!r} but CUDA is not available ({cuda_unavailable_reason()}); "
+            f"use {key}=auto or {key}=cpu"
         )
     return device
 
