@@ -141,6 +141,7 @@ RESUME_SAFE_KEYS = (
     "train.eval_batch_size",
     "train.distance_metrics_every",
     "train.checkpoint_every",
+    "train.keep_resume_state",
     "serq.bank_storage",
     "network.encoder_grad_checkpointing",
     "train.compile",

@@ -40,6 +40,7 @@ from fedst.outfed import evaluate_out_of_federation
 from fedst.report import plots, results, tables
 from fedst.runs import Run
 from fedst.runs.files import unfinished
+from fedst.runs.footprint import keep_models_only
 from fedst.runs.layout import site_state_dir
 from fedst.selection import run_selection
 from fedst.storage import atomic_write_text, read_jsonl
@@ -228,7 +229,10 @@ def run_training(
                 num_supernodes=num_sites,
                 backend_config={"client_resources": resources},
             )
-    return finalize_run(run, progress=progress)
+    final = finalize_run(run, progress=progress)
+    if not cfg.train.keep_resume_state:  # finished: never resumed (fedst/runs/footprint.py)
+        keep_models_only(run_dir)
+    return final
 
 
 def validate_data(cfg: ExperimentConfig, federated: bool = True) -> None:

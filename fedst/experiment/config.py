@@ -159,6 +159,12 @@ class TrainConfig:
     the last one) every k rounds and at the last round; a resumed run restarts after the latest
     one, redoing at most k - 1 rounds (each site keeps its states of the server's two latest
     checkpoint rounds). Results do not depend on k. 1: every round."""
+    keep_resume_state: bool = False
+    """What a run keeps once its training has finished (fedst/runs/footprint.py; sizes in
+    docs/running.md). False: its models only (v_g, each site's rho_k and gamma_k of the last
+    round, the validation rounds' snapshots), since a finished run is never resumed. True: also
+    what resuming would read (the previous server checkpoint, SERQ's state and feature bank, the
+    sites' optimizer moments, data order and earlier rounds), as while it trains."""
     val_every: int | None = None
     """Score every site's personalized model on its validation split every k rounds and at the
     last round (metrics.jsonl rows with split "val"), keeping what selection needs of those rounds
