@@ -8,8 +8,8 @@ moments, data order). A finished run is never resumed (fedst/runs/files.py ``unf
 at its end (``train.keep_resume_state=false``, the default) :func:`keep_models_only` leaves what
 its results, ``eval_outfed.py``, ``fedst.infer`` and the report read:
 
-* ``checkpoints/server.pt``: the round, v_g (``global_model``) and ``shared_keys``;
-* per site its state of the last round: rho_k, its own gamma_k, ``num_examples``;
+* ``checkpoints/server.pt``: the round, v_g (``global_model``), ``shared_keys`` and ``extra``;
+* per site its latest state (that of the last round): rho_k, its own gamma_k, ``num_examples``;
 * every validation round's selection snapshots (``selection/``), which model selection reads;
 * the logs, final.json, tables and plots.
 
@@ -30,10 +30,12 @@ from fedst.storage import atomic_torch_save, load_checkpoint
 
 log = logging.getLogger(__name__)
 
-SERVER_KEPT = ("round", "previous_round", "global_model", "shared_keys")
-"""The entries of ``server.pt`` a finished run keeps (what fedst.runs.records reads)."""
-SITE_KEPT = ("round", "site", "personal", "shared", "num_examples", "whole_model")
-"""The entries of a site's ``state_rNNNN.pt`` a finished run keeps (its returned model)."""
+SERVER_DROPPED = ("method",)
+"""The entries of ``server.pt`` a finished run drops: the method's and its server step's state
+(SERQ: v_pre and both Adam states). It keeps v_g, ``shared_keys``, the round and ``extra``."""
+SITE_DROPPED = ("optimizer", "scaler", "stream", "method")
+"""The entries of a site's ``state_rNNNN.pt`` a finished run drops: its AdamW moments, loss
+scaler, data order and method state. It keeps rho_k, gamma_k and ``num_examples``."""
 
 
 def folder_bytes(folder: Path) -> int:
@@ -47,20 +49,19 @@ def keep_models_only(run_dir: Path) -> tuple[int, int]:
     before = folder_bytes(run_dir)
     server_pt = run_dir / layout.SERVER_CHECKPOINT
     saved = load_checkpoint(server_pt)
-    last_round = int(saved["round"])
-    atomic_torch_save({key: saved[key] for key in SERVER_KEPT if key in saved}, server_pt)
+    atomic_torch_save({k: v for k, v in saved.items() if k not in SERVER_DROPPED}, server_pt)
     (run_dir / layout.SERVER_PREVIOUS).unlink(missing_ok=True)
     shutil.rmtree(run_dir / FEATURE_BANK_DIR, ignore_errors=True)
     sites = run_dir / layout.SITES_DIR
     for state_dir in sorted(p for p in sites.iterdir() if p.is_dir()) if sites.is_dir() else []:
         rounds = layout.saved_rounds(state_dir)
-        for stale in rounds:
-            if stale != last_round:
-                layout.site_state_file(state_dir, stale).unlink()
-        last = layout.site_state_file(state_dir, last_round)
-        if last.is_file():
-            state = load_checkpoint(last)
-            atomic_torch_save({key: state[key] for key in SITE_KEPT if key in state}, last)
+        if not rounds:
+            continue
+        for stale in rounds[:-1]:  # the site's latest state stays (the last round's, normally)
+            layout.site_state_file(state_dir, stale).unlink()
+        last = layout.site_state_file(state_dir, rounds[-1])
+        state = load_checkpoint(last)
+        atomic_torch_save({k: v for k, v in state.items() if k not in SITE_DROPPED}, last)
     after = folder_bytes(run_dir)
     log.info(
         "finished run: kept its models only, %.1f MB -> %.1f MB (train.keep_resume_state=true "
