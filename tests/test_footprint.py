@@ -10,11 +10,13 @@ import torch
 
 from fedst.cli import compose_experiment
 from fedst.data.procedural import generate
+from fedst.federation.site import Site
 from fedst.model.network import build_network
 from fedst.outfed import evaluate_out_of_federation
 from fedst.runs import Run
 from fedst.runs.footprint import folder_bytes
 from fedst.runs.layout import SERVER_CHECKPOINT, saved_rounds
+from fedst.storage import CheckpointError
 from fedst.training import run_training
 
 
@@ -60,3 +62,12 @@ def test_the_kept_models_score_what_final_json_says(finished):
     final = json.loads((run_dir / "final.json").read_text())
     scored = evaluate_out_of_federation(Run(run_dir, cfg), torch.device("cpu"), sites=("E",))
     assert scored["E"].summary["dice"] == pytest.approx(final["out_of_federation"]["E"]["dice"])
+
+
+def test_a_finished_runs_site_state_is_scored_but_not_trained_on(finished):
+    """Training on from a state without AdamW moments and data order would silently differ from
+    the run it continues: refused, naming train.keep_resume_state."""
+    cfg, run_dir = finished
+    site = Site("A", cfg, run_dir / "sites" / "A", torch.device("cpu"))
+    with pytest.raises(CheckpointError, match=r"train\.keep_resume_state=true"):
+        site.train_round({}, server_round=3, local_iters=1)
