@@ -29,6 +29,7 @@ from pathlib import Path
 
 from fedst.cli import compose_experiment, setup_logging
 from fedst.data.preview import write_previews
+from fedst.errors import ArgumentParser
 from fedst.experiment import ExperimentConfig
 from fedst.report import plots, results, tables
 from fedst.runs import Run
@@ -127,6 +128,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from fedst.errors import ArgumentParser, run_entry_point
+    from fedst.errors import run_entry_point
 
     run_entry_point(main, "python -m fedst.demo")

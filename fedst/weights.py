@@ -29,6 +29,7 @@ from pathlib import Path
 
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
+from fedst.errors import ArgumentParser
 from fedst.experiment import ExperimentConfig, experiment_from_json
 from fedst.methods import method_of
 from fedst.model.indicators import (
@@ -204,6 +205,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from fedst.errors import ArgumentParser, run_entry_point
+    from fedst.errors import run_entry_point
 
     run_entry_point(main, "python -m fedst.weights")

@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Any
 
+from fedst.errors import ArgumentParser
+
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.1
@@ -223,6 +225,6 @@ def exit_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    from fedst.errors import ArgumentParser, run_entry_point
+    from fedst.errors import run_entry_point
 
     run_entry_point(main, "python -m fedst.app.site_executor")

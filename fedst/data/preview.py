@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 
 from fedst.data.base import SPLITS, DataError
+from fedst.errors import ArgumentParser
 
 __all__ = ["OVERLAY_COLOURS", "contact_sheet", "main", "overview", "write_previews"]
 
@@ -197,6 +198,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from fedst.errors import ArgumentParser, run_entry_point
+    from fedst.errors import run_entry_point
 
     run_entry_point(main, "python -m fedst.data.preview")
