@@ -6,7 +6,10 @@
     python eval_outfed.py run=runs/demo/fedst_s0_... guard=dad    # corrected by DAD (fedst/guard/)
 
 Writes <run>/final.json (with "out_of_federation"), <run>/tables/ and <run>/plots/, and prints
-the comparison table. With site_root: writes only <run>/external/<site_name>.json and
+the comparison table. A run whose training has not finished (interrupted; fedst/runs/files.py
+``unfinished``) keeps no final.json, which only the end of its training writes: its model after
+its last completed round N is scored into <run>/outfed_rNNNN.json (sites=[...]:
+outfed_<sites>_rNNNN.json), and the run stays resumable (train_fed.py resume=<run>). With site_root: writes only <run>/external/<site_name>.json and
 <run>/external/results.md (config.json and final.json stay as they are) and prints the site's
 line. With guard=dad: the out-of-federation model corrected by GEN-Guard's DAD at the held-out
 site, on ``sites`` (default: the run's out-of-federation sites); writes only
@@ -40,7 +43,7 @@ from fedst.cli import (
 from fedst.config import ConfigError, build
 from fedst.experiment import UNSEEN_INDICATOR_RULES, resolve_device
 from fedst.runs import Run
-from fedst.runs.files import load_config
+from fedst.runs.files import load_config, unfinished
 
 register_resolvers()
 log = logging.getLogger("eval_outfed")
@@ -108,6 +111,7 @@ def evaluate(cfg: DictConfig) -> None:
         evaluate_new_site,
         evaluate_out_of_federation,
         open_new_site,
+        require_known_sites,
         write_new_site_result,
     )
     from fedst.report import results, tables
@@ -115,6 +119,8 @@ def evaluate(cfg: DictConfig) -> None:
 
     setup_logging()
     experiment = load_config(run_dir)
+    if options.sites is not None:  # before any model is read
+        require_known_sites(experiment, options.sites, run_dir)
     if options.unseen_indicator is not None:  # recorded in final.json / the new site's record
         experiment = dataclasses.replace(
             experiment,
@@ -132,7 +138,8 @@ def evaluate(cfg: DictConfig) -> None:
                 f"guard={options.guard}: guard=dad scores configured sites (sites=[...]) with the "
                 "DAD-corrected out-of-federation model; a new site (site_root) has no correction"
             )
-        _evaluate_guarded(Run(run_dir, experiment), options)
+        run = Run(run_dir, experiment)
+        _evaluate_guarded(run, options, _round_suffix(run))
         return
     if options.site_root is not None:
         if options.sites is not None:
@@ -151,23 +158,44 @@ def evaluate(cfg: DictConfig) -> None:
         return
     if options.site_name is not None or options.surgery_type is not None:
         raise ConfigError("site_name and surgery_type describe a new site: give site_root too")
-    if options.sites is None:
-        finalize_run(
-            Run(run_dir, experiment), progress=options.progress, qualitative=options.qualitative
-        )
+    run = Run(run_dir, experiment)
+    suffix = _round_suffix(run)
+    if options.sites is None and not suffix:
+        finalize_run(run, progress=options.progress, qualitative=options.qualitative)
         print(tables.comparison_table(results.load_runs([run_dir])).to_markdown())
         return
+    sites = options.sites or tuple(experiment.data.out_of_federation)
+    if not sites:
+        raise ConfigError(
+            f"run={run_dir}: its training has not finished and it has no out-of-federation "
+            f"site to score; name one (sites=[...]) or finish it: python train_fed.py "
+            f"resume={run_dir}"
+        )
     scored = evaluate_out_of_federation(
-        Run(run_dir, experiment),
-        resolve_device(experiment.train.device),
-        sites=options.sites,
-        progress=options.progress,
+        run, resolve_device(experiment.train.device), sites=sites, progress=options.progress
     )
     summary = {site: result.summary for site, result in scored.items()}
-    _write_summary(summary, run_dir / f"outfed_{'_'.join(options.sites)}.json")
+    name = "" if options.sites is None else "_" + "_".join(options.sites)
+    _write_summary(summary, run_dir / f"outfed{name}{suffix}.json", run_dir, suffix)
 
 
-def _evaluate_guarded(run: Run, options: EvalOptions) -> None:
+def _round_suffix(run: Run) -> str:
+    """``""`` for a finished run; ``"_rNNNN"`` (its last completed round) for an unfinished one,
+    whose scores never go into final.json (fedst/runs/files.py ``unfinished``). A run without a
+    completed round has no model to score: a ConfigError naming the fix."""
+    if unfinished(run.dir) is None:
+        return ""
+    try:
+        completed = run.last_round
+    except FileNotFoundError as err:
+        raise ConfigError(
+            f"run={run.dir}: no round of its training has completed, so it has no model to "
+            f"score; continue it: python train_fed.py resume={run.dir}"
+        ) from err
+    return f"_r{completed:04d}"
+
+
+def _evaluate_guarded(run: Run, options: EvalOptions, suffix: str) -> None:
     """guard=dad: the DAD-corrected out-of-federation model on the chosen sites."""
     from fedst.guard import evaluate_guarded_sites
 
@@ -175,10 +203,12 @@ def _evaluate_guarded(run: Run, options: EvalOptions) -> None:
     summary = evaluate_guarded_sites(
         run, sites, resolve_device(run.cfg.train.device), options.progress
     )
-    _write_summary(summary, run.dir / f"outfed_dad_{'_'.join(sites)}.json")
+    _write_summary(summary, run.dir / f"outfed_dad_{'_'.join(sites)}{suffix}.json", run.dir, suffix)
 
 
-def _write_summary(summary: dict, out: Path) -> None:
+def _write_summary(summary: dict, out: Path, run_dir: Path, suffix: str) -> None:
+    """The scores per site into ``out``, and their lines; for an unfinished run (``suffix``),
+    which round they score and how to finish it."""
     from fedst.metrics import format_score
 
     out.write_text(json.dumps(summary, indent=2, sort_keys=True, default=float))
@@ -188,6 +218,12 @@ def _write_summary(summary: dict, out: Path) -> None:
             f"HD95 {format_score(values['hd95'], 1)}  ASSD {format_score(values['assd'], 1)}"
         )
     print(f"written: {out}")
+    if suffix:
+        print(
+            f"{run_dir}: its training has not finished; these are the scores of round "
+            f"{int(suffix[2:])}, kept out of final.json (resume it: python train_fed.py "
+            f"resume={run_dir})"
+        )
 
 
 if __name__ == "__main__":

@@ -57,9 +57,20 @@ from fedst.cli import (
 from fedst.config import ConfigError, build
 from fedst.experiment import DeployConfig, RayConfig
 from fedst.runs.files import load_config
+from fedst.runs.layout import SERVER_CHECKPOINT
 
 register_resolvers()
 log = logging.getLogger("train_fed")
+
+STARTED_RUNS: list[Path] = []
+"""The run directories this process trained in (a sweep: several), for :func:`resume_hint`."""
+
+
+def resume_hint() -> str:
+    """After Ctrl-C: how to continue the last run started, when it kept a checkpoint (a run
+    stopped before one is removed, fedst/cli.py remove_unfinished_runs)."""
+    kept = [run_dir for run_dir in STARTED_RUNS if (run_dir / SERVER_CHECKPOINT).is_file()]
+    return f"; continue it: python train_fed.py resume={kept[-1]}" if kept else ""
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
@@ -88,7 +99,7 @@ def train(cfg: DictConfig) -> None:
     if site is not None:
         sys.exit(deploy(experiment, run_dir, str(site), runtime))
     setup_logging(run_dir)
-    log.info("run directory: %s", run_dir)
+    STARTED_RUNS.append(run_dir)
     run_training(
         experiment,
         run_dir,
@@ -126,4 +137,6 @@ def deploy(experiment, run_dir: Path, site: str, runtime: dict) -> int:
 
 
 if __name__ == "__main__":
-    run_hydra_entry_point(main, "train_fed.py", "config", TRAIN_KEYS_LISTED)
+    run_hydra_entry_point(
+        main, "train_fed.py", "config", TRAIN_KEYS_LISTED, after_interrupt=resume_hint
+    )

@@ -141,6 +141,7 @@ RESUME_SAFE_KEYS = (
     "train.eval_batch_size",
     "train.distance_metrics_every",
     "train.checkpoint_every",
+    "train.keep_resume_state",
     "serq.bank_storage",
     "network.encoder_grad_checkpointing",
     "train.compile",
@@ -439,11 +440,13 @@ def run_hydra_entry_point(
     config_name: str,
     keys_listed: str,
     groups: bool = True,
+    after_interrupt: Callable[[], str] | None = None,
 ) -> NoReturn:
     """:func:`fedst.errors.run_entry_point` for a ``@hydra.main`` function whose body runs in
     :func:`hydra_job`: a failure first removes the run directories this invocation created that
     hold no results (:func:`remove_unfinished_runs`), and Hydra's composition errors become one
-    line (:func:`hydra_config_error`; ``keys_listed`` says where every key is listed)."""
+    line (:func:`hydra_config_error`; ``keys_listed`` says where every key is listed).
+    ``after_interrupt``: what follows "interrupted" after Ctrl-C (run_entry_point)."""
 
     def guarded() -> object:
         try:
@@ -462,4 +465,4 @@ def run_hydra_entry_point(
                     raise reworded from err
             raise
 
-    run_entry_point(guarded, program)
+    run_entry_point(guarded, program, after_interrupt)

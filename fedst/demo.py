@@ -29,10 +29,11 @@ from pathlib import Path
 
 from fedst.cli import compose_experiment, setup_logging
 from fedst.data.preview import write_previews
+from fedst.errors import ArgumentParser
 from fedst.experiment import ExperimentConfig
 from fedst.report import plots, results, tables
 from fedst.runs import Run
-from fedst.runs.files import load_config
+from fedst.runs.files import load_config, unfinished
 from fedst.training import finalize_run, prepare_benchmark, run_training
 
 log = logging.getLogger("fedst.demo")
@@ -60,7 +61,7 @@ def demo_config(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dirs = []
     for method, (cfg, runtime) in planned.items():
         run_dir = args.runs / f"{method}_s{args.seed}_{args.rounds}rounds"
-        if (run_dir / "final.json").exists() and load_config(run_dir) == cfg:
+        if unfinished(run_dir) is None and load_config(run_dir) == cfg:
             log.info("%s: finished run found in %s; refreshing its evaluation", method, run_dir)
             finalize_run(Run(run_dir, cfg))
         else:

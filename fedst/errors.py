@@ -8,8 +8,10 @@ exits 2 instead of a traceback; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -20,7 +22,18 @@ class UserError(Exception):
 
 
 DEBUG_ENV = "FEDST_DEBUG"
-"""``FEDST_DEBUG=1``: a user's mistake is raised with its traceback instead of one line."""
+"""``FEDST_DEBUG=1``: a user's mistake shows its traceback before its one line (same exit status)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the entry points: a usage mistake (unknown option, missing argument) is a
+    :class:`UserError`, so it ends in the boundary's one line and exit status 2 like every
+    other mistake, without argparse's usage lines before it (``--help`` shows them). Its
+    sub-parsers are of this class too (argparse's default ``parser_class``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (usage: {self.prog} --help)")
+
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -110,13 +123,19 @@ def debugging() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
-def run_entry_point(main: Callable[[], object], program: str) -> NoReturn:
+def run_entry_point(
+    main: Callable[[], object],
+    program: str,
+    after_interrupt: Callable[[], str] | None = None,
+) -> NoReturn:
     """Run an entry point's ``main`` (no arguments: it reads ``sys.argv``) and exit.
 
     * returns: exit status ``main``'s int (``None`` or anything else: 0);
     * a user's mistake (:func:`is_user_error`): ``<program>: error: <one line> (FEDST_DEBUG=1
-      shows the traceback)`` on stderr, exit 2; with ``FEDST_DEBUG=1`` it is raised instead;
-    * Ctrl-C: ``<program>: interrupted`` on stderr, exit 130;
+      shows the traceback)`` on stderr, exit 2; with ``FEDST_DEBUG=1`` its traceback comes
+      first, then the line, and the exit status stays 2;
+    * Ctrl-C: ``<program>: interrupted`` on stderr, followed by what ``after_interrupt`` returns
+      (e.g. how to resume; "" for nothing), exit 130 (``FEDST_DEBUG=1``: its traceback first);
     * ``SystemExit`` (argparse's usage errors, ``--help``) passes unchanged, and any other
       exception is a bug: raised with its full traceback.
 
@@ -130,13 +149,17 @@ def run_entry_point(main: Callable[[], object], program: str) -> NoReturn:
         status = main()
     except KeyboardInterrupt:
         if debugging():
-            raise
-        _say(f"{program}: interrupted")
+            traceback.print_exc()
+        _say(f"{program}: interrupted{after_interrupt() if after_interrupt else ''}")
         sys.exit(EXIT_INTERRUPTED)
     except Exception as err:
-        if debugging() or not is_user_error(err):
+        if not is_user_error(err):
             raise
-        _say(f"{program}: error: {one_line(err)} ({DEBUG_ENV}=1 shows the traceback)")
+        if debugging():
+            traceback.print_exc()
+            _say(f"{program}: error: {one_line(err)}")
+        else:
+            _say(f"{program}: error: {one_line(err)} ({DEBUG_ENV}=1 shows the traceback)")
         sys.exit(EXIT_USER_ERROR)
     sys.exit(status if isinstance(status, int) and not isinstance(status, bool) else 0)
 

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedst.config import build
+from fedst.config import build, did_you_mean
 from fedst.data.clips import normalize_frames, resize_frame
 from fedst.errors import UserError
 from fedst.experiment import ExperimentConfig, resolve_device
@@ -62,6 +62,7 @@ from fedst.model.network import FedSTNet
 from fedst.progress import progress_bar
 from fedst.report.plots import PART_COLORS, overlay_masks
 from fedst.runs import Run
+from fedst.storage import require_output_folder
 
 __all__ = [
     "InferConfig",
@@ -167,6 +168,13 @@ def parse_key_values(
     for name, value in list(values.items()):
         if hints.get(name) is str or (hints.get(name) == str | None and value is not None):
             values[name] = str(value)
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = [key for key in values if key not in known]
+    if unknown:  # before the missing ones: a misspelled required key is both (inptu=)
+        raise InferenceError(
+            f"{unknown[0]}={values[unknown[0]]}: unknown key{did_you_mean(unknown[0], known)}; "
+            f"keys: {', '.join(known)} (see --help)"
+        )
     missing = [
         f.name
         for f in dataclasses.fields(cls)
@@ -495,9 +503,13 @@ def run_inference(cfg: InferConfig) -> dict[str, Any]:
     The outputs appear together, once complete (:class:`StagedOutputs`): an error part-way
     leaves the output folder as it was; Ctrl-C keeps the frames so far."""
     run_dir = Path(cfg.run)
+    if cfg.output:  # before any model or video is read
+        require_output_folder(Path(cfg.output), "output")
     if cfg.runtime != "torch":
         _check_onnx_request(cfg, run_dir)
-    device = resolve_device(cfg.device) if cfg.runtime == "torch" else torch.device("cpu")
+    device = (
+        resolve_device(cfg.device, key="device") if cfg.runtime == "torch" else torch.device("cpu")
+    )
     if cfg.threads is not None and cfg.runtime == "torch":
         torch.set_num_threads(cfg.threads)
     source = open_input(cfg.input, cfg.fps)

@@ -33,6 +33,7 @@ from fedst.config import ConfigError
 from fedst.data.base import DataError
 from fedst.data.clips import ClipDataset
 from fedst.data.generic import GenericLayoutSource
+from fedst.experiment import ExperimentConfig
 from fedst.federation.evaluation import EvaluationResult, evaluate_model
 from fedst.federation.site_data import open_site_data
 from fedst.metrics import format_score
@@ -52,6 +53,16 @@ from fedst.storage import atomic_write_text
 log = logging.getLogger(__name__)
 
 
+def require_known_sites(cfg: ExperimentConfig, sites: tuple[str, ...], run_dir: Path) -> None:
+    """A ConfigError naming the sites of ``sites`` that the run's data config lacks."""
+    unknown = [s for s in sites if s not in cfg.data.sites]
+    if unknown:
+        raise ConfigError(
+            f"sites={list(sites)}: {unknown} not configured in {run_dir}; known sites: "
+            f"{sorted(cfg.data.sites)} (out of federation: {list(cfg.data.out_of_federation)})"
+        )
+
+
 def evaluate_out_of_federation(
     run: Run,
     device: torch.device,
@@ -62,12 +73,7 @@ def evaluate_out_of_federation(
     """Score the averaged model on each out-of-federation site's test split, given that site's
     own indicator (which the model ignores under ``indicator.unseen`` fold or mean)."""
     cfg = run.cfg
-    unknown = [s for s in sites or () if s not in cfg.data.sites]
-    if unknown:
-        raise ConfigError(
-            f"sites={list(sites or ())}: {unknown} not configured in {run.dir}; known sites: "
-            f"{sorted(cfg.data.sites)} (out of federation: {list(cfg.data.out_of_federation)})"
-        )
+    require_known_sites(cfg, sites or (), run.dir)
     model = run.outfed_model(device)
     indicators = run.method.indicators()
     results = {}

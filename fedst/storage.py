@@ -91,6 +91,24 @@ def disk_write_error(err: BaseException, path: Path) -> BaseException:
     return err
 
 
+class OutputPathError(UserError, ValueError):
+    """An output folder the user named that cannot be one (a file stands at it or above it)."""
+
+
+def require_output_folder(path: Path, option: str) -> Path:
+    """``path`` where a command will make (or fill) a folder, checked before anything is
+    computed: an existing file at ``path`` or at one of its parents is an
+    :class:`OutputPathError` naming ``option`` (e.g. ``--out``), not a traceback when the folder
+    is made at the end."""
+    for place in (path, *path.parents):
+        if place.exists() and not place.is_dir():
+            where = "" if place == path else f" ({place} is a file)"
+            raise OutputPathError(
+                f"{option}={path}: not a folder{where}; name a folder (it is created if missing)"
+            )
+    return path
+
+
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> Any:
     """torch.load of a file this run wrote; a damaged file is a CheckpointError naming it."""
     try:

@@ -45,6 +45,8 @@ from fedst.federation.site_data import open_site_data
 from fedst.outfed import evaluate_out_of_federation
 from fedst.report import plots, results, tables
 from fedst.runs import Run
+from fedst.runs.files import unfinished
+from fedst.runs.footprint import keep_models_only
 from fedst.runs.layout import site_state_dir
 from fedst.selection import run_selection
 from fedst.storage import atomic_write_text, read_jsonl
@@ -153,13 +155,15 @@ def ray_client_resources(
 
 
 def check_resumable(run_dir: Path) -> None:
-    """``train_fed.py resume=<run_dir>``: a finished run (final.json written) has nothing left to
-    train, so resuming it is a ConfigError naming what to do instead, raised before anything is
-    written (:func:`run_training` would append to its device.jsonl and rewrite final.json, tables
-    and plots). Refused rather than exit 0: the command cannot do what it asks for (train), a
+    """``train_fed.py resume=<run_dir>``: a finished run (:func:`fedst.runs.files.unfinished`:
+    the end of its training wrote final.json) has nothing left to train, so resuming it is a
+    ConfigError naming what to do instead, raised before anything is written
+    (:func:`run_training` would append to its device.jsonl and rewrite final.json, tables and
+    plots). Refused rather than exit 0: the command cannot do what it asks for (train), a
     script that resumes runs learns which one was already done, and the entry point's error
-    boundary removes the run directory Hydra made for the command."""
-    if (run_dir / "final.json").is_file():
+    boundary removes the run directory Hydra made for the command. A run whose final.json an
+    evaluation wrote before its training ended is resumable; its end rewrites that file."""
+    if unfinished(run_dir) is None:
         raise ConfigError(
             f"resume={run_dir}: the run is finished (it has final.json), nothing is left to "
             f"train; evaluate it with python eval_outfed.py run={run_dir}, or start a new run "
@@ -194,6 +198,8 @@ def run_training(
     if engine == "ray":
         require_ray()
     prepare_run(cfg, run_dir, progress, regenerate)
+    # where the run writes, once its setup passed (a setup error removes the folder, fedst/cli.py)
+    log.info("run directory: %s", run_dir.absolute())
     run = Run(run_dir, cfg)
     server_app = make_server_app(cfg, run_dir, progress=progress)
     parties = run.method.training_sites()  # the federated sites (upper bound: its pool)
@@ -239,7 +245,10 @@ def run_training(
                     **({"init_args": {"address": ray.address}} if ray.address else {}),
                 },
             )
-    return finalize_run(run, progress=progress)
+    final = finalize_run(run, progress=progress)
+    if not cfg.train.keep_resume_state:  # finished: never resumed (fedst/runs/footprint.py)
+        keep_models_only(run_dir)
+    return final
 
 
 def validate_data(cfg: ExperimentConfig, federated: bool = True) -> None:
@@ -295,8 +304,17 @@ def finalize_run(
 
     ``site_data=False`` (deployment): the server holds no federated site's data, so qualitative
     examples come from the out-of-federation sites only.
+
+    Only the end of training calls it (and eval_outfed.py on a finished run): final.json marks a
+    finished run (:func:`fedst.runs.files.unfinished`), so a run whose server checkpoint is not
+    that of its last round is refused here, as a bug of the caller.
     """
     cfg, run_dir = run.cfg, run.dir
+    if run.last_round < cfg.train.rounds:
+        raise RuntimeError(
+            f"finalize_run: {run_dir} completed {run.last_round} of {cfg.train.rounds} rounds; "
+            "only the end of its training writes final.json"
+        )
     device = run_device(cfg)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     last_round = max((r["round"] for r in metrics), default=0)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
+from fedst.errors import ArgumentParser
 from fedst.experiment import ExperimentConfig, experiment_from_json
 from fedst.methods import method_of
 from fedst.model.indicators import (
@@ -135,7 +136,7 @@ def prepare_clip(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m fedst.weights",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

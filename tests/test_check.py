@@ -164,10 +164,15 @@ def test_generic_sites_are_checked_through_the_registry(tmp_path, capsys):
     assert "jaw 100.00" in out and "single images" in out
 
 
-def test_bad_arguments_exit_two(good_config):
-    assert main(["data=no_such_config"]) == 2
-    assert main([f"data={good_config}", "site=Z"]) == 2
-    assert main(["frames=3"]) == 2
+def test_bad_arguments_are_config_errors_naming_the_fix(good_config):
+    """Raised to the entry point's boundary: one line and exit status 2
+    (tests/test_user_mistakes.py runs them as commands)."""
+    with pytest.raises(ConfigError, match=r"data=tinyy: .* \(did you mean 'tiny'\?\)"):
+        main(["data=tinyy"])
+    with pytest.raises(ConfigError, match=r"site=Z: not in the data config"):
+        main([f"data={good_config}", "site=Z"])
+    with pytest.raises(ConfigError, match=r"unknown argument 'frames'"):
+        main(["frames=3"])
 
 
 def test_arguments_accept_hydra_and_dash_forms():
@@ -211,7 +216,8 @@ def test_without_data_the_checker_checks_train_feds_default_data_and_help_says_w
         raise ConfigError("stop here")
 
     monkeypatch.setattr(check, "load_data_config", load)
-    assert main([]) == 2
+    with pytest.raises(ConfigError, match="stop here"):
+        main([])
     assert asked == [train_fed_default]
     assert main(["--help"]) == 0
     usage = capsys.readouterr().out.split("\n\n")[0]

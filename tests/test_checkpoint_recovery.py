@@ -55,10 +55,11 @@ def _private_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory):
-    """A finished 2-round run on the tiny benchmark (no SERQ: fast) and its final.json."""
+    """A finished 2-round run on the tiny benchmark (no SERQ: fast) and its final.json, with
+    what resuming it would read (train.keep_resume_state: the damage below is resumed from)."""
     root = tmp_path_factory.mktemp("bench") / "tiny"
     generate(root, seed=0, preset="tiny", workers=1, progress=False)
-    cfg = tiny_cfg(f"data.root={root}")
+    cfg = tiny_cfg(f"data.root={root}", "train.keep_resume_state=true")
     run_dir = tmp_path_factory.mktemp("runs") / "whole"
     final = run_training(cfg, run_dir, progress=False)
     return cfg, run_dir, final

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from fedst import deploy
 from fedst.data.procedural import generate
 from fedst.deploy import cli, supernode
+from fedst.errors import UserError
 from fedst.experiment import DeployConfig
 from tests.test_federation import experiment
 
@@ -47,7 +49,7 @@ def test_the_documented_local_command_takes_four_sites_and_one_override(monkeypa
     cli.main(["local", "experiment=tiny", "+x=1", "--sites", "A", "D", "~y", "train.lr=0.1"])
     assert seen["sites"] == ["A", "D"]
     assert sorted(seen["overrides"]) == sorted(["experiment=tiny", "+x=1", "~y", "train.lr=0.1"])
-    with pytest.raises(SystemExit):  # overrides only: no site left
+    with pytest.raises(UserError, match="name at least one site"):  # overrides only: no site
         cli.main(["local", "--sites", "experiment=tiny"])
 
 
@@ -125,6 +127,32 @@ def test_local_sites_with_auto_workers_share_the_cores(tiny_root, tmp_path, monk
     assert local.local(["A", "B", "C", "D"], overrides, tmp_path) == 0
     for command in started[1:]:  # 16 cores // 4 loading sites - 1 training process = 3
         assert [a for a in command if a.startswith("train.num_workers=")] == ["train.num_workers=3"]
+
+
+def test_local_removes_its_temporary_work_folder_and_keeps_a_named_one(
+    tiny_root, tmp_path, monkeypatch
+):
+    """Issue 46: each run left its work folder (499 MB after a tiny run) in the temp folder."""
+
+    class Finished:
+        def wait(self) -> int:
+            return 0
+
+    def record(command, log_path, env, new_group=True):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.touch()
+        return Finished()
+
+    monkeypatch.setattr(local, "start", record)
+    monkeypatch.setattr(local, "stop", lambda process, grace=10.0: None)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    overrides = ["experiment=tiny", f"data.root={tiny_root}"]
+    assert local.local(["A", "B"], overrides) == 0
+    assert list(temp.iterdir()) == []
+    assert local.local(["A", "B"], overrides, tmp_path / "kept") == 0
+    assert (tmp_path / "kept" / "certs" / "ca.crt").is_file() and list(temp.iterdir()) == []
 
 
 # -- data validated before connecting -------------------------------------------------------

@@ -118,14 +118,28 @@ def test_keys_that_only_change_where_and_when_a_run_computes_never_split_a_row(c
 
 
 def test_runs_sharing_a_seed_are_named_once_in_one_warning(configs, tmp_path, caplog):
+    """Two runs of seed 0 with different scores (an identical copy counts once instead:
+    tests/test_user_mistakes.py)."""
     first = write_run(tmp_path, "a", configs["2 rounds"], 0, {"A": 60.0})
-    copy = write_run(tmp_path, "copy_of_a", configs["2 rounds"], 0, {"A": 60.0})
+    rerun = write_run(tmp_path, "rerun_of_a", configs["2 rounds"], 0, {"A": 61.0})
     write_run(tmp_path, "b", configs["2 rounds"], 1, {"A": 64.0})
     with caplog.at_level(logging.WARNING):
         main([str(tmp_path), "--out", str(tmp_path / "report")])
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1
-    assert str(first) in warnings[0] and str(copy) in warnings[0] and "seed 0" in warnings[0]
+    assert str(first) in warnings[0] and str(rerun) in warnings[0] and "seed 0" in warnings[0]
+
+
+def test_a_copy_of_a_run_is_named_in_one_warning_and_counted_once(configs, tmp_path, caplog):
+    first = write_run(tmp_path, "a", configs["2 rounds"], 0, {"A": 60.0})
+    copy = write_run(tmp_path, "copy_of_a", configs["2 rounds"], 0, {"A": 60.0})
+    with caplog.at_level(logging.WARNING):
+        runs = load_runs([tmp_path])
+    assert [run["path"] for run in runs] == [first]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [
+        f"{copy}: a copy of {first} (same method, seed, config and scores); counted once"
+    ]
 
 
 # -- folders that are not finished runs ---------------------------------------------------------

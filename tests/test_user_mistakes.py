@@ -11,21 +11,34 @@ removal of unfinished run directories (fedst/cli.py) in process.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
+from fedst.app.messaging import FederationError
 from fedst.cli import NewRunDirectories, compose_experiment, remove_unfinished_runs
 from fedst.config import ConfigError, build
-from fedst.errors import UserError, one_line, run_entry_point
+from fedst.data import check
+from fedst.data.base import DataError
+from fedst.data.clips import ClipConfig
+from fedst.data.procedural import generate
+from fedst.data.site_checks import validate_experiment_data
+from fedst.errors import ArgumentParser, UserError, one_line, run_entry_point
 from fedst.experiment.config import TrainConfig
-from fedst.training import save_config
+from fedst.federation.site import Site
+from fedst.report.results import RunError, group_by_method, load_runs
+from fedst.training import check_resumable, run_training, save_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,8 +60,40 @@ MISTAKES = [  # (command line, exit status, a phrase of the error line, paths th
     (["-m", "fedst.paper", "table2", "rows=fedsst", "--dry-run"], 2, "['fedsst']", []),
     (["-m", "fedst.report", "nope"], 2, "nope", ["nope/report"]),
     (["-m", "fedst.infer", "run=nope", "site=A", "input=a.mp4"], 2, "does not exist", ["nope"]),
+    # issue 46
+    (["eval_outfed.py", "run={run}"], 2, "no round of its training has completed", []),
+    pytest.param(
+        ["train_fed.py", "train.device=cuda"],
+        2,
+        "use train.device=auto or train.device=cpu",
+        ["runs"],
+        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="not a mistake on a GPU"),
+    ),
+    (["-m", "fedst.infer", "run={run}", "site=A", "inptu=a.mp4"], 2, "(did you mean 'input'?)", []),
+    (
+        ["-m", "fedst.infer", "run={run}", "site=A", "input=a", "output={file}"],
+        2,
+        "not a folder",
+        [],
+    ),
+    (["-m", "fedst.report", "{run}", "--out", "{file}"], 2, "--out={file}: not a folder", []),
+    (["-m", "fedst.report", "matrix", "{run}", "--out", "{file}"], 2, "not a folder", []),
+    (["-m", "fedst.report", "{run}", "--nope"], 2, "unrecognized arguments: --nope", []),
+    (
+        ["-m", "fedst.deploy", "local", "--workdir", "{file}"],
+        2,
+        "--workdir={file}: not a folder",
+        [],
+    ),
+    (["-m", "fedst.deploy", "local", "--sites", "A", "engine=ray"], 2, "deployment engine", []),
+    (["-m", "fedst.deploy", "local", "--sites", "A", "experiment=papr"], 2, "papr", []),
+    (["-m", "fedst.deploy", "lcoal"], 2, "invalid choice: 'lcoal'", []),
+    (["-m", "fedst.data.check", "data=tinyy"], 2, "(did you mean 'tiny'?)", []),
+    (["-m", "fedst.data.check", "data=tiny", "site=Z"], 2, "site=Z: not in the data config", []),
+    (["-m", "fedst.data.check", "--max-frames", "x"], 2, "max_frames=x: expected an integer", []),
+    (["-m", "fedst.paper", "table22"], 2, "invalid choice: 'table22'", []),
 ]
-"""``{run}``: the :func:`run_dir` fixture. The error line is the one line on stderr, Hydra's own
+"""``{run}``: the :func:`run_dir` fixture; ``{file}``: a file (:func:`a_file`). The error line is the one line on stderr, Hydra's own
 log of a sweep aside (:func:`error_lines`). Every mistake reaches the boundary: status 2."""
 
 
@@ -58,6 +103,19 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("run")
     save_config(compose_experiment(["experiment=tiny"])[0], run)
     return run
+
+
+@pytest.fixture(scope="module")
+def a_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A file where a command expects a folder (output=, --out, --workdir)."""
+    path = tmp_path_factory.mktemp("file") / "results.txt"
+    path.write_text("not a folder\n")
+    return path
+
+
+def program_of(argv: list[str]) -> str:
+    """The name an entry point gives itself in its error line: train_fed.py, python -m fedst.x."""
+    return argv[0] if argv[0].endswith(".py") else f"python -m {argv[1]}"
 
 
 def run_command(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
@@ -98,29 +156,38 @@ def error_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("argv", "status", "phrase", "absent"), MISTAKES, ids=[" ".join(m[0]) for m in MISTAKES]
+    ("argv", "status", "phrase", "absent"),
+    MISTAKES,
+    ids=[" ".join(getattr(m, "values", m)[0]) for m in MISTAKES],  # a row or a pytest.param
 )
 def test_a_mistake_ends_in_one_line_and_leaves_nothing_behind(
-    argv, status, phrase, absent, run_dir, tmp_path
+    argv, status, phrase, absent, run_dir, a_file, tmp_path, tmp_path_factory
 ):
-    argv = [arg.replace("{run}", str(run_dir)) for arg in argv]
+    argv = [arg.replace("{run}", str(run_dir)).replace("{file}", str(a_file)) for arg in argv]
+    phrase = phrase.replace("{file}", str(a_file))
     run_before = tree(run_dir)
-    done = run_command(argv, tmp_path)
+    temp = tmp_path_factory.mktemp("system_temp")  # the command's system temp folder
+    done = run_command(argv, tmp_path, TMPDIR=str(temp))
     output = done.stdout + done.stderr
     assert done.returncode == status, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     lines = error_lines(done.stderr)
     assert len(lines) == 1 and phrase in lines[0], done.stderr[-3000:]
+    assert lines[0].startswith(f"{program_of(argv)}: error: "), lines[0]
     assert tree(tmp_path) == []  # no run, Hydra or log folder in the working directory
+    assert tree(temp) == []  # nor in the system temp folder
     assert tree(run_dir) == run_before  # and nothing written into the run
     for path in absent:
         assert not (tmp_path / path.replace("{run}", str(run_dir))).exists(), path
 
 
-def test_fedst_debug_shows_the_traceback_of_a_mistake(tmp_path):
+def test_fedst_debug_shows_the_traceback_of_a_mistake_and_keeps_its_line_and_status(tmp_path):
     done = run_command(["train_fed.py", "train.lr=abc"], tmp_path, FEDST_DEBUG="1")
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "Traceback" in done.stderr and "fedst.config.ConfigError" in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("train_fed.py: error: "), last
+    assert "train.lr='abc' (str): expected a number" in last
     assert tree(tmp_path) == []  # the run directory Hydra made for it is gone all the same
 
 
@@ -196,16 +263,45 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
         run_entry_point(fail(KeyError("a bug")), "prog")
 
 
-def test_fedst_debug_raises_a_user_error_with_its_traceback(monkeypatch):
+def test_fedst_debug_prints_a_user_errors_traceback_then_its_line_with_exit_status_2(
+    capsys, monkeypatch
+):
     monkeypatch.setenv("FEDST_DEBUG", "1")
-    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
-    with pytest.raises(UserError):
-        run_entry_point(fail(UserError("wrong")), "prog")
+    status, err = exit_of(fail(UserError("wrong")), capsys, monkeypatch)
+    assert status == 2
+    assert err.startswith("Traceback") and err.endswith("\nprog: error: wrong\n"), err
 
 
 def test_ctrl_c_is_one_line_with_exit_status_130(capsys, monkeypatch):
     status, err = exit_of(fail(KeyboardInterrupt()), capsys, monkeypatch)
     assert (status, err) == (130, "prog: interrupted\n")
+
+
+def test_ctrl_c_of_train_fed_says_how_to_resume_the_run_it_kept(capsys, monkeypatch, tmp_path):
+    """train_fed.py's boundary appends train_fed.resume_hint: the run it trained in, once that
+    run has a checkpoint (before one, the run is removed: nothing to resume)."""
+    spec = importlib.util.spec_from_file_location("train_fed_entry", REPO / "train_fed.py")
+    train_fed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_fed)
+    run = tmp_path / "run"
+    train_fed.STARTED_RUNS.append(run)
+    assert train_fed.resume_hint() == ""
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "server.pt").write_bytes(b"")
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(SystemExit) as stopped:
+        run_entry_point(fail(KeyboardInterrupt()), "train_fed.py", train_fed.resume_hint)
+    assert stopped.value.code == 130
+    hint = f"train_fed.py: interrupted; continue it: python train_fed.py resume={run}\n"
+    assert capsys.readouterr().err == hint
+
+
+def test_a_usage_mistake_of_an_argparse_command_is_a_user_error_without_usage_lines(capsys):
+    parser = ArgumentParser(prog="prog")
+    parser.add_argument("--out")
+    with pytest.raises(UserError, match=r"^unrecognized arguments: --nope \(usage: prog --help\)$"):
+        parser.parse_args(["--nope"])
+    assert capsys.readouterr() == ("", "")
 
 
 def test_the_exit_status_is_mains_integer_or_0(capsys, monkeypatch):
@@ -287,3 +383,134 @@ def test_a_sweep_whose_jobs_all_failed_is_removed(notes, tmp_path):
     hydra_makes(sweep / "fedst_s0_0", "config.json")
     remove_unfinished_runs()
     assert tree(tmp_path) == []
+
+
+# -- a run is finished only when its training finished (issue 46, point 1) ------------------------
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny run of 3 rounds (no SERQ: fast) that stopped in round 2 when a site died: its
+    checkpoint is round 1's, as after Ctrl-C in round 2."""
+    root = tmp_path_factory.mktemp("data") / "tiny"
+    generate(root, seed=0, preset="tiny", workers=1, progress=False)
+    overrides = ["experiment=tiny", "method.serq=false", "train.total_iters=6", f"data.root={root}"]
+    cfg = compose_experiment(overrides)[0]
+    run = tmp_path_factory.mktemp("runs") / "interrupted"
+    original = Site.train_round
+
+    def power_cut(self, received, server_round, local_iters, **kwargs):
+        if server_round == 2:
+            raise RuntimeError("power cut")
+        return original(self, received, server_round, local_iters, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Site, "train_round", power_cut)
+        with pytest.raises(FederationError):
+            run_training(cfg, run, progress=False)
+    return run
+
+
+def test_evaluating_an_interrupted_run_scores_its_round_and_leaves_it_resumable_and_unreported(
+    interrupted_run, tmp_path
+):
+    run = tmp_path / "run"
+    shutil.copytree(interrupted_run, run)
+    done = run_command(["eval_outfed.py", f"run={run}", "progress=false"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (run / "final.json").exists()  # only the end of training writes it
+    assert set(json.loads((run / "outfed_r0001.json").read_text())) == {"E", "grasp"}
+    assert (
+        f"scores of round 1, kept out of final.json (resume it: python train_fed.py resume={run})"
+        in done.stdout
+    )
+    check_resumable(run)  # no error: train_fed.py resume=run continues it
+    with pytest.raises(RunError, match=r"incomplete run, missing final\.json"):
+        load_runs([run])
+
+
+@pytest.fixture(scope="module")
+def tiny_config():
+    return compose_experiment(["experiment=tiny"])[0]
+
+
+def reported_run(root: Path, name: str, cfg, seed: int, dice: float, rounds: int | None = None):
+    """A run directory as the report reads it: config.json / .yaml, empty logs and a final.json
+    of Dice ``dice`` at every site after ``rounds`` (default: all of ``cfg``'s) rounds."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(dataclasses.replace(cfg, seed=seed).to_json())
+    (run / "config.yaml").write_text(f"seed: {seed}\n")
+    for log_file in ("metrics.jsonl", "comm.jsonl"):
+        (run / log_file).write_text("")
+    final = {
+        "method": cfg.method.name,
+        "seed": seed,
+        "experiment": cfg.name,
+        "rounds": cfg.train.rounds if rounds is None else rounds,
+        "sites": {site: {"dice": dice} for site in "ABCD"},
+        "out_of_federation": {},
+    }
+    (run / "final.json").write_text(json.dumps(final))
+    return run
+
+
+def test_a_run_whose_final_json_an_evaluation_wrote_before_the_end_is_unfinished(
+    tiny_config, tmp_path
+):
+    """eval_outfed.py before issue 46 wrote final.json into an interrupted run: that run is
+    resumable, the report refuses it, and --skip-incomplete leaves the row as it was."""
+    assert tiny_config.train.rounds == 2
+    reported_run(tmp_path, "s0", tiny_config, 0, 30.0)
+    reported_run(tmp_path, "s1", tiny_config, 1, 32.0)
+    touched = reported_run(tmp_path, "s2", tiny_config, 2, 0.0, rounds=1)
+    check_resumable(touched)  # no error
+    with pytest.raises(RunError) as refused:
+        load_runs([tmp_path])
+    assert f"{touched}: not a finished run, it trained 1 of 2 rounds" in one_line(refused.value)
+    [row] = group_by_method(load_runs([tmp_path], skip_incomplete=True)).values()
+    assert sorted(run["seed"] for run in row) == [0, 1]
+
+
+def test_identical_copies_of_one_run_count_once(tiny_config, tmp_path):
+    """A copied run folder is one seed, not two (n=2 with std 0.00 before issue 46)."""
+    first = reported_run(tmp_path, "s0", tiny_config, 0, 30.0)
+    shutil.copytree(first, tmp_path / "s0_copy")
+    reported_run(tmp_path, "s0_rerun_elsewhere", tiny_config, 0, 31.0)  # same seed, other scores
+    reported_run(tmp_path, "s1", tiny_config, 1, 32.0)
+    [row] = group_by_method(load_runs([tmp_path])).values()
+    assert sorted(run["path"].name for run in row) == ["s0", "s0_rerun_elsewhere", "s1"]
+
+
+# -- a label that meta.json promises is there (issue 46, point 3) --------------------------------
+
+
+def generic_data_config(root: Path, path: Path) -> Path:
+    """A data config (fedst.data.check's data=FILE) with one federated generic-layout site, D."""
+    spec = {"backend": "generic", "root": str(root), "surgery_type": "hysterectomy"}
+    lines = ["federation: [D]", "out_of_federation: []", "server: null", "val_split: dataset"]
+    path.write_text("\n".join([*lines, "sites:", f"  D: {json.dumps(spec)}"]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("label_every", [1, 2])
+def test_an_annotated_frame_without_its_mask_is_an_error_in_the_checker_and_before_training(
+    write_site, tmp_path, capsys, label_every
+):
+    """meta.json's annotated_fps = fps / k: every k-th frame (index a multiple of k) has a mask.
+    One of them deleted is an error naming the file; the frames in between have none."""
+    written = write_site("D", videos={"v1": 8}, label_every=label_every)
+    missing = written.masks["v1"][4]
+    missing.unlink()
+    config = generic_data_config(tmp_path, tmp_path / "data.yaml")
+    assert check.main([f"data={config}"]) == 1
+    assert f"{missing}: missing mask of an annotated frame" in capsys.readouterr().out
+    with pytest.raises(DataError) as refused:
+        validate_experiment_data(check.load_data_config(str(config)), ClipConfig(), ["D"])
+    assert f"{missing}: missing mask of an annotated frame" in str(refused.value)
+
+
+def test_frames_between_annotated_ones_need_no_mask(write_site, tmp_path, capsys):
+    write_site("D", videos={"v1": 8}, label_every=2)  # masks of frames 0, 2, 4, 6 only
+    config = generic_data_config(tmp_path, tmp_path / "data.yaml")
+    assert check.main([f"data={config}"]) == 0, capsys.readouterr().out

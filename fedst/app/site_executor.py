@@ -25,13 +25,14 @@ State on disk stays authoritative: a restarted executor rebuilds each site from 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
 import threading
 import time
 from typing import Any
+
+from fedst.errors import ArgumentParser
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def serve(runtime_api_address: str, poll_seconds: float = POLL_SECONDS) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m fedst.app.site_executor", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's host:port")

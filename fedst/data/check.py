@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from fedst.config import ConfigError, build
+from fedst.config import ConfigError, build, did_you_mean
 from fedst.data._io import UnifiedLabelSource, format_counts, natural_key, read_image_any
 from fedst.data.base import (
     CLASS_NAMES,
@@ -134,9 +134,10 @@ def load_data_config(spec: str) -> DataConfig:
     if not (path.suffix in (".yaml", ".yml") or path.is_file()):
         path = CONFIG_DIR / f"{spec}.yaml"
     if not path.is_file():
+        names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
         raise ConfigError(
-            f"data config {spec!r}: {path} not found; give a name in {CONFIG_DIR} "
-            "or a path to a .yaml file"
+            f"data={spec}: {path} not found{did_you_mean(spec, names)}; give one of "
+            f"{', '.join(names)} (configs/data/) or a path to a .yaml file"
         )
     try:
         wrapped = OmegaConf.create({"data": OmegaConf.load(path)})  # resolves ${data.root}
@@ -408,7 +409,10 @@ def parse_arguments(argv: Sequence[str]) -> dict[str, str]:
         else:
             raise ConfigError(f"argument {item!r}: use key=value with keys {ARGUMENTS}")
         if key not in ARGUMENTS:
-            raise ConfigError(f"unknown argument {key!r}; known: {ARGUMENTS}")
+            raise ConfigError(
+                f"unknown argument {key!r}{did_you_mean(key, ARGUMENTS)}; known: "
+                f"{', '.join(ARGUMENTS)}"
+            )
         values[key] = value
     return values
 
@@ -425,19 +429,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(__doc__)
         return 0
+    # a mistake (ConfigError) ends in the entry point's one line, exit status 2
+    args = parse_arguments(argv)
+    config = load_data_config(args.get("data", DEFAULT_DATA))
     try:
-        args = parse_arguments(argv)
-        config = load_data_config(args.get("data", DEFAULT_DATA))
         max_frames = int(args.get("max_frames", DEFAULT_MAX_FRAMES))
-        names = [args["site"]] if "site" in args else list(config.sites)
-        unknown = [n for n in names if n not in config.sites]
-        if unknown:
-            raise ConfigError(
-                f"site {unknown[0]!r} is not in the data config; sites: {sorted(config.sites)}"
-            )
-    except (ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except ValueError as err:
+        raise ConfigError(f"max_frames={args['max_frames']}: expected an integer") from err
+    names = [args["site"]] if "site" in args else list(config.sites)
+    unknown = [n for n in names if n not in config.sites]
+    if unknown:
+        raise ConfigError(
+            f"site={unknown[0]}: not in the data config{did_you_mean(unknown[0], config.sites)}; "
+            f"sites: {', '.join(sorted(config.sites))}"
+        )
     reports = [
         check_site(
             n,

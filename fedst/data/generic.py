@@ -12,8 +12,11 @@ Layout (reference/datasets.md, section D/E)::
 
 A frame's file name is its index in the source video, so its time is ``index / fps`` and clips can
 use unlabelled frames between labelled ones. Required meta keys: fps, classes, ignore_index,
-surgery_type; ``binary`` (default false) and ``annotated_fps`` (informational, default fps) are
-optional. Labels must already be unified: classes equal to :data:`CLASS_NAMES` (or two classes when
+surgery_type; ``binary`` (default false) and ``annotated_fps`` are optional. ``annotated_fps`` =
+fps / k for a whole k says that every frame whose index is a multiple of k is annotated: such a
+frame without its mask is an error naming the mask file (a deleted label would otherwise turn the
+frame into an unlabelled clip context frame without a word); another ratio, or no
+``annotated_fps``, says nothing about which frames have masks. Labels must already be unified: classes equal to :data:`CLASS_NAMES` (or two classes when
 binary) and ignore_index 255.
 
 Validation is eager: meta.json at construction, a split's folders and files at the first
@@ -73,6 +76,7 @@ class GenericLayoutSource(SiteSource):
         self.surgery_type: str = meta["surgery_type"]
         self.binary: bool = meta.get("binary", False)
         self.classes: tuple[str, ...] = tuple(meta["classes"])
+        self._label_every = annotated_every(meta, self.site_root / "meta.json")
         self._allowed_values = np.zeros(256, dtype=bool)
         self._allowed_values[: len(self.classes)] = True
         self._allowed_values[IGNORE_INDEX] = True
@@ -183,6 +187,17 @@ class GenericLayoutSource(SiteSource):
                     f"{path}: mask without its frame (expected {frames_dir}/{path.stem}"
                     f"{'|'.join(FRAME_SUFFIXES)}); add the frame or remove the mask"
                 )
+        every = self._label_every
+        if every is not None:  # meta.json says which frames are annotated: each has its mask
+            unlabelled = [i for i in sorted(frame_paths) if i % every == 0 and i not in mask_paths]
+            if unlabelled:
+                frames_said = "every frame" if every == 1 else f"every {every}th frame"
+                raise DataError(
+                    f"{masks_dir / f'{unlabelled[0]:09d}{MASK_SUFFIX}'}: missing mask of an "
+                    f"annotated frame ({len(unlabelled)} in {where}; meta.json annotated_fps "
+                    f"{self.annotated_fps} at fps {self.fps} means {frames_said} has a mask); add "
+                    "the mask, or correct annotated_fps"
+                )
         indices = sorted(frame_paths)
         position = {index: pos for pos, index in enumerate(indices)}
         return VideoRecord(
@@ -226,6 +241,22 @@ class GenericLayoutSource(SiteSource):
                 f"0..{len(self.classes) - 1} and ignore {IGNORE_INDEX}"
             )
         return label
+
+
+def annotated_every(meta: dict[str, Any], path: Path) -> int | None:
+    """k when meta.json's ``annotated_fps`` is ``fps / k`` for a whole k: then every frame whose
+    index is a multiple of k is annotated (has a mask), as the procedural generator writes it;
+    None without ``annotated_fps`` or with a ratio that names no frames (informational only)."""
+    if "annotated_fps" not in meta:
+        return None
+    annotated = meta["annotated_fps"]
+    if isinstance(annotated, bool) or not isinstance(annotated, (int, float)) or annotated <= 0:
+        raise DataError(f"{path}: annotated_fps must be a positive number, found {annotated!r}")
+    ratio = meta["fps"] / annotated
+    every = round(ratio)
+    if every < 1 or abs(ratio - every) > 1e-6 * ratio:
+        return None
+    return every
 
 
 def _frame_index(path: Path) -> int:

@@ -11,7 +11,6 @@ so it also works on a half-built site folder.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ import cv2
 import numpy as np
 
 from fedst.data.base import SPLITS, DataError
+from fedst.errors import ArgumentParser
 
 __all__ = ["OVERLAY_COLOURS", "contact_sheet", "main", "overview", "write_previews"]
 
@@ -188,7 +188,7 @@ def _save(path: Path, rgb: np.ndarray) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI: ``python -m fedst.data.preview DIR [--out DIR/preview]``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path, help="folder holding <site>/meta.json folders")
     parser.add_argument("--out", type=Path, default=None, help="output folder (ROOT/preview)")
     args = parser.parse_args(argv)

@@ -6,7 +6,6 @@ CA and server certificate; ``key``, a site's key pair."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,12 +13,11 @@ from pathlib import Path
 from fedst.deploy.credentials import make_certificates, make_site_key
 from fedst.deploy.local import local
 from fedst.deploy.processes import terminate_on_signal
+from fedst.errors import ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fedst.deploy", description=__doc__.split("\n\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m fedst.deploy", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     local_help = "server + one process per site on 127.0.0.1, TLS and node authentication"
     run_local = commands.add_parser(

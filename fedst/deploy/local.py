@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedst.config import ConfigError
 from fedst.deploy.credentials import make_certificates, make_site_key
 from fedst.deploy.processes import APP_DIR, free_port, process_env, start, stop
+from fedst.storage import require_output_folder
 
 log = logging.getLogger("fedst.deploy")
 
@@ -49,19 +52,49 @@ def site_gpus(sites: Sequence[str], gpus: Sequence[str]) -> dict[str, str]:
 def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None = None) -> int:
     """Throw-away certificates and keys, the server and one process per site on 127.0.0.1 (each
     site on its own GPU when several are visible: :func:`site_gpus`), one federation, every
-    process stopped at the end (also on Ctrl-C and on failure)."""
+    process stopped at the end (also on Ctrl-C and on failure).
+
+    The work folder (certificates, keys, logs, the run and the sites' states) is a new
+    temporary folder, removed when the command ends, whatever the outcome; ``workdir`` names
+    one to keep instead. The config is checked before any folder is made, so a mistake leaves
+    nothing: ``engine`` is refused (this is Flower's deployment engine, not train_fed.py's
+    in-process or Ray one), and ``workdir`` must be a folder."""
     from fedst.cli import compose_experiment
-    from fedst.data.clips import resolve_num_workers
     from fedst.training import prepare_data
 
-    work = workdir or Path(tempfile.mkdtemp(prefix="fedst_local_"))
+    engine = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "engine"]
+    if engine:
+        raise ConfigError(
+            f"{engine[0]}: deploy local runs Flower's deployment engine (a SuperLink and one "
+            "SuperNode process per site); engine= chooses train_fed.py's simulation engine, "
+            "leave it out here"
+        )
+    if workdir is not None:
+        require_output_folder(workdir, "--workdir")
     cfg, _ = compose_experiment([f"data.federation=[{','.join(sites)}]", *overrides])
     prepare_data(cfg)  # once, before the processes that would each generate it
+    if workdir is not None:
+        return _federation(workdir, sites, overrides, cfg.train.num_workers)
+    work = Path(tempfile.mkdtemp(prefix="fedst_local_"))
+    try:
+        return _federation(work, sites, overrides, cfg.train.num_workers)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"removed the work folder {work} (--workdir DIR keeps the run and its logs)")
+
+
+def _federation(
+    work: Path, sites: Sequence[str], overrides: Sequence[str], num_workers: int | str
+) -> int:
+    """The server and the sites of :func:`local` in ``work``; the server's exit status.
+    ``num_workers``: the experiment's ``train.num_workers``."""
+    from fedst.data.clips import resolve_num_workers
+
     certs = make_certificates(work / "certs")
     for site in sites:
         make_site_key(work / "keys", site)
     port = free_port()
-    if cfg.train.num_workers == "auto":  # the sites load at once here: each its share of cores
+    if num_workers == "auto":  # the sites load at once here: each its share of cores
         workers = resolve_num_workers("auto", parallel_loaders=len(sites))
         overrides = [o for o in overrides if not o.startswith("train.num_workers=")]
         overrides = [*overrides, f"train.num_workers={workers}"]
@@ -91,6 +124,7 @@ def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None =
         )
     elif gpus:
         log.info("one GPU (%s): the server and every site share it", gpus[0])
+    work.mkdir(parents=True, exist_ok=True)
     try:
         server = start(server_cmd, work / "server.out", env)
         processes.append(server)

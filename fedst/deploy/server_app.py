@@ -20,6 +20,7 @@ from fedst.cli import compose_experiment, setup_logging
 from fedst.experiment import RoundPolicy, default_eval_timeout
 from fedst.runs import Run
 from fedst.runs.files import load_config
+from fedst.runs.footprint import keep_models_only
 from fedst.training import finalize_run, prepare_run
 
 log = logging.getLogger(__name__)
@@ -68,3 +69,5 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
     log.info("deployed run %s", run_dir)
     run_federation(grid, cfg, run_dir, progress=False, policy=policy)
     finalize_run(Run(run_dir, cfg), site_data=False)
+    if not cfg.train.keep_resume_state:  # finished: never resumed (fedst/runs/footprint.py)
+        keep_models_only(run_dir)

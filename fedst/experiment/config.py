@@ -162,6 +162,12 @@ class TrainConfig:
     the last one) every k rounds and at the last round; a resumed run restarts after the latest
     one, redoing at most k - 1 rounds (each site keeps its states of the server's two latest
     checkpoint rounds). Results do not depend on k. 1: every round."""
+    keep_resume_state: bool = False
+    """What a run keeps once its training has finished (fedst/runs/footprint.py; sizes in
+    docs/running.md). False: its models only (v_g, each site's rho_k and gamma_k of the last
+    round, the validation rounds' snapshots), since a finished run is never resumed. True: also
+    what resuming would read (the previous server checkpoint, SERQ's state and feature bank, the
+    sites' optimizer moments, data order and earlier rounds), as while it trains."""
     val_every: int | None = None
     """Score every site's personalized model on its validation split every k rounds and at the
     last round (metrics.jsonl rows with split "val"), keeping what selection needs of those rounds
@@ -595,11 +601,14 @@ def experiment_from_json(text: str) -> ExperimentConfig:
     return experiment_from_dict(values)
 
 
-def resolve_device(name: str, require_gpu: bool = False, experiment: str = "") -> torch.device:
+def resolve_device(
+    name: str, require_gpu: bool = False, experiment: str = "", key: str = "train.device"
+) -> torch.device:
     """``train.device`` -> the torch device: ``auto`` -> the first CUDA device when available,
     else the CPU, unless ``require_gpu`` (``train.require_gpu``: the config named ``experiment``
     is sized for a GPU), which makes a CPU fallback a ConfigError with the reason and the fix;
-    ``cuda``/``cuda:N`` where CUDA is unavailable is an error."""
+    ``cuda``/``cuda:N`` where CUDA is unavailable is an error. ``key``: the option the user set
+    (``device`` for fedst.infer), named in the fix."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -614,8 +623,8 @@ def resolve_device(name: str, require_gpu: bool = False, experiment: str = "") -
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
-            f"train.device={name!r} but CUDA is not available ({cuda_unavailable_reason()}); "
-            f"use device=auto or cpu"
+            f"{key}={name!r} but CUDA is not available ({cuda_unavailable_reason()}); "
+            f"use {key}=auto or {key}=cpu"
         )
     return device
 

@@ -191,6 +191,8 @@ class Site:
         under Ray, each one is a message that found its site's state in another actor's hands."""
         self.restores_reported = 0
         """:attr:`disk_restores` as the last train reply reported them."""
+        self.trainable = True
+        """False after :meth:`restore` of a finished run's state (models only)."""
         self.loader_seconds = 0.0
         """Time the current round's steps waited for batches (the loader), in seconds."""
         self.keep_rounds: tuple[int, ...] = ()
@@ -221,6 +223,7 @@ class Site:
         whose states the site keeps beside its two latest (:meth:`save`)."""
         self.keep_rounds = tuple(keep_rounds)
         self.restore(server_round - 1)
+        self._require_trainable(server_round - 1)
         if self.completed_round > 0:  # rho_k is the site's own from its first round on
             received = {k: v for k, v in received.items() if k not in self.personal_keys}
         self.method.adopt(self, received, server_round)
@@ -336,6 +339,7 @@ class Site:
         v_k = gamma_g U rho_k of round T, run Method.run_final_stage with the other sites' rho_j
         (``others``), then keep and save the whole model as this site's own."""
         self.restore(server_round - 1)
+        self._require_trainable(server_round - 1)
         load_subset(self.model, {k: v for k, v in shared.items() if k not in self.personal_keys})
         seed_everything(self.cfg.seed, self.index, server_round)
         started = time.perf_counter()
@@ -498,11 +502,24 @@ class Site:
         load_subset(self.model, state["personal"])
         self.method.load_site_state(self, state.get("method", {}))
         self.owns_whole_model = bool(state.get("whole_model", False))
+        self.completed_round = server_round
+        self.disk_restores += 1
+        self.trainable = "optimizer" in state  # a finished run keeps models only (footprint.py)
+        if not self.trainable:
+            return
         self.optimizer.load_state_dict(state["optimizer"])
         if self.channels_last:
             match_parameter_layouts(self.optimizer)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["stream"])
-        self.completed_round = server_round
-        self.disk_restores += 1
+
+    def _require_trainable(self, server_round: int) -> None:
+        """A state restored from a finished run (its models only: no AdamW moments, no data
+        order, fedst/runs/footprint.py) can be scored, not trained on: a CheckpointError."""
+        if not self.trainable:
+            raise CheckpointError(
+                f"site {self.name}: its state of round {server_round} is a finished run's, which "
+                "keeps its models only (no optimizer moments or data order), so it cannot be "
+                "trained further; train.keep_resume_state=true keeps what training on needs"
+            )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedst.errors import ArgumentParser
 from fedst.guard.correction import GuardConfig, GuardError
 from fedst.guard.fitting import run_guard
 
@@ -17,7 +17,7 @@ DESCRIPTION = "GEN-Guard's correction step: Disagreement-Aware Distillation (DAD
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
-    parser = argparse.ArgumentParser(prog="python -m fedst.guard", description=DESCRIPTION)
+    parser = ArgumentParser(prog="python -m fedst.guard", description=DESCRIPTION)
     parser.add_argument("run_dir", type=Path, help="run directory written by train_fed.py")
     parser.add_argument(
         "--site",

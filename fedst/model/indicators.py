@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from fedst.errors import UserError
+from fedst.errors import ArgumentParser, UserError
 from models.pvt.weights import weights_directory
 
 __all__ = [
@@ -302,7 +302,7 @@ def _parse_site(text: str) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Precompute and cache CLIP site indicators (run where the CLIP weights are available)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
         "--sites",
         nargs="+",

@@ -19,7 +19,8 @@ method than FedST (Fig. 7: ``method=fedavg +ablation=fig7_synthetic``) and may s
 ``train.total_iters`` by a factor of the experiment's (Fig. 7 and Fig. 5's green line: x2; the
 rounds, total_iters // local_iters, double with it). For each run the runner
 
-* skips it when it is finished: ``final.json`` present and the run's ``config.json`` equal to the
+* skips it when it is finished: ``final.json`` written by the end of its training
+  (fedst/runs/files.py ``unfinished``) and the run's ``config.json`` equal to the
   config the command composes (up to ``train.eval_every / device / num_workers``, which do not
   change what a run learns: fedst/cli.py RESUME_SAFE_KEYS);
 * resumes it when it was interrupted (``checkpoints/server.pt`` present: the resume machinery of

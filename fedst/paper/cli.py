@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedst.cli import setup_logging
-from fedst.config import ConfigError
+from fedst.errors import ArgumentParser
 from fedst.paper.planning import describe, execute, parse_arguments, plan_table
-from fedst.paper.tables import TABLES, RunnerError
+from fedst.paper.tables import TABLES
 from fedst.paper.writing import FpsSettings, build_tables, write_outputs
 
 log = logging.getLogger("fedst.paper")
@@ -37,7 +37,7 @@ def tables_root(runs: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     tokens = list(sys.argv[1:] if argv is None else argv)
     key_values = [t for t in tokens if "=" in t and not t.startswith("-")]  # anywhere on the line
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m fedst.paper",
         usage="%(prog)s TABLE [--dry-run] [--runs DIR] [--out DIR] [--fps-*] [seeds=0,1,2] "
         "[rows=NAME,NAME] [Hydra overrides]",
@@ -69,25 +69,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             help=f"table9's FPS: {what} (default: %(default)s)",
         )
     setup_logging()
-    try:
-        seeds, rows, overrides = parse_arguments(key_values)
-    except RunnerError as err:
-        log.error("%s", err)
-        return 2
+    # a mistake (RunnerError, ConfigError) ends in the entry point's one line, exit status 2
+    seeds, rows, overrides = parse_arguments(key_values)
     parser.set_defaults(seeds=seeds, rows=rows, overrides=overrides)
     options = parser.parse_args([t for t in tokens if t not in key_values])
-    try:
-        plan = plan_table(TABLES[options.table], seeds, overrides, options.runs, rows)
-        print(describe(plan))
-        if options.dry_run:
-            return 0
-        failures = execute(plan)
-        fps = FpsSettings(options.fps_frames, options.fps_warmup, options.fps_threads)
-        markdown, csv_table = build_tables(plan, failures, fps)
-        written = write_outputs(plan, markdown, csv_table, options.out or tables_root(options.runs))
-    except (RunnerError, ConfigError) as err:
-        log.error("%s", err)
-        return 2
+    plan = plan_table(TABLES[options.table], seeds, overrides, options.runs, rows)
+    print(describe(plan))
+    if options.dry_run:
+        return 0
+    failures = execute(plan)
+    fps = FpsSettings(options.fps_frames, options.fps_warmup, options.fps_threads)
+    markdown, csv_table = build_tables(plan, failures, fps)
+    written = write_outputs(plan, markdown, csv_table, options.out or tables_root(options.runs))
     print()
     print("\n".join(t.to_markdown() for t in markdown))
     for path in written:

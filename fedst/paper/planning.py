@@ -14,7 +14,7 @@ from fedst.cli import CONFIG_DIR, compose_experiment, learning_differences, setu
 from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
 from fedst.paper.tables import DEFAULT_SEEDS, REFUSED_KEYS, Row, RunnerError, TableSpec
-from fedst.runs.files import load_config
+from fedst.runs.files import load_config, unfinished
 from fedst.runs.layout import SERVER_CHECKPOINT
 from fedst.training import run_training
 
@@ -165,7 +165,7 @@ def _run_state(cfg: ExperimentConfig, run_dir: Path) -> tuple[str, str]:
     differences = learning_differences(saved, cfg)
     if differences:
         return "conflict", f"{run_dir} holds a run of another config (differs in {differences})"
-    if (run_dir / "final.json").is_file():
+    if unfinished(run_dir) is None:  # the end of its training wrote final.json
         return "done", ""
     if (run_dir / SERVER_CHECKPOINT).is_file():
         return "resume", ""
@@ -193,7 +193,7 @@ def _same_run_elsewhere(
             continue
         if [k for k in learning_differences(saved, cfg) if k not in LABEL_KEYS]:
             continue
-        if (other / "final.json").is_file():  # its config was read just above: no second read
+        if unfinished(other) is None:
             found.append((False, other, "done"))
         elif (other / SERVER_CHECKPOINT).is_file():
             found.append((True, other, "resume"))

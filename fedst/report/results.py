@@ -29,6 +29,7 @@ from fedst.config import to_dict
 from fedst.errors import UserError
 from fedst.experiment import experiment_from_json
 from fedst.metrics import format_score
+from fedst.runs.files import unfinished
 from fedst.storage import read_jsonl
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,9 @@ def load_run(path: str | Path) -> dict:
     "metrics", "comm", "train"} ("learning": :func:`learning_values`; "train": rows of
     train.jsonl, empty when the run has none).
 
-    Raises :class:`RunError` naming the first missing or unreadable file.
+    Raises :class:`RunError` naming the first missing or unreadable file, or why the run has
+    not finished training (:func:`fedst.runs.files.unfinished`: also when an evaluation wrote its
+    final.json before the end).
     """
     run_dir = Path(path)
     missing = [name for name in RUN_FILES if not (run_dir / name).is_file()]
@@ -151,6 +154,12 @@ def load_run(path: str | Path) -> dict:
         raise RunError(
             f"{run_dir}: incomplete run, missing {missing[0]} (a run writes "
             f"{', '.join(RUN_FILES)}; final.json appears when training finishes)"
+        )
+    reason = unfinished(run_dir)
+    if reason is not None:
+        raise RunError(
+            f"{run_dir}: not a finished run, {reason}; resume it (python train_fed.py "
+            f"resume={run_dir})"
         )
     try:
         config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
@@ -200,9 +209,36 @@ def load_runs(paths: Iterable[str | Path], skip_incomplete: bool = False) -> lis
             f"no finished run in {', '.join(map(str, paths))} (every folder was skipped: see the "
             "warnings above); pass directories of runs whose final.json exists"
         )
+    runs = without_copies(runs)
     for line in shared_seeds(group_by_method(runs)):
         log.warning("%s", line)
     return runs
+
+
+def _identity(run: Mapping) -> tuple:
+    """What makes two loaded runs one: method, seed, config (:func:`learning_values`) and the
+    scores of its final.json (its sites and out-of-federation sites)."""
+    final = run["final"]
+    scores = json.dumps([final.get("sites"), final.get("out_of_federation")], sort_keys=True)
+    learning = json.dumps(_learning(run), sort_keys=True, default=str)
+    return run["method"], str(run["seed"]), learning, scores
+
+
+def without_copies(runs: Sequence[dict]) -> list[dict]:
+    """``runs`` with each copy of a run left out, in one warning line per copy: a run of the same
+    method, seed and config with the same scores (a copied run folder, or the same run trained
+    twice) is one data point, so a row counts it once. Runs sharing a seed whose scores differ
+    stay (:func:`shared_seeds` names them)."""
+    kept: dict[tuple, dict] = {}
+    for run in runs:
+        first = kept.setdefault(_identity(run), run)
+        if first is not run:
+            log.warning(
+                "%s: a copy of %s (same method, seed, config and scores); counted once",
+                run["path"],
+                first["path"],
+            )
+    return list(kept.values())
 
 
 def _experiment_label(experiment: object) -> str:

@@ -26,7 +26,6 @@ deployed, with its own site indicator; the out-of-federation model with the test
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import logging
@@ -36,12 +35,14 @@ from typing import Any
 
 import numpy as np
 
+from fedst.errors import ArgumentParser
 from fedst.metrics import format_score
 from fedst.report.results import RunError
 from fedst.runs import Run
-from fedst.runs.layout import CONFIG_JSON, FINAL_JSON
+from fedst.runs.files import unfinished
+from fedst.runs.layout import CONFIG_JSON
 from fedst.selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
-from fedst.storage import read_jsonl
+from fedst.storage import read_jsonl, require_output_folder
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,10 @@ def finished_run(run_dir: Path, command: str) -> Run:
             f"{command}: {run_dir} is not a run directory (no config.json); pass a folder "
             "train_fed.py wrote"
         )
-    if not (run_dir / FINAL_JSON).is_file():
+    reason = unfinished(run_dir)
+    if reason is not None:
         raise RunError(
-            f"{command}: {run_dir} is not a finished run (no final.json); let its training "
+            f"{command}: {run_dir} is not a finished run ({reason}); let its training "
             f"finish (train_fed.py resume={run_dir}), then report it"
         )
     return Run(run_dir)
@@ -514,9 +516,7 @@ def matrix_report(
 
 
 def main(argv: Sequence[str]) -> list[Path]:
-    parser = argparse.ArgumentParser(
-        prog="python -m fedst.report", description=__doc__.split("\n")[0]
-    )
+    parser = ArgumentParser(prog="python -m fedst.report", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     msf_help = SUBCOMMANDS["msf"]
     msf = sub.add_parser("msf", help=msf_help, description=f"Model selection: {msf_help}.")
@@ -535,6 +535,8 @@ def main(argv: Sequence[str]) -> list[Path]:
     )
     matrix.add_argument("--out", type=Path, help="output folder (default: <RUN>/report)")
     args = parser.parse_args(list(argv))
+    if args.out is not None:  # before any run is read
+        require_output_folder(args.out, "--out")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "msf":
         out = args.out or args.run_dirs[0] / "report"

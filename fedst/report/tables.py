@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from fedst import units
+from fedst.errors import ArgumentParser
 from fedst.report.results import (
     AVERAGE_PANEL,
     METRIC_LABELS,
@@ -50,6 +51,7 @@ from fedst.report.results import (
     site_names,
     site_value,
 )
+from fedst.storage import require_output_folder
 
 __all__ = [
     "comm_columns",
@@ -453,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in selection.SUBCOMMANDS:
         return selection.main(argv)
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m fedst.report",
         usage=_usage(),
         description=__doc__.split("\n")[0],
@@ -473,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     )
     parser.add_argument("--no-plots", action="store_true", help="write tables only")
     args = parser.parse_args(argv)
+    if args.out:  # before any run is read
+        require_output_folder(Path(args.out), "--out")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     runs = load_runs(args.run_dirs, skip_incomplete=args.skip_incomplete)

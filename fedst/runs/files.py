@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fedst.experiment import ExperimentConfig, experiment_from_json
-from fedst.runs.layout import CONFIG_JSON
+from fedst.runs.layout import CONFIG_JSON, FINAL_JSON
 from fedst.storage import atomic_write_text, disk_write_error, read_jsonl
 
 
@@ -62,3 +62,28 @@ def load_config(run_dir: Path) -> ExperimentConfig:
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: is {run_dir} a FedST run directory?")
     return experiment_from_json(path.read_text())
+
+
+def unfinished(run_dir: Path) -> str | None:
+    """Why the run in ``run_dir`` has not finished training, or None when it has.
+
+    Only the end of training writes final.json (fedst/training.py ``finalize_run``), with the
+    rounds it trained (``rounds``). A run is unfinished without final.json, or when its final.json
+    scores fewer rounds than its config's ``train.rounds``: an evaluation of an interrupted run
+    wrote it (eval_outfed.py did before issue 46). A final.json or config.json that does not say
+    how many rounds (a run older than both keys) cannot be told apart and counts as finished.
+    """
+    final_path = run_dir / FINAL_JSON
+    if not final_path.is_file():
+        return "no final.json"
+    try:
+        trained = json.loads(final_path.read_text()).get("rounds")
+        planned = json.loads((run_dir / CONFIG_JSON).read_text())["train"]["rounds"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # unreadable: the reader of the file reports it
+    if isinstance(trained, int) and isinstance(planned, int) and trained < planned:
+        return (
+            f"it trained {trained} of {planned} rounds (its final.json was written by an "
+            "evaluation before its training ended)"
+        )
+    return None

@@ -23,9 +23,9 @@ from fedst.methods import Method, method_of
 from fedst.model.network import FedSTNet
 from fedst.runs import layout
 from fedst.runs.files import load_config
-from fedst.storage import load_checkpoint
 from fedst.runs.records import ServerCheckpoint, SiteState, TensorDict
 from fedst.runs.returned import averaged_site_model, site_model
+from fedst.storage import load_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -7,18 +7,18 @@ description."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from fedst.data.procedural.sites import GENERATOR_VERSION, GENERATOR_VERSIONS, PRESETS, SITES
 from fedst.data.procedural.writer import generate, generate_oracle_split
+from fedst.errors import ArgumentParser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI: ``python -m fedst.data.procedural --out DIR --seed N --preset demo``."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m fedst.data.procedural", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--out", type=Path, required=True, help="root folder of the sites")

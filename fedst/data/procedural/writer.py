@@ -258,6 +258,13 @@ def generate(
                     (site_dir, site, preset, seed, v, frames, size.label_every, version)
                     for v in ids
                 )
+        if todo:  # where the data goes (a relative data.root is under the working directory)
+            logger.info(
+                "generating site(s) %s of the procedural benchmark %s into %s",
+                ", ".join(todo),
+                preset,
+                out.absolute(),
+            )
         _write_videos(tasks, f"procedural {preset}", workers, progress, chunksize=4)
         for site in todo:
             _finish_site(out / site, video_ids(site, spec), _meta(site, spec, seed, version))
