@@ -289,3 +289,15 @@ def site_record(site: str, instruction: Message, data_size: int | None = None):
     if data_size is not None:
         record[keys.DATA_SIZE] = data_size
     return ConfigRecord(record)
+
+
+def stand_in_reply(instruction: Message, content: dict, metrics: dict) -> Message:
+    """A stand-in site's reply to ``instruction`` from its records (``content``) and its own
+    metrics: a train reply also reports a loss and time, an evaluate reply fixed scores."""
+    from flwr.app import MessageType, MetricRecord, RecordDict
+
+    if instruction.metadata.message_type == MessageType.TRAIN:
+        metrics = {**metrics, "train-loss": 1.0, "seconds": 0.0}
+    else:
+        metrics = {**metrics, "dice": 0.5, "iou": 0.5, "hd95": 1.0, "assd": 1.0}
+    return Message(RecordDict({**content, "metrics": MetricRecord(metrics)}), reply_to=instruction)

@@ -21,7 +21,7 @@ from fedst.federation import transport
 from fedst.methods import method_of
 from fedst.runs.layout import SERVER_CHECKPOINT
 from fedst.training import run_training
-from tests.conftest import reply_of_one_site, sent_keys, site_record
+from tests.conftest import reply_of_one_site, sent_keys, site_record, stand_in_reply
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +96,7 @@ def constant_sites(values: dict[int, float], shared: tuple[str, ...], initial, p
         if message.metadata.message_type == MessageType.TRAIN:
             gamma = {k: torch.full_like(initial[k], values[node]) for k in shared}
             content.update(transport.pack(gamma, precision).records())
-            metrics |= {"train-loss": 1.0, "seconds": 0.0}
-        else:
-            metrics |= {"dice": 0.5, "iou": 0.5, "hd95": 1.0, "assd": 1.0}
-        content["metrics"] = MetricRecord(metrics)
-        return Message(RecordDict(content), reply_to=message)
+        return stand_in_reply(message, content, metrics)
 
     return reply
 

@@ -41,7 +41,7 @@ from fedst.methods import method_of
 from fedst.runs.files import RunLog
 from fedst.storage import read_jsonl
 from fedst.training import refused_replies
-from tests.conftest import site_record
+from tests.conftest import site_record, stand_in_reply
 from tests.test_federation import experiment, tiny_root  # noqa: F401  (the fixture)
 
 REFERENCE = {"w": torch.zeros(2, 3), "b": torch.zeros(3)}
@@ -221,11 +221,7 @@ def stand_in_sites(shared: list[str], fault: str | None):
                 record["site"] = "A"
             if not (faulty and fault == "wire"):  # a train reply without gamma_k
                 content.update(packed.records())
-            metrics |= {"train-loss": 1.0, "seconds": 0.0}
-        else:
-            metrics |= {"dice": 0.5, "iou": 0.5, "hd95": 1.0, "assd": 1.0}
-        content["metrics"] = MetricRecord(metrics)
-        return Message(RecordDict(content), reply_to=message)
+        return stand_in_reply(message, content, metrics)
 
     return reply
 
