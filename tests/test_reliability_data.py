@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from fedst.cli import compose_experiment
+from fedst.config import ConfigError
 from fedst.data.base import MAX_FPS, MIN_FPS, DataError
 from fedst.data.check import main as check_main
 from fedst.data.clips import ClipConfig, ClipDataset
@@ -34,11 +37,22 @@ def test_a_split_file_with_non_utf8_bytes_is_an_error_naming_the_file(write_site
     assert str(split) in str(caught.value) and "UTF-8" in str(caught.value)
 
 
-def test_a_malformed_data_yaml_exits_two_with_the_file_named(tmp_path, capsys):
+def test_a_malformed_data_yaml_exits_two_with_the_file_named(tmp_path):
     config = tmp_path / "broken.yaml"
     config.write_text("federation: [A, B\nsites:\n  A: {backend: generic\n")
-    assert check_main([f"data={config}"]) == 2
-    assert str(config) in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=re.escape(str(config))):  # check_main raises it ...
+        check_main([f"data={config}"])
+    done = subprocess.run(  # ... and the entry point prints it in one line, exit 2
+        [sys.executable, "-m", "fedst.data.check", f"data={config}"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("python -m fedst.data.check: error: ") and str(config) in line
 
 
 # -- item 1: the benchmark is generated only where absent; user data is never deleted --------------
