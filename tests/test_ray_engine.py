@@ -168,8 +168,9 @@ def test_a_simulation_runs_across_a_two_node_ray_cluster_as_in_process(data_root
 
 
 def _kill_site_after_round(run_dir: Path, site: str, after_round: int, process) -> int | None:
-    """SIGKILL ``site``'s actor process once the server logged ``after_round`` (then 1 s into the
-    next round's training); returns the killed pid (None: the run ended first)."""
+    """SIGKILL ``site``'s actor process once the server logged ``after_round`` (its row comes after
+    the round's evaluation and checkpoint, so the next round's training is starting: ten local
+    iterations, seconds here); returns the killed pid (None: the run ended first)."""
     import signal
     import time
 
@@ -181,7 +182,7 @@ def _kill_site_after_round(run_dir: Path, site: str, after_round: int, process) 
         rows_now = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         if any(r.get("round") == after_round and r.get("site") == "server" for r in rows_now):
             pid = next(r["process"] for r in rows_now if r.get("site") == site)
-            time.sleep(1.0)
+            time.sleep(0.2)
             os.kill(pid, signal.SIGKILL)
             return pid
     return None
