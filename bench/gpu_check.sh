@@ -2,8 +2,8 @@
 # The prepared GPU check (issues 33, 43): every GPU-relevant check of FedST in one go, report in $OUT.
 #
 #   make gpu-wheels                 # here, once: the wheels the GPU machine lacks, into .whl/
-#   bash bench/gpu_check.sh         # on the GPU machine, from the repository root (about 7 min;
-#                                   # the device tool's timeout_s: 540, docs/paper-scale.md)
+#   bash bench/gpu_check.sh         # on the GPU machine, from the repository root (about 8 min;
+#                                   # the device tool's timeout_s: 520, docs/paper-scale.md)
 #   bash bench/gpu_check.sh --cpu   # anywhere: the same steps on the CPU at a reduced size
 #   make gpu-rehearsal              # here: --cpu in an environment laid out as the GPU machine's
 #
@@ -31,7 +31,8 @@ else
 fi
 device=cuda
 for arg in "$@"; do [[ "$arg" == "--cpu" ]] && device=cpu; done
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" FLWR_TELEMETRY_ENABLED=0 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" FLWR_TELEMETRY_ENABLED=0 PYTHONUNBUFFERED=1 \
+    NO_ALBUMENTATIONS_UPDATE=1
 # torch alone: a machine whose GPU torch cannot use stops here, in seconds, with the reason
 "$python" -m bench.gpu_check preflight --device "$device" || exit 3
 # find_spec locates the modules without importing them (seconds on a loaded machine)

@@ -170,8 +170,8 @@ def test_the_ray_engine_passes_the_resolved_shares_to_flower(monkeypatch, tmp_pa
 # -- loader workers --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("cores", "workers"), [(1, 0), (2, 1), (3, 2), (8, 7), (64, 63)])
-def test_auto_workers_of_a_lone_loader_leave_one_core(monkeypatch, cores, workers):
+@pytest.mark.parametrize(("cores", "workers"), [(1, 0), (2, 1), (3, 2), (5, 4), (8, 4), (64, 4)])
+def test_auto_workers_of_a_lone_loader_leave_one_core_and_stop_at_four(monkeypatch, cores, workers):
     monkeypatch.setattr(clips.loaders, "usable_cpu_count", lambda: cores)
     assert clips.resolve_num_workers("auto") == workers
     assert clips.resolve_num_workers(3) == 3

@@ -210,12 +210,14 @@ def test_an_option_this_checkout_lacks_makes_its_step_unsupported(tmp_path, monk
 def test_the_steps_run_by_value_and_their_limits_fit_the_gpu_budget_with_a_margin():
     steps = gpu_check.plan_steps("cuda", gpu_check.GPU_SIZES, Path("/nonexistent"))
     names = [s.name for s in steps]
-    assert names == ["facts", "federation", "paper_scale", "tests", "scoring", "step", "stream",
-                     "paper_scale_baseline", "paper_scale_options"]  # fmt: skip
+    assert names == ["facts", "federation", "paper_scale", "tests", "scoring", "step", "stream"]
     # every step gets its whole limit inside the budget, so none is "not run" for lack of time
     assert sum(s.timeout_s for s in steps) <= gpu_check.GPU_SIZES.budget_s
-    # the budget, the wheels and pre-flight inside 8 minutes, and the device call's limit above
-    assert gpu_check.GPU_SIZES.budget_s + 30 <= 8 * 60 < gpu_check.RUN_TIMEOUT_S <= 600
+    # the budget, the wheels and pre-flight inside the device call's limit (at most 600 s), and
+    # with a machine's start (up to 2 minutes) the 15-minute lease keeps the 4 minutes a second
+    # call needs
+    assert gpu_check.GPU_SIZES.budget_s + 30 <= gpu_check.RUN_TIMEOUT_S <= 600
+    assert gpu_check.RUN_TIMEOUT_S + 120 <= 15 * 60 - 4 * 60
     assert all(s.measures for s in steps), "the report says what each step measures"
 
 

@@ -37,12 +37,12 @@ CPU = torch.device("cpu")
 
 @pytest.mark.parametrize(
     ("cores", "parallel", "workers"),
-    [(16, 1, 15), (16, 4, 3), (16, 5, 2), (16, 16, 0), (2, 4, 0), (1, 1, 0), (64, 2, 31)],
+    [(16, 1, 4), (16, 4, 3), (16, 5, 2), (16, 16, 0), (2, 4, 0), (1, 1, 0), (64, 2, 4), (10, 2, 4)],
 )
-def test_auto_workers_are_a_loaders_share_of_the_cores_less_the_training_core(
+def test_auto_workers_are_a_loaders_share_of_the_cores_less_the_training_core_at_most_four(
     monkeypatch, cores, parallel, workers
 ):
-    # expected: floor(cores / loaders running at once) - 1, at least 0 (no cap)
+    # expected: min(4, floor(cores / loaders running at once) - 1), at least 0
     monkeypatch.setattr(clips.loaders, "usable_cpu_count", lambda: cores)
     assert clips.resolve_num_workers("auto", parallel_loaders=parallel) == workers
     assert clips.resolve_num_workers("auto", parallel, cpu_count=cores) == workers

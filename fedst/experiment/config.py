@@ -175,8 +175,8 @@ class TrainConfig:
     num_workers: int | str = "auto"
     """DataLoader worker processes per site (training and evaluation loaders): a number, or
     "auto" = the usable CPU cores divided among the loaders that run at once, less one core for
-    the training process (fedst.data.clips.resolve_num_workers): in-process cores - 1 (sites
-    train in turn), under Ray the actor's CPU share - 1. Workers decode, resize and augment;
+    the training process, at most 4 (fedst.data.clips.resolve_num_workers): in-process cores - 1
+    (sites train in turn), under Ray the actor's CPU share - 1. Workers decode, resize and augment;
     they send uint8 clips, normalised on the device; training loaders keep them (persistent)."""
     device: str = "auto"
     """auto (the first CUDA device when present, else the CPU; see ``require_gpu``) | cpu |

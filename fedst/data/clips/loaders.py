@@ -49,6 +49,14 @@ pool has run hangs in its first cv2 call (seen here: cv2.setNumThreads blocked f
 WORKER_PRELOAD = ("torch", "cv2", "albumentations", "fedst.data.clips", "fedst.data.generic")
 """Modules the fork server imports once, so a worker starts in ~0.5 s instead of importing them."""
 
+AUTO_WORKERS_MAX = 4
+"""The most workers "auto" gives one loader. Measured (docs/paper-scale.md, "The first run on a
+GPU"): one loader process decodes and augments ~15 clips/s of 1280x1024 frames at 512x640 (68 ms
+a clip, bench/loader.py on a 2-core Xeon), and a paper-config site step on the H200 took ~90 ms
+for its batch of 2, so 2 workers keep up and 4 leave a 2.6x margin. Workers start one after
+another, ~0.5 s each: uncapped, the H200 machine's 15 per loader cost 8 s at every site's first
+round and at every evaluation's loader. A number in ``train.num_workers`` is taken as given."""
+
 Batch = tuple[torch.Tensor, torch.Tensor, list[str]]
 
 
@@ -65,7 +73,7 @@ def resolve_num_workers(
 ) -> int:
     """``train.num_workers`` as a worker count: a number as given; "auto" = the cores of one
     loader's share, ``cpu_count // parallel_loaders``, less the core of the process that trains
-    (0 where the share is one core: load in that process).
+    (0 where the share is one core: load in that process), at most :data:`AUTO_WORKERS_MAX`.
 
     ``parallel_loaders``: how many loaders of this machine load at the same time (the in-process
     engine: 1, its sites train in turn; Ray / ``deploy local``: the sites that train at once).
@@ -74,7 +82,7 @@ def resolve_num_workers(
         raise ValueError(f"parallel_loaders={parallel_loaders!r}: at least 1 loader")
     if value == "auto":
         cores = usable_cpu_count() if cpu_count is None else cpu_count
-        return max(0, cores // parallel_loaders - 1)
+        return min(AUTO_WORKERS_MAX, max(0, cores // parallel_loaders - 1))
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f'num_workers={value!r}: a number of workers >= 0 or "auto"')
     return value
