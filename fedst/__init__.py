@@ -1,7 +1,7 @@
 """FedST: personalized federated segmentation of surgical instruments in video.
 
-Layer: the root; its modules (config, errors, units, seeding, accel, progress) import nothing of
-fedst but one another.
+Layer: the root; its modules (config, errors, storage, units, seeding, accel, progress) import
+nothing of fedst but one another.
 """
 
 import os

@@ -8,10 +8,21 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("fedst", "models")
 LAYERS: tuple[tuple[str, ...], ...] = (  # bottom-up; a module may import its own layer and below
-    ("fedst", "fedst.config", "fedst.units", "fedst.seeding", "fedst.accel", "fedst.progress"),
+    (
+        "fedst",
+        "fedst.config",
+        "fedst.units",
+        "fedst.seeding",
+        "fedst.accel",
+        "fedst.progress",
+        "fedst.errors",
+        "fedst.storage",
+    ),
     ("models",),
     ("fedst.data",),
     ("fedst.model", "fedst.metrics"),
@@ -128,16 +139,38 @@ def test_no_module_of_fedst_or_models_imports_itself_through_others():
     assert not cycles, "import cycles:\n" + "\n".join(described)
 
 
+ROOT_PACKAGES = {"fedst"}
+"""Names in LAYERS that stand for the package's own ``__init__`` alone: a module under them is
+in a layer only where LAYERS names it (or its subpackage). ``models`` is a layer as a whole."""
+
+
 def layer_of(module: str) -> int:
-    """The index in LAYERS of the longest prefix that names ``module`` (or its package)."""
+    """The index in LAYERS of the longest name that is ``module`` or a package above it (a root
+    package counts only for itself); a module no name covers is an error."""
     matches = [
         (len(prefix), index)
         for index, prefixes in enumerate(LAYERS)
         for prefix in prefixes
-        if module == prefix or module.startswith(prefix + ".")
+        if module == prefix or (prefix not in ROOT_PACKAGES and module.startswith(prefix + "."))
     ]
-    assert matches, f"{module} is in no layer: add it to LAYERS"
+    assert matches, f"{module} is in no layer: add it to LAYERS in tests/test_layering.py"
     return max(matches)[1]
+
+
+def test_a_module_no_layer_names_is_an_error_not_the_bottom_layer():
+    with pytest.raises(AssertionError, match=r"fedst\.brand_new is in no layer"):
+        layer_of("fedst.brand_new")
+    assert layer_of("fedst") == 0 and layer_of("fedst.report.tables") == layer_of("fedst.report")
+
+
+def test_every_module_of_the_tree_is_in_a_layer():
+    unplaced = []
+    for name in module_files():
+        try:
+            layer_of(name)
+        except AssertionError:
+            unplaced.append(name)
+    assert not unplaced, f"modules in no layer (add them to LAYERS): {unplaced}"
 
 
 def test_the_code_reads_bottom_up_data_model_methods_runtime_apps_entry_points():
