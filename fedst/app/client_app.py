@@ -40,7 +40,6 @@ from fedst.federation import transport
 from fedst.federation.evaluation import metrics_record
 from fedst.federation.site import Site
 from fedst.methods import PERSONAL_KEY_SEPARATOR, method_of, privacy
-from fedst.methods.aggregation import UNIFORM_WEIGHT_KEY
 from fedst.metrics import METRIC_NAMES
 
 log = logging.getLogger(__name__)
@@ -229,7 +228,7 @@ def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, Metr
     metrics = MetricRecord(
         {
             keys.NUM_EXAMPLES: result.num_examples,
-            UNIFORM_WEIGHT_KEY: 1,
+            keys.UNIFORM_WEIGHT: 1,
             keys.TRAIN_LOSS: result.mean_loss,
             keys.SECONDS: result.seconds,
             keys.LOADER_SECONDS: result.loader_seconds,

@@ -5,6 +5,11 @@ wire cannot drift apart (the parameters inside "arrays" / "personal": fedst/fede
 
 from __future__ import annotations
 
+from fedst.methods.reply_keys import ITERATIONS as ITERATIONS
+from fedst.methods.reply_keys import NUM_EXAMPLES as NUM_EXAMPLES
+from fedst.methods.reply_keys import TRAIN_LOSS as TRAIN_LOSS
+from fedst.methods.reply_keys import UNIFORM_WEIGHT as UNIFORM_WEIGHT
+
 # -- records of a message ----------------------------------------------------------------------
 ARRAYS = "arrays"
 """gamma: down, gamma_g (round 1: the whole v_g^0); up, the site's gamma_k."""
@@ -39,11 +44,9 @@ SPLIT = "split"
 """Of an evaluation: "test" (absent) or "val" (model selection)."""
 
 # -- inside "metrics" --------------------------------------------------------------------------
-NUM_EXAMPLES = "num-examples"
-TRAIN_LOSS = "train-loss"
+# (and the scalars a method writes or weighs by, spelled below the methods: imported above)
 SECONDS = "seconds"
 LOADER_SECONDS = "loader-seconds"
-ITERATIONS = "iterations"
 ENSEMBLE_SIZE = "ensemble-size"
 PROCESS_ID = "process-id"
 """Of a train reply: the operating-system process the site ran in (under Ray: its actor)."""

@@ -50,6 +50,7 @@ from fedst.federation.site_data import open_party_data
 from fedst.federation.snapshots import save_personal_snapshot
 from fedst.methods import LocalPhase, method_of
 from fedst.methods.base import BatchLoss
+from fedst.methods.reply_keys import TRAIN_LOSS
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
 from fedst.runs.layout import saved_rounds, site_state_file
@@ -350,7 +351,7 @@ class Site:
         return LocalRoundResult(
             shared={},
             num_examples=self.num_examples,
-            mean_loss=float(metrics.get("train-loss", float("nan"))),
+            mean_loss=float(metrics.get(TRAIN_LOSS, float("nan"))),
             seconds=time.perf_counter() - started,
             metrics=metrics,
         )

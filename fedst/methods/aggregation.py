@@ -15,7 +15,7 @@
 Every reply reaching these strategies passed the server's checks (fedst/federation/reply_checks.py).
 
 Flower's FedAvg weights each reply by one key of its MetricRecord (``weighted_by_key``): every
-site reply carries "num-examples" (n_k) and :data:`UNIFORM_WEIGHT_KEY` = 1, so both weightings are
+site reply carries :data:`SAMPLES_WEIGHT_KEY` (n_k) and :data:`UNIFORM_WEIGHT_KEY` = 1, so both weightings are
 Flower's own arithmetic.
 """
 
@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Strategy
 
-UNIFORM_WEIGHT_KEY = "uniform-weight"
+from fedst.methods.reply_keys import NUM_EXAMPLES, UNIFORM_WEIGHT
+
+UNIFORM_WEIGHT_KEY = UNIFORM_WEIGHT
 """MetricRecord key of a site's weight under uniform aggregation (always 1)."""
-SAMPLES_WEIGHT_KEY = "num-examples"
+SAMPLES_WEIGHT_KEY = NUM_EXAMPLES
 """MetricRecord key of a site's training-sample count n_k."""
 FISHER_WEIGHT_KEY = "fisher-trace"
 """MetricRecord key of a FedAS site's empirical-Fisher trace (fedst/methods/fedas.py)."""

@@ -30,6 +30,7 @@ from torch import nn
 
 from fedst.config import ConfigError
 from fedst.methods.base import FinalStage, LocalPhase, Method, TrainingSite
+from fedst.methods.reply_keys import ITERATIONS, TRAIN_LOSS
 from fedst.model.losses import soft_dice_loss
 from fedst.model.network import NetworkConfig
 from fedst.model.state import load_subset
@@ -130,8 +131,8 @@ class FedDP(Method):
         phase = LocalPhase(iterations, name="uncertainty tuning")
         losses = site.train_phase(phase, server_round, optimizer=optimizer, loss_of=loss_of)
         return {
-            "train-loss": sum(losses) / max(len(losses), 1),
-            "iterations": iterations,
+            TRAIN_LOSS: sum(losses) / max(len(losses), 1),
+            ITERATIONS: iterations,
         }
 
 
