@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.gpu_rehearsal --out DIR   # the same, elsewhere
 
 On the GPU machine ``python3`` holds torch and a long list of packages of its own
-(bench/gpu_check.py, ``GPU_MACHINE_PACKAGES``); FedST's other dependencies arrive as wheels that
+(bench/gpu_wheels.py, ``GPU_MACHINE_PACKAGES``); FedST's other dependencies arrive as wheels that
 ``bench/gpu_check.sh`` installs with ``pip install --target /tmp/site`` and reaches through
 PYTHONPATH alone, and FedST itself is not installed (the repository is on PYTHONPATH). In
 ``.venv`` every package sits in site-packages, so ``bash bench/gpu_check.sh --cpu`` there cannot
@@ -39,7 +39,7 @@ import sysconfig
 from importlib import metadata
 from pathlib import Path
 
-from bench.gpu_check import (
+from bench.gpu_wheels import (
     CARRIED_ANYWAY,
     GPU_MACHINE_PACKAGES,
     GPU_MACHINE_VERSIONS,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import gpu_check
+from bench import gpu_check, gpu_timing, gpu_wheels
 from fedst import accel
 from fedst.experiment.config import TrainConfig
 from fedst.model.losses import SegmentationLoss
@@ -84,18 +84,18 @@ def test_streaming_on_the_test_device_gives_the_cpu_s_logits(test_device):
 def test_the_wheel_plan_descends_only_into_packages_the_gpu_machine_lacks():
     # hydra-core 1.3.8 needs omegaconf, antlr4-python3-runtime 4.9.* and packaging; omegaconf
     # needs antlr4 and PyYAML (their METADATA): with packaging and PyYAML on the machine, the
-    # three others travel, and protobuf and typing-extensions always do (gpu_check.CARRIED_ANYWAY)
-    plan = gpu_check.wheel_plan(["hydra-core==1.3.8"], present=frozenset({"packaging", "pyyaml"}))
+    # three others travel, and protobuf and typing-extensions always do (gpu_wheels.CARRIED_ANYWAY)
+    plan = gpu_wheels.wheel_plan(["hydra-core==1.3.8"], present=frozenset({"packaging", "pyyaml"}))
     assert set(plan) == {
         "hydra-core",
         "omegaconf",
         "antlr4-python3-runtime",
-        *gpu_check.CARRIED_ANYWAY,
+        *gpu_wheels.CARRIED_ANYWAY,
     }
-    assert set(gpu_check.CARRIED_ANYWAY) == {"protobuf", "typing-extensions"}
+    assert set(gpu_wheels.CARRIED_ANYWAY) == {"protobuf", "typing-extensions"}
     assert plan["hydra-core"] == "1.3.8" and plan["antlr4-python3-runtime"].startswith("4.9.")
     # a package the machine has is not expanded: omegaconf's own needs do not travel either
-    plan = gpu_check.wheel_plan(["hydra-core==1.3.8"], present=frozenset({"omegaconf"}))
+    plan = gpu_wheels.wheel_plan(["hydra-core==1.3.8"], present=frozenset({"omegaconf"}))
     assert "pyyaml" not in plan and "antlr4-python3-runtime" in plan  # hydra's own need
 
 
@@ -106,7 +106,7 @@ def test_fedst_s_wheel_plan_holds_what_the_gpu_machine_lacks_and_never_torch():
         pytest.skip(
             "reads fedst's installed metadata (make venv); the GPU check puts it on PYTHONPATH"
         )
-    plan = gpu_check.wheel_plan()
+    plan = gpu_wheels.wheel_plan()
     for needed in ("flwr", "hydra-core", "omegaconf", "monai", "albumentations", "open-clip-torch"):
         assert needed in plan
     for present in ("torch", "torchvision", "numpy", "timm", "onnxruntime", "pytest", "fedst"):
@@ -128,7 +128,7 @@ def test_fedst_s_wheel_plan_holds_what_the_gpu_machine_lacks_and_never_torch():
 def test_only_wheels_for_cpython_3_12_on_x86_64_linux_pass_the_gpu_machine_check(
     wheel, installable
 ):
-    assert gpu_check.incompatible_wheels([Path(wheel)]) == ([] if installable else [wheel])
+    assert gpu_wheels.incompatible_wheels([Path(wheel)]) == ([] if installable else [wheel])
 
 
 # -- the driver ------------------------------------------------------------------------------------
@@ -258,9 +258,9 @@ def test_the_check_exits_non_zero_when_a_step_fails(tmp_path, monkeypatch):
 def test_tf32_goes_through_fedst_s_one_setter(monkeypatch):
     calls = []
     monkeypatch.setattr(accel, "set_tf32", calls.append)
-    gpu_check._set_tf32(torch.device("cuda"), True)
-    gpu_check._set_tf32(torch.device("cuda"), False)
-    gpu_check._set_tf32(torch.device("cpu"), True)  # nothing to set on the CPU
+    gpu_timing._set_tf32(torch.device("cuda"), True)
+    gpu_timing._set_tf32(torch.device("cuda"), False)
+    gpu_timing._set_tf32(torch.device("cpu"), True)  # nothing to set on the CPU
     assert calls == [True, False]
 
 
@@ -268,7 +268,7 @@ def test_p95_shows_the_slow_frames_the_median_hides():
     # 19 frames of 10 ms and one of 100 ms: p50 10 ms, p95 (index round(0.95 x 19) = 18 of the
     # sorted 20) still 10 ms; two slow frames of 20 put 100 ms at p95
     seconds = [0.01] * 18 + [0.1, 0.1]
-    summary = gpu_check.frame_time_summary(seconds)
+    summary = gpu_timing.frame_time_summary(seconds)
     assert summary["ms_p50"] == pytest.approx(10.0) and summary["ms_p95"] == pytest.approx(100.0)
     assert summary["fps"] == pytest.approx(100.0) and summary["fps_p95"] == pytest.approx(10.0)
 
@@ -279,12 +279,12 @@ def test_p95_shows_the_slow_frames_the_median_hides():
 def test_a_carried_package_that_needs_more_than_the_machine_has_is_named():
     # omegaconf 2.3 needs PyYAML >= 5.1.0 (its METADATA), which the machine has: a machine with
     # PyYAML 5.0 would fail the import of omegaconf, so of hydra and every run
-    plan = gpu_check.wheel_plan(["hydra-core==1.3.8"])
+    plan = gpu_wheels.wheel_plan(["hydra-core==1.3.8"])
     assert "omegaconf" in plan and "pyyaml" not in plan
-    unmet, _ = gpu_check.unmet_on_the_gpu_machine(plan, known={"pyyaml": "5.0"})
+    unmet, _ = gpu_wheels.unmet_on_the_gpu_machine(plan, known={"pyyaml": "5.0"})
     assert any(line.startswith("omegaconf needs PyYAML>=5.1") for line in unmet), unmet
-    assert not gpu_check.unmet_on_the_gpu_machine(plan, known={"pyyaml": "6.0.2"})[0]
-    unmet, unknown = gpu_check.unmet_on_the_gpu_machine(plan, known={})
+    assert not gpu_wheels.unmet_on_the_gpu_machine(plan, known={"pyyaml": "6.0.2"})[0]
+    unmet, unknown = gpu_wheels.unmet_on_the_gpu_machine(plan, known={})
     assert not unmet and any(line.startswith("omegaconf needs PyYAML") for line in unknown)
 
 
