@@ -5,9 +5,9 @@ out-of-federation sites, e.g. E and GraSP, with the out-of-federation model prom
 export the model's streaming step with fedst/export.py's code as fp32 and as int8
 (calibrated on the training split of the sites fedst.export picks: the site's own, the federated
 sites' for the out-of-federation model; never a test split), stream the site's test split through
-both in ONNX Runtime exactly as evaluation streams it (fedst.federation.evaluation's plan: each
+both in ONNX Runtime exactly as evaluation streams it (fedst.scoring.evaluation's plan: each
 needed frame once, video by video, clip frames by time) and score each labelled frame at its
-native label resolution with fedst.metrics (Dice, as the run's own evaluation). Prints one table:
+native label resolution with fedst.scoring.metrics (Dice, as the run's own evaluation). Prints one table:
 Dice fp32 / int8 and their difference, the share of pixels whose argmax class agrees, the share
 of frames whose argmax maps agree on every pixel, and the lowest frame's pixel agreement; then
 whether int8 stays within ``--max-dice-drop`` points of fp32 on every site.
@@ -34,10 +34,10 @@ import torch
 
 from fedst.data.clips import FrameDataset, normalize_clips
 from fedst.export import ExportConfig, OnnxStreamer, export_model
-from fedst.federation.evaluation import evaluation_plan, native_class_map
-from fedst.federation.site_data import open_site_data
 from fedst.infer import OUTFED, load_site_model
-from fedst.metrics import SegmentationMeter
+from fedst.scoring.evaluation import evaluation_plan, native_class_map
+from fedst.scoring.metrics import SegmentationMeter
+from fedst.scoring.site_data import open_site_data
 
 MAX_DICE_DROP = 1.0
 """Issue 34's target: int8 Dice within 1.0 point of fp32 on every benchmark site."""

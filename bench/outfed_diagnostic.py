@@ -3,7 +3,7 @@
     python -m bench.outfed_diagnostic RUN [--fedavg FEDAVG_RUN] [--sites E grasp] [--out DIR]
 
 Every row changes one thing in the run's out-of-federation model (fedst/outfed.py) and scores it
-on each out-of-federation site's test split: Dice (%, fedst.federation.evaluation.evaluate_model,
+on each out-of-federation site's test split: Dice (%, fedst.scoring.evaluation.evaluate_model,
 the numbers the run reports) and the background-as-instrument rate (% of the site's true
 background pixels, at native resolution, predicted as any instrument part), from a second pass
 that counts the pixel confusion matrix. Rows (docs/results.md, "Why FedST falls behind on E"):
@@ -43,8 +43,6 @@ from pathlib import Path
 import torch
 
 from fedst.experiment import ExperimentConfig, resolve_device
-from fedst.federation.evaluation import evaluate_model, native_class_map, predict_test_frames
-from fedst.federation.site_data import open_site_data
 from fedst.model.channel_selection import ChannelSelection
 from fedst.model.network import FedSTNet
 from fedst.model.state import load_subset
@@ -56,6 +54,8 @@ from fedst.runs.returned import (
     site_model,
     weighted_by_samples,
 )
+from fedst.scoring.evaluation import evaluate_model, native_class_map, predict_test_frames
+from fedst.scoring.site_data import open_site_data
 
 log = logging.getLogger("outfed_diagnostic")
 

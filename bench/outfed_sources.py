@@ -15,9 +15,9 @@ import argparse
 from pathlib import Path
 
 from fedst.experiment import resolve_device
-from fedst.federation.evaluation import evaluate_model
-from fedst.federation.site_data import open_site_data
 from fedst.runs import Run
+from fedst.scoring.evaluation import evaluate_model
+from fedst.scoring.site_data import open_site_data
 
 
 def _row(label: str, summary: dict) -> str:

@@ -3,8 +3,8 @@
 Both score the same uint8 class map and uint8 label (1080 x 1920, 4 classes, a few instrument-part
 blobs, an unlabelled border band) on the CPU, interleaved in one run on one thread:
 
-* old: ``fedst.metrics.reference_batch_metrics(..., distances=False)``, what
-  fedst.federation.evaluation ran per frame before the counts (int64 copies, one-hot maps, MONAI's
+* old: ``fedst.scoring.metrics.reference_batch_metrics(..., distances=False)``, what
+  fedst.scoring.evaluation ran per frame before the counts (int64 copies, one-hot maps, MONAI's
   ``compute_dice`` / ``compute_iou``);
 * new: ``overlap_scores(overlap_counts(...))``, what it runs now (on the model's device; here the
   CPU).
@@ -38,7 +38,12 @@ from pathlib import Path
 import torch
 
 from fedst.accel import device_name
-from fedst.metrics import FrameScores, overlap_counts, overlap_scores, reference_batch_metrics
+from fedst.scoring.metrics import (
+    FrameScores,
+    overlap_counts,
+    overlap_scores,
+    reference_batch_metrics,
+)
 
 HEIGHT, WIDTH, NUM_CLASSES, IGNORE = 1080, 1920, 4, 255
 

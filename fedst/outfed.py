@@ -34,9 +34,6 @@ from fedst.data.base import DataError
 from fedst.data.clips import ClipDataset
 from fedst.data.generic import GenericLayoutSource
 from fedst.experiment import ExperimentConfig
-from fedst.federation.evaluation import EvaluationResult, evaluate_model
-from fedst.federation.site_data import open_site_data
-from fedst.metrics import format_score
 from fedst.model.indicators import (
     IndicatorUnavailableError,
     clip_cache_path,
@@ -48,6 +45,9 @@ from fedst.runs.layout import (
     EXTERNAL_DIR,
     EXTERNAL_TABLE,
 )
+from fedst.scoring.evaluation import EvaluationResult, evaluate_model
+from fedst.scoring.metrics import format_score
+from fedst.scoring.site_data import open_site_data
 from fedst.storage import atomic_write_text
 
 log = logging.getLogger(__name__)

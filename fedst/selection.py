@@ -40,10 +40,10 @@ import torch
 
 from fedst.config import ConfigError
 from fedst.errors import UserError
-from fedst.federation.evaluation import evaluate_model
-from fedst.federation.site_data import open_site_data
 from fedst.runs import Run
 from fedst.runs.layout import SELECTION_DIR
+from fedst.scoring.evaluation import evaluate_model
+from fedst.scoring.site_data import open_site_data
 from fedst.storage import atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)

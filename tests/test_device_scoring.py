@@ -1,4 +1,4 @@
-"""Specification of the pixel-count path of fedst.metrics: hand-counted TP / FP / FN, equality with
+"""Specification of the pixel-count path of fedst.scoring.metrics: hand-counted TP / FP / FN, equality with
 the MONAI reference on random and structured maps, and value checks that surface on the host."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedst.metrics import (
+from fedst.scoring.metrics import (
     VALUE_CODES,
     _count_by_scatter,
     batch_metrics,

@@ -129,7 +129,7 @@ def test_hd95_and_assd_are_in_native_label_pixels(tmp_path: Path):
     5.5 px. At the 16 x 20 network input the same geometry would give 3 and 3."""
     from fedst.data.clips import ClipConfig, ClipDataset
     from fedst.data.generic import GenericLayoutSource
-    from fedst.federation.evaluation import evaluate_model
+    from fedst.scoring.evaluation import evaluate_model
 
     written = write_generic_site(tmp_path, "N", videos={"v1": 2}, size=(32, 40))
     label = np.zeros((32, 40), np.uint8)
@@ -165,8 +165,8 @@ def _centred_tiny_net(dataset):
 def _per_sample_reference(net, dataset, indicator, distances: bool = True):
     """The evaluation before batching and before the pixel counts, written out: for every sample
     the full clip forward, the logits upsampled to the native label, the argmax scored frame by
-    frame on the host by MONAI (fedst.metrics.reference_batch_metrics)."""
-    from fedst.metrics import SegmentationMeter, reference_batch_metrics
+    frame on the host by MONAI (fedst.scoring.metrics.reference_batch_metrics)."""
+    from fedst.scoring.metrics import SegmentationMeter, reference_batch_metrics
 
     meter = SegmentationMeter()
     for index in range(len(dataset)):
@@ -198,7 +198,7 @@ def test_batched_evaluation_equals_the_per_sample_clip_evaluation(write_site):
     loader worker sends uint8 frames. Scores equal the clip-by-clip path's to 1e-5."""
     from fedst.data.clips import ClipConfig, ClipDataset
     from fedst.data.generic import GenericLayoutSource
-    from fedst.federation.evaluation import evaluate_model
+    from fedst.scoring.evaluation import evaluate_model
 
     write_site("P", videos={"v1": 9, "v2": 14, "v3": 5}, size=(48, 64), fps=12, label_every=2)
     source = GenericLayoutSource(write_site.args[0], "P")
@@ -216,7 +216,7 @@ def test_batched_evaluation_equals_the_per_sample_clip_evaluation(write_site):
 def test_without_distances_the_overlap_scores_are_unchanged_and_distances_absent(write_site):
     from fedst.data.clips import ClipConfig, ClipDataset
     from fedst.data.generic import GenericLayoutSource
-    from fedst.federation.evaluation import evaluate_model
+    from fedst.scoring.evaluation import evaluate_model
 
     write_site("P", videos={"v1": 6}, size=(48, 64), fps=12, label_every=2)
     dataset = ClipDataset(
@@ -250,7 +250,7 @@ def test_counts_reach_the_host_once_per_flush_and_distances_only_when_asked(
 ):
     """7 labelled frames, counts flushed every 3: 3 copies to the host (3 + 3 + 1 frames), the
     MONAI reference's Dice / IoU; without distances no class map is scored for distances."""
-    from fedst.federation import evaluation
+    from fedst.scoring import evaluation
 
     dataset, net, indicator = _small_site(write_site)
     copies: list[int] = []
@@ -282,7 +282,7 @@ def test_evaluation_forward_runs_under_autocast_and_scoring_outside_it(write_sit
     autocast (bf16 autocast exists on the CPU too, so the logits come out bf16 here), while the
     consumer of the predictions (upsampling, counts) runs outside it."""
     from fedst import accel
-    from fedst.federation import evaluation
+    from fedst.scoring import evaluation
 
     dataset, net, indicator = _small_site(write_site)
     asked: list[tuple[str, str]] = []
@@ -357,7 +357,7 @@ def test_a_three_class_network_is_scored_on_its_three_classes(tmp_path: Path):
     """Labels 0..2 (jaw relabelled wrist); the network has 3 classes and predicts shaft -> 1,
     wrist and jaw colours -> 2: both parts perfect in each of the 4 frames (by hand: Dice 100 %,
     distances 0), and no fourth class reported."""
-    from fedst.federation.evaluation import evaluate_model
+    from fedst.scoring.evaluation import evaluate_model
 
     dataset = _part_site(tmp_path, "T", jaw_as_wrist=True)
     model = _PaletteModel(3, {1: 1, 2: 2, 3: 2})
@@ -375,7 +375,7 @@ def test_a_six_class_network_is_scored_on_its_six_classes(tmp_path: Path):
     frame: classes 1, 2 perfect; class 3 in the label only and class 5 in the prediction only
     (Dice 0, distances = the 32 x 40 diagonal); class 4 absent from both (not scored). Overall
     Dice = mean(100, 100, 0, 0) = 50 %."""
-    from fedst.federation.evaluation import evaluate_model
+    from fedst.scoring.evaluation import evaluate_model
 
     dataset = _part_site(tmp_path, "S", jaw_as_wrist=False)
     model = _PaletteModel(6, {1: 1, 2: 2, 3: 5})

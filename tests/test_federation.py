@@ -28,10 +28,10 @@ from fedst.federation import site as site_module
 from fedst.federation import transport
 from fedst.federation.server import FederationServer
 from fedst.federation.site import Site
-from fedst.federation.site_data import open_site_data
 from fedst.methods import Method, method_of
 from fedst.methods.feature_bank import SERQ_BANK_SCRATCH
 from fedst.model.state import state_subset
+from fedst.scoring.site_data import open_site_data
 from fedst.training import run_training
 from tests.conftest import sent_keys, site_record
 

@@ -23,12 +23,12 @@ from fedst.data.generic import GenericLayoutSource
 from fedst.data.splits import validation_dataset
 from fedst.errors import UserError
 from fedst.experiment import resolve_device
-from fedst.federation.evaluation import stream_test_clips
 from fedst.guard import GuardConfig, GuardedNet, ResidualHeadGenerator
 from fedst.infer import InferenceError, load_site_model
 from fedst.methods import method_of
 from fedst.report.selection import dad_rows, msf_report
 from fedst.runs import Run
+from fedst.scoring.evaluation import stream_test_clips
 from tests.conftest import record_reads
 from tests.test_federation import experiment
 from tests.test_selection import held_out_run  # noqa: F401  (the tiny run with held-out D)

@@ -28,7 +28,6 @@ from fedst.data.generic import GenericLayoutSource
 from fedst.errors import UserError
 from fedst.export import OnnxStreamer
 from fedst.export import main as export_main
-from fedst.federation.evaluation import evaluate_model, stream_test_clips
 from fedst.infer import InferConfig, draw_legend, load_site_model, run_inference
 from fedst.infer import main as infer_main
 from fedst.methods import method_of
@@ -36,6 +35,7 @@ from fedst.model.network import NetworkConfig, build_network
 from fedst.model.state import state_subset
 from fedst.report.plots import PART_COLORS
 from fedst.runs.layout import SERVER_CHECKPOINT, site_state_dir, site_state_file
+from fedst.scoring.evaluation import evaluate_model, stream_test_clips
 from fedst.storage import atomic_torch_save
 from fedst.training import save_config
 

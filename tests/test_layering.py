@@ -25,9 +25,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # bottom-up; a module may import its ow
     ),
     ("models",),
     ("fedst.data",),
-    ("fedst.model", "fedst.metrics"),
+    ("fedst.model",),
     ("fedst.experiment",),  # the typed config
     ("fedst.methods",),  # what a method chooses: personalization, objective, aggregation, privacy
+    ("fedst.scoring",),  # metrics, per-frame evaluation, a site's data: training and post-run
     ("fedst.runs",),  # a run directory: its layout, files, and the models it returns
     ("fedst.cli", "fedst.weights"),  # Hydra composition; weights provisioning
     ("fedst.federation",),  # the algorithm's engine-agnostic pieces: sites, server, SERQ, transport

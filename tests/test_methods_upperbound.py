@@ -13,9 +13,9 @@ import torch
 
 from fedst.config import ConfigError
 from fedst.federation.site import Site
-from fedst.federation.site_data import open_site_data
 from fedst.methods import method_of
 from fedst.methods.upperbound import POOLED, UpperBound
+from fedst.scoring.site_data import open_site_data
 from fedst.training import run_training
 from tests.test_federation import experiment, read_jsonl, tiny_root  # noqa: F401 (module fixture)
 

@@ -1,4 +1,4 @@
-"""Specification of fedst.metrics: hand-computed Dice / IoU / HD95 / ASSD and their conventions."""
+"""Specification of fedst.scoring.metrics: hand-computed Dice / IoU / HD95 / ASSD and their conventions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from monai.metrics import compute_average_surface_distance, compute_hausdorff_distance
 
-from fedst.metrics import SegmentationMeter, batch_metrics, frame_metrics
+from fedst.scoring.metrics import SegmentationMeter, batch_metrics, frame_metrics
 
 IGNORE = 255
 

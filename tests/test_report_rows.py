@@ -14,10 +14,10 @@ import pytest
 
 from fedst.cli import compose_experiment
 from fedst.experiment import ExperimentConfig
-from fedst.metrics import format_score
 from fedst.report.results import RunError, Stat, group_by_method, load_runs
 from fedst.report.selection import SUBCOMMANDS, matrix_markdown
 from fedst.report.tables import comparison_table, main, sites_table
+from fedst.scoring.metrics import format_score
 from fedst.selection import SELECTION_FILE, SelectionError
 
 

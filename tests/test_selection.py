@@ -22,13 +22,13 @@ from fedst.data.procedural import generate
 from fedst.data.sites import DataConfig, SiteSpec
 from fedst.data.splits import CarvedValidationSource, validation_videos, with_validation_split
 from fedst.experiment import resolve_device
-from fedst.federation.evaluation import stream_test_clips
 from fedst.federation.site import Site
-from fedst.federation.site_data import open_site_data
 from fedst.methods import method_of
 from fedst.report.selection import cross_site_matrix
 from fedst.runs import Run
 from fedst.runs.layout import SERVER_CHECKPOINT, site_state_dir, site_state_file
+from fedst.scoring.evaluation import stream_test_clips
+from fedst.scoring.site_data import open_site_data
 from fedst.storage import load_checkpoint, read_jsonl
 from fedst.training import run_training
 from tests.conftest import record_reads

@@ -17,9 +17,9 @@ from fedst.app.inprocess import InProcessGrid
 from fedst.app.nodes import site_node_config
 from fedst.config import ConfigError
 from fedst.experiment import experiment_from_json
-from fedst.federation.site_data import open_party_data, open_site_data
 from fedst.methods import method_of
 from fedst.methods.upperbound import POOLED
+from fedst.scoring.site_data import open_party_data, open_site_data
 from fedst.training import run_training
 from tests.test_federation import (
     experiment,

@@ -37,10 +37,10 @@ from fedst.experiment import (
     run_device,
 )
 from fedst.federation import transport
-from fedst.federation.evaluation import metrics_record
 from fedst.federation.site import Site
 from fedst.methods import PERSONAL_KEY_SEPARATOR, method_of, privacy
-from fedst.metrics import METRIC_NAMES
+from fedst.scoring.evaluation import metrics_record
+from fedst.scoring.metrics import METRIC_NAMES
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from fedst.accel import REPLY_MEMORY_KEYS
 from fedst.app import keys
 from fedst.app.messaging import site_of
 from fedst.federation import transport
-from fedst.federation.evaluation import METRICS_RECORD, scored_site
-from fedst.metrics import METRIC_NAMES
 from fedst.model.partition import COMPONENTS
 from fedst.runs.files import RunLog
+from fedst.scoring.evaluation import METRICS_RECORD, scored_site
+from fedst.scoring.metrics import METRIC_NAMES
 
 
 def log_training_reply(

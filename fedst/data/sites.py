@@ -55,7 +55,7 @@ class DataConfig:
     """Mix the server's synthetic set into every training party's training split (paper
     Sec. IV-C5 green line, IV-C6 / Fig. 7: "all synthetic samples are fully mixed into the real
     training data for each site"); each site reads the set from its own disk, as the server does,
-    and is still tested on its own test split only (fedst/federation/site_data.py). Needs
+    and is still tested on its own test split only (fedst/scoring/site_data.py). Needs
     ``server``. False: no synthetic data at the sites (the paper's default)."""
     root: str | None = None
     """Optional common dataset root that site entries may refer to as ${data.root}."""

@@ -83,14 +83,14 @@ def executor_command(dcfg: DeployConfig) -> list[str]:
 
 def check_site_data(cfg: ExperimentConfig, site: str) -> float:
     """Open and validate the site's data before it connects, as its first message would
-    (fedst.federation.site_data.open_party_data: every labelled frame, clip frame and label of
+    (fedst.scoring.site_data.open_party_data: every labelled frame, clip frame and label of
     its training split and of the test splits it is scored on, decoded in full; results cached
     by path, size and mtime, fedst.data.validation), so that a wrong folder or a bad file is one
     clear line here, not a failed round 1, and round 1 never spends ``deploy.round_timeout``
     validating 1080p frames. Returns the seconds it took (logged)."""
     from fedst.data.base import DataError
-    from fedst.federation.site_data import open_party_data
     from fedst.methods import method_of
+    from fedst.scoring.site_data import open_party_data
 
     if site not in cfg.data.federation:
         raise DeploymentError(

@@ -150,7 +150,7 @@ class TrainConfig:
     eval_max_frames: int | None = None
     """Cap on test (and validation) frames per site per evaluation (None: all)."""
     eval_batch_size: int = 8
-    """Frames per forward pass of evaluation (fedst/federation/evaluation.py): frames of one
+    """Frames per forward pass of evaluation (fedst/scoring/evaluation.py): frames of one
     video are encoded together, scores equal the frame-by-frame path's (to float rounding)."""
     distance_metrics_every: int | None = 1
     """HD95 / ASSD (a distance transform per class per frame at native resolution: the costly
@@ -250,7 +250,7 @@ class TrainConfig:
         return self.amp_dtype != "none"
 
     def evaluation_options(self, server_round: int | None = None) -> dict[str, Any]:
-        """Keyword arguments of fedst.federation.evaluation.evaluate_model for the evaluation of
+        """Keyword arguments of fedst.scoring.evaluation.evaluate_model for the evaluation of
         ``server_round`` (None: a final evaluation, distances included): frame cap, batch size,
         loader workers, whether HD95 / ASSD are computed and the autocast dtype."""
         return {

@@ -45,8 +45,6 @@ from fedst.experiment import (
     site_view,
     state_fingerprint,
 )
-from fedst.federation.evaluation import EvaluationResult, evaluate_model
-from fedst.federation.site_data import open_party_data
 from fedst.federation.snapshots import save_personal_snapshot
 from fedst.methods import LocalPhase, method_of
 from fedst.methods.base import BatchLoss
@@ -54,6 +52,8 @@ from fedst.methods.reply_keys import TRAIN_LOSS
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
 from fedst.runs.layout import saved_rounds, site_state_file
+from fedst.scoring.evaluation import EvaluationResult, evaluate_model
+from fedst.scoring.site_data import open_party_data
 from fedst.seeding import seed_everything
 from fedst.storage import CheckpointError, atomic_torch_save, load_checkpoint, remove_stale_tmp
 

@@ -108,8 +108,8 @@ def _test_summary(
 ) -> dict[str, Any]:
     """evaluate_model's summary of ``model`` on ``site``'s test split, prompted as that site
     (``options`` override the run's evaluation options)."""
-    from fedst.federation.evaluation import evaluate_model
-    from fedst.federation.site_data import open_site_data
+    from fedst.scoring.evaluation import evaluate_model
+    from fedst.scoring.site_data import open_site_data
 
     return evaluate_model(
         model,

@@ -68,7 +68,7 @@ BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TrainingData(Protocol):
-    """The training clips of the party a site trains for (:class:`fedst.federation.site_data`)."""
+    """The training clips of the party a site trains for (:class:`fedst.scoring.site_data`)."""
 
     train: ClipDataset | None
 

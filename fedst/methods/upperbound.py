@@ -3,7 +3,7 @@ data of every federated site, a centralised run without federation.
 
 It runs on the one federation code path with a single training party, :data:`POOLED`, whose
 training split is the concatenation of the federated sites' training splits in federation order
-(fedst.federation.site_data.PooledClips; with ``data.mix_synthetic`` the server's synthetic set
+(fedst.scoring.site_data.PooledClips; with ``data.mix_synthetic`` the server's synthetic set
 follows once), shuffled by the party's seeded batch stream. It trains
 ``train.rounds x train.local_iters = train.total_iters`` iterations, the same total as each site
 of a federation, with the configured batch size; nothing travels after the initial (synthetically

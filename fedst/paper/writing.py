@@ -16,11 +16,11 @@ import torch
 
 from fedst.accel import device_name
 from fedst.experiment import resolve_device
-from fedst.federation.site_data import open_site_data
 from fedst.paper.planning import Plan, PlannedRun
 from fedst.paper.tables import Row, RunnerError, synthetic_in_training
 from fedst.report import plots, results, tables
 from fedst.runs.files import load_config
+from fedst.scoring.site_data import open_site_data
 from fedst.storage import atomic_write_text
 
 log = logging.getLogger("fedst.paper")

@@ -28,8 +28,8 @@ from fedst.cli import learning_keys
 from fedst.config import to_dict
 from fedst.errors import UserError
 from fedst.experiment import experiment_from_json
-from fedst.metrics import format_score
 from fedst.runs.files import unfinished
+from fedst.scoring.metrics import format_score
 from fedst.storage import read_jsonl
 
 log = logging.getLogger(__name__)
@@ -343,7 +343,7 @@ class Stat:
 
     def format(self, digits: int = DIGITS) -> str:
         """ "mean ± std" with ``digits`` decimals; just the mean for a single run. Each number
-        is rounded once, from the unrounded value, by :func:`fedst.metrics.format_score` (the
+        is rounded once, from the unrounded value, by :func:`fedst.scoring.metrics.format_score` (the
         one rounding of every printed score)."""
         if self.std is None:
             return format_score(self.mean, digits)

@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 
 from fedst.errors import ArgumentParser
-from fedst.metrics import format_score
 from fedst.report.results import RunError
 from fedst.runs import Run
 from fedst.runs.files import unfinished
 from fedst.runs.layout import CONFIG_JSON
+from fedst.scoring.metrics import format_score
 from fedst.selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
 from fedst.storage import read_jsonl, require_output_folder
 
@@ -372,8 +372,8 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
     ``selection.held_out_site``, any rule but ``last`` without validation rounds), are refused
     before anything is evaluated: a :class:`RunError` or :class:`SelectionError` of one line."""
     from fedst.experiment import resolve_device
-    from fedst.federation.evaluation import evaluate_model
-    from fedst.federation.site_data import open_site_data
+    from fedst.scoring.evaluation import evaluate_model
+    from fedst.scoring.site_data import open_site_data
 
     command = f"matrix --rule {rule}"
     run = finished_run(run_dir, command)

@@ -20,7 +20,7 @@ A RUN_DIR may also be a Hydra multirun directory: every run directory below it i
 pools only runs whose configs differ in the seed alone; runs of one method that differ otherwise
 get rows of their own (:func:`fedst.report.results.group_by_method` says why). A folder that is not a
 finished run is an error naming it, or with ``--skip-incomplete`` skipped in one warning line.
-Every score is printed rounded once from its unrounded value (:func:`fedst.metrics.format_score`).
+Every score is printed rounded once from its unrounded value (:func:`fedst.scoring.metrics.format_score`).
 """
 
 from __future__ import annotations

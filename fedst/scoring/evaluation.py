@@ -1,4 +1,4 @@
-"""Evaluate one model on one site's test clips (Dice, IoU, HD95, ASSD via fedst.metrics).
+"""Evaluate one model on one site's test clips (Dice, IoU, HD95, ASSD via fedst.scoring.metrics).
 
 Predictions come from the streaming path (:meth:`fedst.model.network.FedSTNet.stream`), video by
 video in time order: every frame a test clip needs is encoded once and its temporal-stage features
@@ -13,7 +13,7 @@ encoder pass (:meth:`fedst.model.network.StreamingState.step_frames`), under aut
 ``train.amp_dtype`` (:func:`fedst.accel.resolve_precision`; fp32 off CUDA).
 
 On the device (:func:`evaluate_model`): the upsampling, the argmax and the per-class pixel counts
-of Dice / IoU (:func:`fedst.metrics.overlap_counts`); the counts of up to
+of Dice / IoU (:func:`fedst.scoring.metrics.overlap_counts`); the counts of up to
 :data:`COUNT_FLUSH_FRAMES` frames reach the host in one copy. HD95 / ASSD (distance transforms,
 on the host) are computed only when asked for (``distances=True``; ``train.distance_metrics_every``),
 and only then does each class map come to the host.
@@ -45,7 +45,9 @@ from fedst.data.clips import (
     frame_loader,
     normalize_clips,
 )
-from fedst.metrics import (
+from fedst.model.network import FedSTNet
+from fedst.progress import progress_bar
+from fedst.scoring.metrics import (
     OverlapCounts,
     SegmentationMeter,
     distance_metrics,
@@ -53,8 +55,6 @@ from fedst.metrics import (
     overlap_counts,
     overlap_scores,
 )
-from fedst.model.network import FedSTNet
-from fedst.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ def evaluate_model(
     frames per pass, ``num_workers`` loader workers, autocast at ``amp_dtype``; callers pass
     ``train.evaluation_options()``) and score it against its label at native resolution: the
     logits upsampled to the label's size, the argmax and the pixel counts of Dice / IoU on the
-    device (:func:`native_class_map`, :func:`fedst.metrics.overlap_counts`), only the counts
+    device (:func:`native_class_map`, :func:`fedst.scoring.metrics.overlap_counts`), only the counts
     copied to the host. ``distances=False``: Dice / IoU only (HD95 / ASSD ``None``); with
     distances, each class map is also copied to the host for its distance transforms.
 

@@ -43,7 +43,7 @@ Conventions (the paper does not state them; these are ours):
   that are not ignored (MONAI's definitions, computed from exact integer counts).
 * **Units**: :func:`frame_metrics` returns Dice / IoU as fractions in [0, 1]; the meter's
   ``summary()`` and ``per_frame()`` report them in percent. Distances are always in pixels of the
-  maps given; fedst.federation.evaluation passes maps at the native label resolution.
+  maps given; fedst.scoring.evaluation passes maps at the native label resolution.
 * **Averaging** (``SegmentationMeter.summary``): per class, the mean over the frames where that
   class was scored; then the mean over the classes scored at least once. Averaging per class first
   keeps the small, rare jaw class as heavy as the shaft, and skipping frames where a class is
@@ -573,7 +573,7 @@ class SegmentationMeter:
         self, scores: Sequence[FrameScores], sample_ids: Sequence[str] | None = None
     ) -> None:
         """Add frames scored elsewhere (:func:`overlap_scores`, :func:`merge_distances`; e.g. by
-        fedst.federation.evaluation from counts made on the GPU): one dict per frame."""
+        fedst.scoring.evaluation from counts made on the GPU): one dict per frame."""
         if sample_ids is None:
             sample_ids = [f"frame_{self.num_frames + i}" for i in range(len(scores))]
         if len(sample_ids) != len(scores):
