@@ -107,14 +107,14 @@ def evaluate(cfg: DictConfig) -> None:
     options = eval_options(cfg)
     run_dir = existing_run(options.run, "run")
     # the evaluation's modules, imported once the command line is right (a mistake ends sooner)
-    from fedst.outfed import (
+    from fedst.report import results, tables
+    from fedst.runs.outfed import (
         evaluate_new_site,
         evaluate_out_of_federation,
         open_new_site,
         require_known_sites,
         write_new_site_result,
     )
-    from fedst.report import results, tables
     from fedst.training import finalize_run
 
     setup_logging()

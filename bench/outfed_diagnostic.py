@@ -2,7 +2,7 @@
 
     python -m bench.outfed_diagnostic RUN [--fedavg FEDAVG_RUN] [--sites E grasp] [--out DIR]
 
-Every row changes one thing in the run's out-of-federation model (fedst/outfed.py) and scores it
+Every row changes one thing in the run's out-of-federation model (fedst/runs/outfed.py) and scores it
 on each out-of-federation site's test split: Dice (%, fedst.scoring.evaluation.evaluate_model,
 the numbers the run reports) and the background-as-instrument rate (% of the site's true
 background pixels, at native resolution, predicted as any instrument part), from a second pass

@@ -248,7 +248,7 @@ def load_site_model(
     """(run config, model in eval mode on ``device``, its indicator or None) of a finished run.
 
     ``site``: a federated site -> v_k = gamma_g U rho_k; "outfed" -> the out-of-federation model
-    (fedst/outfed.py), prompted with ``prompt_site``'s indicator. ``guard="dad"``: the model
+    (fedst/runs/outfed.py), prompted with ``prompt_site``'s indicator. ``guard="dad"``: the model
     corrected by DAD at that site (the held-out site for "outfed"; fedst/guard/).
     """
     if not run_dir.is_dir():

@@ -40,15 +40,15 @@ from fedst.data.clips import resolve_num_workers, usable_cpu_count
 from fedst.data.procedural import SITES, generate
 from fedst.data.site_checks import validate_experiment_data
 from fedst.experiment import ExperimentConfig, RayConfig, run_device
-from fedst.outfed import evaluate_out_of_federation
 from fedst.report import plots, results, tables
 from fedst.runs import Run
 from fedst.runs.files import unfinished
 from fedst.runs.footprint import keep_models_only
 from fedst.runs.layout import site_state_dir
+from fedst.runs.model_selection import run_selection
+from fedst.runs.outfed import evaluate_out_of_federation
 from fedst.scoring.evaluation import evaluate_model
 from fedst.scoring.site_data import open_site_data
-from fedst.selection import run_selection
 from fedst.storage import atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)

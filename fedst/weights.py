@@ -15,7 +15,7 @@ prompts), so the cache it writes is the one training reads; without local or dow
 weights it says what is missing and how to provide it. ``--run RUN_DIR`` reads the experiment of a
 finished run (its config.json) instead of composing one; ``--extra-site NAME:SURGERY_TYPE``
 (repeatable) adds the prompt of a site the experiment does not list, as eval_outfed.py's
-``site_root=`` prompts a new site (fedst.outfed.new_site_indicator). Exit code 0 when everything
+``site_root=`` prompts a new site (fedst.runs.outfed.new_site_indicator). Exit code 0 when everything
 the experiment needs is present, 1 otherwise.
 """
 

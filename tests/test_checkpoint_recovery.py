@@ -16,9 +16,9 @@ from fedst.cli import compose_experiment
 from fedst.config import ConfigError
 from fedst.data.procedural import generate
 from fedst.federation.server import FederationServer
-from fedst.outfed import evaluate_out_of_federation
 from fedst.runs import Run
 from fedst.runs.layout import SERVER_CHECKPOINT, SERVER_PREVIOUS
+from fedst.runs.outfed import evaluate_out_of_federation
 from fedst.storage import CheckpointError, atomic_torch_save, load_checkpoint, read_jsonl
 from fedst.training import run_training
 

@@ -12,10 +12,10 @@ from fedst.cli import compose_experiment
 from fedst.data.procedural import generate
 from fedst.federation.site import Site
 from fedst.model.network import build_network
-from fedst.outfed import evaluate_out_of_federation
 from fedst.runs import Run
 from fedst.runs.footprint import folder_bytes
 from fedst.runs.layout import SERVER_CHECKPOINT, saved_rounds
+from fedst.runs.outfed import evaluate_out_of_federation
 from fedst.storage import CheckpointError
 from fedst.training import run_training
 

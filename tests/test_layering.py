@@ -32,7 +32,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # bottom-up; a module may import its ow
     ("fedst.runs",),  # a run directory: its layout, files, and the models it returns
     ("fedst.cli", "fedst.weights"),  # Hydra composition; weights provisioning
     ("fedst.federation",),  # the algorithm's engine-agnostic pieces: sites, server, SERQ, transport
-    ("fedst.outfed", "fedst.selection"),  # a finished run's models scored
     ("fedst.guard",),
     ("fedst.report",),
     ("fedst.app",),  # the Flower ServerApp and ClientApp, in-process and Ray engines

@@ -23,8 +23,8 @@ from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
 from fedst.model import indicators
 from fedst.model.indicators import IndicatorUnavailableError
-from fedst.outfed import evaluate_out_of_federation, new_site_indicator, open_new_site
 from fedst.runs import Run
+from fedst.runs.outfed import evaluate_out_of_federation, new_site_indicator, open_new_site
 from fedst.training import run_training
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,6 @@ import shutil
 import pytest
 import torch
 
-from fedst import selection
 from fedst.app.inprocess import InProcessGrid
 from fedst.config import ConfigError
 from fedst.data.base import DataError
@@ -26,6 +25,7 @@ from fedst.federation.site import Site
 from fedst.methods import method_of
 from fedst.report.selection import cross_site_matrix
 from fedst.runs import Run
+from fedst.runs import model_selection as selection
 from fedst.runs.layout import SERVER_CHECKPOINT, site_state_dir, site_state_file
 from fedst.scoring.evaluation import stream_test_clips
 from fedst.scoring.site_data import open_site_data

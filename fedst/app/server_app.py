@@ -301,7 +301,7 @@ def _score(
 ) -> dict[str, float]:
     """Every site scores its personalized model on its ``split``: "test" (metrics rows, the
     latest kept in ``last_metrics``; returns the seconds and frames) or "val" for model selection
-    (fedst/selection.py: gamma_g's snapshot of the round is kept first; returns the seconds)."""
+    (fedst/runs/model_selection.py: gamma_g's snapshot of the round is kept first; returns the seconds)."""
     started = time.perf_counter()
     shared = server.shared_payload() if server.method.communicates else {}
     if split == "val":

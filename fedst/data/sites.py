@@ -67,7 +67,7 @@ class DataConfig:
     GENERATOR_VERSIONS, with their changelog); an older one stays reproducible under its own data
     config (configs/data/demo_v1.yaml). A run saved before this key existed was on version 1."""
     val_split: str = "dataset"
-    """Where the training sites' validation videos come from (model selection, fedst/selection.py):
+    """Where the training sites' validation videos come from (model selection, fedst/runs/model_selection.py):
     dataset (the dataset's own val split) | train (``val_videos`` whole training videos, seeded by
     ``val_seed``, leave training). Rule and per-backend availability: fedst/data/splits.py."""
     val_videos: int = 1

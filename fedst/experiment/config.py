@@ -171,7 +171,7 @@ class TrainConfig:
     val_every: int | None = None
     """Score every site's personalized model on its validation split every k rounds and at the
     last round (metrics.jsonl rows with split "val"), keeping what selection needs of those rounds
-    (fedst/selection.py). None: no validation (selection.rule must be last)."""
+    (fedst/runs/model_selection.py). None: no validation (selection.rule must be last)."""
     num_workers: int | str = "auto"
     """DataLoader worker processes per site (training and evaluation loaders): a number, or
     "auto" = the usable CPU cores divided among the loaders that run at once, less one core for
@@ -418,7 +418,7 @@ SELECTION_RULES = ("last", "val", "mixed", "cbe")
 
 @dataclass(frozen=True)
 class SelectionConfig:
-    """Which round's model a run reports besides the last one (fedst/selection.py; the paper's
+    """Which round's model a run reports besides the last one (fedst/runs/model_selection.py; the paper's
     tables always use the last round)."""
 
     rule: str = "last"

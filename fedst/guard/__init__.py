@@ -32,7 +32,7 @@ corrected models run with ``guard=dad``:
 
 Test scores before and after DAD (:func:`guard_test_scores`) are measured by
 ``python -m fedst.report msf RUN_DIR`` only once corrections exist (the discipline of
-fedst/selection.py's evaluate_choices: nothing is tested before the correction is final).
+fedst/runs/model_selection.py's evaluate_choices: nothing is tested before the correction is final).
 
 Design notes (how we read the paper for a segmentation network):
 
@@ -72,7 +72,7 @@ The package reads top to bottom: ``correction.py`` (Eq. 8-12: the generator, the
 the loss, the corrected network), ``fitting.py`` (which corrections a run has, fitting DAD at a
 site), ``scores.py`` (test scores before and after), ``cli.py`` (the command).
 
-Layer: above fedst.selection; imports fedst.runs, fedst.federation, fedst.selection and below.
+Layer: above fedst.runs.model_selection; imports fedst.runs, fedst.federation, fedst.runs.model_selection and below.
 """
 
 from fedst.guard.cli import main

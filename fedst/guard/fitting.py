@@ -81,7 +81,7 @@ def check_guard_run(run: Run) -> None:
 def chosen_rounds(run: Run, device: torch.device, progress: bool = False) -> tuple[int, int]:
     """(student round, teacher round): the rounds of rules mixed and cbe, from validation rows
     only (the held-out site's rows are scored first when the run lacks them)."""
-    from fedst.selection import HELD_OUT_ROWS, choose, select_rounds, validation_rows
+    from fedst.runs.model_selection import HELD_OUT_ROWS, choose, select_rounds, validation_rows
 
     cfg = run.cfg
     if run.path(HELD_OUT_ROWS).exists():

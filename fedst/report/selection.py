@@ -1,6 +1,6 @@
 """Reports of model selection and cross-site evaluation: the msf and matrix commands of fedst.report.
 
-``msf RUN [RUN ...]``: per run, the round each selection rule chooses (fedst/selection.py), whether
+``msf RUN [RUN ...]``: per run, the round each selection rule chooses (fedst/runs/model_selection.py), whether
 the conventional (``mixed``, GEN-Guard Eq. 6) and client-blocked (``cbe``, Eq. 7) choices differ (a
 model-selection failure, MSF), and each choice's test scores in federation (mean Dice of the
 training sites' personalized models) and out of federation (the averaged model on each
@@ -21,7 +21,7 @@ the out-of-federation model, so its row is left out), each on every site's test 
 models; columns: test sites; diagonal: in-distribution, off-diagonal: cross-distribution,
 UltraFlwr). A personalized model is run as
 deployed, with its own site indicator; the out-of-federation model with the test site's own
-(fedst/outfed.py). Markdown table (``matrix.md``), CSV and heat map (``matrix.png``).
+(fedst/runs/outfed.py). Markdown table (``matrix.md``), CSV and heat map (``matrix.png``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from fedst.report.results import RunError
 from fedst.runs import Run
 from fedst.runs.files import unfinished
 from fedst.runs.layout import CONFIG_JSON
+from fedst.runs.model_selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
 from fedst.scoring.metrics import format_score
-from fedst.selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
 from fedst.storage import read_jsonl, require_output_folder
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def finished_run(run_dir: Path, command: str) -> Run:
 
 def require_validation(run: Run, command: str, alternative: str = "") -> None:
     """A :class:`SelectionError` naming the run and the fix unless it scored validation rounds
-    (every rule but ``last`` chooses among them; fedst/selection.py). ``alternative``: another
+    (every rule but ``last`` chooses among them; fedst/runs/model_selection.py). ``alternative``: another
     fix, appended ("or ...")."""
     cfg, run_dir = run.cfg, run.dir
     fix = "train a run with train.val_every=<k> (1 <= k <= train.rounds) to select its rounds"
@@ -103,7 +103,7 @@ def load_selection(run_dir: Path, progress: bool = False, command: str = "msf") 
     path = run_dir / SELECTION_FILE
     if not path.exists():
         from fedst.experiment import resolve_device
-        from fedst.selection import run_selection
+        from fedst.runs.model_selection import run_selection
 
         run = finished_run(run_dir, command)
         require_validation(run, command)

@@ -11,7 +11,7 @@ else, so no test score can enter a choice):
   union of their validation sets). GEN-Guard's conventional selection, Eq. 6 (V_mix).
 * ``cbe``: client-blocked evaluation, GEN-Guard Eq. 7: a site held out of training entirely
   (``selection.held_out_site``) scores the out-of-federation model (gamma_g U the n_k-weighted
-  average of the training sites' rho_k, fedst/outfed.py) of every validation round on its
+  average of the training sites' rho_k, fedst/runs/outfed.py) of every validation round on its
   validation split; the best round is chosen (for every model of the run).
 
 A model-selection failure (MSF) is ``mixed`` and ``cbe`` choosing different rounds.
