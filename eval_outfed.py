@@ -32,6 +32,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from fedst.accel import resolve_device
 from fedst.cli import (
     existing_run,
     hydra_job,
@@ -41,7 +42,7 @@ from fedst.cli import (
     unknown_key_error,
 )
 from fedst.config import ConfigError, build
-from fedst.experiment import UNSEEN_INDICATOR_RULES, resolve_device
+from fedst.experiment import UNSEEN_INDICATOR_RULES
 from fedst.runs import Run
 from fedst.runs.files import load_config, unfinished
 

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 
-from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.accel import resolve_device
+from fedst.experiment import ExperimentConfig
 from fedst.model.channel_selection import ChannelSelection
 from fedst.model.network import FedSTNet
 from fedst.model.state import load_subset

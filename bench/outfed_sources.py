@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedst.experiment import resolve_device
+from fedst.accel import resolve_device
 from fedst.runs import Run
 from fedst.scoring.evaluation import evaluate_model
 from fedst.scoring.site_data import open_site_data

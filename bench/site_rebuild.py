@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
+from fedst.accel import resolve_device
 from fedst.cli import compose_experiment
-from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.experiment import ExperimentConfig
 from fedst.federation.site import Site
 from fedst.methods import method_of
 from fedst.training import prepare_data

@@ -43,6 +43,8 @@ from typing import Any, TypeVar, cast
 import torch
 from torch import nn
 
+from fedst.config import ConfigError
+
 __all__ = [
     "AMP_DTYPES",
     "COMPILE_MODES",
@@ -281,6 +283,34 @@ def device_facts(device: torch.device, precision: Precision, compile: object) ->
     else:
         facts["cuda_unavailable"] = cuda_unavailable_reason()
     return DeviceFacts(**facts)
+
+
+def resolve_device(
+    name: str, require_gpu: bool = False, experiment: str = "", key: str = "train.device"
+) -> torch.device:
+    """``train.device`` -> the torch device: ``auto`` -> the first CUDA device when available,
+    else the CPU, unless ``require_gpu`` (``train.require_gpu``: the config named ``experiment``
+    is sized for a GPU), which makes a CPU fallback a ConfigError with the reason and the fix;
+    ``cuda``/``cuda:N`` where CUDA is unavailable is an error. ``key``: the option the user set
+    (``device`` for fedst.infer), named in the fix."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if require_gpu:
+            raise ConfigError(
+                f"train.device=auto found no CUDA device (torch {torch.__version__}, CUDA build "
+                f"{torch.version.cuda}: {cuda_unavailable_reason()}); experiment={experiment} is "
+                f"sized for a GPU (train.require_gpu=true): fix the driver/install, or pass "
+                f"train.device=cpu to run it on the CPU anyway"
+            )
+        return torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"{key}={name!r} but CUDA is not available ({cuda_unavailable_reason()}); "
+            f"use {key}=auto or {key}=cpu"
+        )
+    return device
 
 
 def cuda_unavailable_reason() -> str:

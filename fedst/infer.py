@@ -54,10 +54,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedst.accel import resolve_device
 from fedst.config import build, did_you_mean
 from fedst.data.clips import normalize_frames, resize_frame
 from fedst.errors import UserError
-from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.experiment import ExperimentConfig
 from fedst.model.network import FedSTNet
 from fedst.progress import progress_bar
 from fedst.report.plots import PART_COLORS, overlay_masks

@@ -1,5 +1,5 @@
 """Specification of what a run states about its device and memory (fedst/accel.py,
-fedst/experiment/config.py resolve_device, fedst/training.py record_device, fedst/export.py):
+fedst/accel.py resolve_device, fedst/training.py record_device, fedst/export.py):
 no silent CPU fallback for a GPU-sized config, TF32 switches that agree, deterministic
 algorithms, native-bf16 detection, per-phase GPU memory and an export that leaves the caller's
 model alone. CPU only: CUDA facts (availability, capability, allocator counters) are mocked, and
@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from fedst import accel, training
+from fedst.accel import resolve_device
 from fedst.app import reply_logs
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
-from fedst.experiment import resolve_device, run_device
+from fedst.experiment import run_device
 from fedst.federation import transport
 from fedst.runs.files import RunLog
 from fedst.storage import read_jsonl

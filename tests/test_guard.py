@@ -18,16 +18,17 @@ import pytest
 import torch
 from torch import nn
 
-from fedst import guard, selection
+from fedst import guard
+from fedst.accel import resolve_device
 from fedst.data.generic import GenericLayoutSource
 from fedst.data.splits import validation_dataset
 from fedst.errors import UserError
-from fedst.experiment import resolve_device
 from fedst.guard import GuardConfig, GuardedNet, ResidualHeadGenerator
 from fedst.infer import InferenceError, load_site_model
 from fedst.methods import method_of
 from fedst.report.selection import dad_rows, msf_report
 from fedst.runs import Run
+from fedst.runs import model_selection as selection
 from fedst.scoring.evaluation import stream_test_clips
 from tests.conftest import record_reads
 from tests.test_federation import experiment

@@ -13,6 +13,7 @@ import shutil
 import pytest
 import torch
 
+from fedst.accel import resolve_device
 from fedst.app.inprocess import InProcessGrid
 from fedst.config import ConfigError
 from fedst.data.base import DataError
@@ -20,7 +21,6 @@ from fedst.data.generic import GenericLayoutSource
 from fedst.data.procedural import generate
 from fedst.data.sites import DataConfig, SiteSpec
 from fedst.data.splits import CarvedValidationSource, validation_videos, with_validation_split
-from fedst.experiment import resolve_device
 from fedst.federation.site import Site
 from fedst.methods import method_of
 from fedst.report.selection import cross_site_matrix

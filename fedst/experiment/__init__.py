@@ -37,7 +37,6 @@ from fedst.experiment.config import (
     check_num_workers,
     experiment_from_dict,
     experiment_from_json,
-    resolve_device,
     run_device,
 )
 from fedst.experiment.runtime import (
@@ -89,7 +88,6 @@ __all__ = [
     "experiment_from_dict",
     "experiment_from_json",
     "legacy_state_fingerprints",
-    "resolve_device",
     "run_device",
     "site_view",
     "state_fingerprint",

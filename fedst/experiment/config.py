@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fedst.accel import AMP_DTYPES, compile_mode, cuda_unavailable_reason
+from fedst.accel import AMP_DTYPES, compile_mode, resolve_device
 from fedst.config import ConfigError, build, require_at_least, require_positive, to_dict
 from fedst.data.clips import AugmentConfig, ClipConfig
 from fedst.data.sites import DataConfig
@@ -184,7 +184,7 @@ class TrainConfig:
     require_gpu: bool = False
     """The config is sized for a GPU (configs/experiment/paper.yaml): ``device=auto`` that finds
     no CUDA device stops the run with the reason instead of training for weeks on the CPU; an
-    explicit ``train.device=cpu`` still runs it there (:func:`resolve_device`)."""
+    explicit ``train.device=cpu`` still runs it there (fedst.accel.resolve_device)."""
     amp_dtype: str = "auto"
     """Mixed precision of forward passes on CUDA (fedst/accel.py; CPU always runs fp32): auto
     (bf16 where the GPU supports it, else fp16) | bf16 (autocast bfloat16) | fp16 (autocast
@@ -599,34 +599,6 @@ def experiment_from_json(text: str) -> ExperimentConfig:
             "train": {**train, "amp_dtype": "bf16" if values["train"]["amp"] else "none"},
         }
     return experiment_from_dict(values)
-
-
-def resolve_device(
-    name: str, require_gpu: bool = False, experiment: str = "", key: str = "train.device"
-) -> torch.device:
-    """``train.device`` -> the torch device: ``auto`` -> the first CUDA device when available,
-    else the CPU, unless ``require_gpu`` (``train.require_gpu``: the config named ``experiment``
-    is sized for a GPU), which makes a CPU fallback a ConfigError with the reason and the fix;
-    ``cuda``/``cuda:N`` where CUDA is unavailable is an error. ``key``: the option the user set
-    (``device`` for fedst.infer), named in the fix."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if require_gpu:
-            raise ConfigError(
-                f"train.device=auto found no CUDA device (torch {torch.__version__}, CUDA build "
-                f"{torch.version.cuda}: {cuda_unavailable_reason()}); experiment={experiment} is "
-                f"sized for a GPU (train.require_gpu=true): fix the driver/install, or pass "
-                f"train.device=cpu to run it on the CPU anyway"
-            )
-        return torch.device("cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            f"{key}={name!r} but CUDA is not available ({cuda_unavailable_reason()}); "
-            f"use {key}=auto or {key}=cpu"
-        )
-    return device
 
 
 def run_device(cfg: ExperimentConfig) -> torch.device:

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from fedst.accel import resolve_device
 from fedst.data.base import IGNORE_INDEX
 from fedst.data.clips import collate_clips
-from fedst.experiment import ExperimentConfig, resolve_device
+from fedst.experiment import ExperimentConfig
 from fedst.guard.correction import (
     GUARD_DIR,
     GUARD_FILE,

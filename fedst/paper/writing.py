@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from fedst.accel import device_name
-from fedst.experiment import resolve_device
+from fedst.accel import device_name, resolve_device
 from fedst.paper.planning import Plan, PlannedRun
 from fedst.paper.tables import Row, RunnerError, synthetic_in_training
 from fedst.report import plots, results, tables

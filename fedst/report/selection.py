@@ -102,7 +102,7 @@ def load_selection(run_dir: Path, progress: bool = False, command: str = "msf") 
     :func:`finished_run` and :func:`require_validation`)."""
     path = run_dir / SELECTION_FILE
     if not path.exists():
-        from fedst.experiment import resolve_device
+        from fedst.accel import resolve_device
         from fedst.runs.model_selection import run_selection
 
         run = finished_run(run_dir, command)
@@ -190,7 +190,7 @@ def msf_markdown(runs: Mapping[Path, Mapping[str, Any]]) -> str:
 
 def load_guard(run_dir: Path, progress: bool = False) -> dict[str, Any] | None:
     """Test scores before and after DAD of a run's corrections (None: DAD never ran on it)."""
-    from fedst.experiment import resolve_device
+    from fedst.accel import resolve_device
     from fedst.guard import guard_test_scores
 
     run = Run(run_dir)
@@ -371,7 +371,7 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
     A folder that is not a finished run, and a rule the run cannot apply (``cbe`` without
     ``selection.held_out_site``, any rule but ``last`` without validation rounds), are refused
     before anything is evaluated: a :class:`RunError` or :class:`SelectionError` of one line."""
-    from fedst.experiment import resolve_device
+    from fedst.accel import resolve_device
     from fedst.scoring.evaluation import evaluate_model
     from fedst.scoring.site_data import open_site_data
 
