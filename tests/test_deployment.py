@@ -215,6 +215,130 @@ def test_a_site_ends_a_supernode_stuck_in_its_exit_and_stops_when_the_server_sta
     assert leftover_processes(str(starts)) == []
 
 
+def stand_in_supernode(starts: Path, first: str, later: str) -> str:
+    """A ``python -c`` stand-in for flower-supernode: it counts its starts in ``starts``; the
+    first logs that it connected, then runs ``first``; every later one runs ``later``."""
+    return (
+        "import os, pathlib, signal, sys, time\n"
+        f"starts = pathlib.Path({str(starts)!r})\n"
+        "starts.write_text(starts.read_text() + 'x' if starts.exists() else 'x')\n"
+        "if len(starts.read_text()) == 1:\n"
+        f"    print({deploy.CONNECTED!r} + ' 1', flush=True)\n"
+        f"    {first}\n"
+        f"{later}\n"
+    )
+
+
+SERVER_AWAY = (
+    "print('Failed to initialize the connection to the SuperLink.', flush=True); sys.exit(1)"
+)
+"""What a stand-in SuperNode does when the server does not come back."""
+
+ENDED_BY_SIGINT = (
+    f"print({deploy.SUPERNODE_EXITING!r}, flush=True); signal.signal(signal.SIGINT, "
+    "signal.SIG_DFL); os.kill(os.getpid(), signal.SIGINT); time.sleep(60)"
+)
+"""How Flower's SuperNode ends when a restarted SuperLink refuses both its Fleet loop and its
+heartbeat: each sends SIGINT to its own process, Flower's handler takes the first and puts back
+the default one, and the second ends the process by SIGINT (exit status -2)."""
+
+
+def test_a_site_reconnects_when_its_supernode_ends_by_sigint_after_a_server_restart(
+    tiny_root, tmp_path, monkeypatch
+):
+    """The race of a server restart under load, made deterministic: the connected SuperNode ends
+    by SIGINT, as Flower's does when the second of its two SIGINTs lands during the exit of the
+    first. The site starts a new SuperNode (it used to return the -2 and end without a word, so
+    the resumed server waited for it in vain); that one cannot connect, and the site process
+    ends by itself once the server has stayed away for deploy.connect_timeout."""
+    starts = tmp_path / "starts"
+    fake = stand_in_supernode(starts, ENDED_BY_SIGINT, SERVER_AWAY)
+    monkeypatch.setattr(
+        deploy.supernode, "supernode_command", lambda *a, **k: [sys.executable, "-c", fake]
+    )
+    monkeypatch.setattr(deploy.supernode, "executor_command", lambda dcfg: ["sleep", "600"])
+    dcfg = DeployConfig(state_dir=str(tmp_path / "state"), connect_timeout=6.0)
+    assert deploy.serve_site(experiment(tiny_root), "A", dcfg) == 0
+    assert len(starts.read_text()) >= 2  # a new SuperNode after the one that ended by SIGINT
+    assert leftover_processes(str(starts)) == []
+
+
+def test_a_site_whose_supernodes_keep_ending_by_a_signal_stops_with_one_line_naming_it(
+    tiny_root, tmp_path, monkeypatch
+):
+    """Restarting is bounded: a SuperNode that ends by a signal each time it has connected (an
+    out-of-memory kill, say) is restarted deploy.SIGNAL_ENDS times, then the site process stops
+    with one line naming the site and the signal."""
+    starts = tmp_path / "starts"
+    killed = "os.kill(os.getpid(), signal.SIGKILL)"
+    fake = stand_in_supernode(starts, killed, f"print({deploy.CONNECTED!r} + ' 2'); {killed}")
+    monkeypatch.setattr(
+        deploy.supernode, "supernode_command", lambda *a, **k: [sys.executable, "-c", fake]
+    )
+    monkeypatch.setattr(deploy.supernode, "executor_command", lambda dcfg: ["sleep", "600"])
+    dcfg = DeployConfig(state_dir=str(tmp_path / "state"), connect_timeout=60.0)
+    with pytest.raises(deploy.DeploymentError) as stopped:
+        deploy.serve_site(experiment(tiny_root), "A", dcfg)
+    assert str(stopped.value).startswith(
+        "site A: 4 SuperNodes in a row ended by a signal (the last by SIGKILL); see "
+    )
+    assert len(starts.read_text()) == deploy.SIGNAL_ENDS + 1
+    assert leftover_processes(str(starts)) == []
+
+
+def supernode_pids(marker: str) -> list[int]:
+    """Pids of the live flower-supernode processes whose environment mentions ``marker``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "stat").read_text().split()[2] == "Z":
+                continue
+            program = (proc / "cmdline").read_bytes().split(b"\0")[:2]  # a script: python, path
+            if any(part.endswith(b"flower-supernode") for part in program) and (
+                marker.encode() in (proc / "environ").read_bytes()
+            ):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_site_reconnects_when_flowers_supernode_ends_by_its_two_sigints(tiny_root, tmp_path):
+    """Flower's own SuperNode, connected to a SuperLink with TLS and authentication, gets the two
+    SIGINTs its two threads send when a restarted SuperLink refuses both its Fleet loop and its
+    heartbeat, the second during the exit of the first (0.1 s apart here; under load by
+    chance). It ends by SIGINT, and the site process starts a new SuperNode that connects again
+    (before the fix the site process ended without a word)."""
+    loop = Loopback(tmp_path / "loop", tiny_root, ["A"], [])
+    dcfg = DeployConfig(
+        host="127.0.0.1", port=loop.port, certs=str(loop.certs), keys=str(loop.keys)
+    )
+    supernode_log = loop.state_dir("A") / "supernode_A.log"
+
+    def connections() -> int:
+        return supernode_log.read_text().count(deploy.CONNECTED) if supernode_log.exists() else 0
+
+    try:
+        with deploy.running_superlink(["A"], dcfg, tmp_path / "server"):
+            site = loop.start_site("A", "deploy.connect_timeout=120")
+            deadline = time.monotonic() + 240
+            while connections() < 1:
+                assert time.monotonic() < deadline and site.poll() is None, loop.output("A")
+                time.sleep(0.5)
+            (supernode,) = supernode_pids(str(loop.state_dir("A")))
+            os.kill(supernode, signal.SIGINT)
+            time.sleep(0.1)
+            os.kill(supernode, signal.SIGINT)
+            while connections() < 2:
+                assert time.monotonic() < deadline and site.poll() is None, loop.output("A")
+                time.sleep(0.5)
+    finally:
+        loop.stop_all()
+    assert "(the SuperNode ended with SIGINT); reconnecting" in loop.output("A")
+    assert leftover_processes(str(tmp_path / "loop")) == []
+
+
 def wire_rows(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "wire.jsonl")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -137,6 +138,20 @@ SUPERNODE_EXITING = "SuperNode terminated gracefully."
 EXIT_GRACE = 20.0
 """Seconds a SuperNode that logged its exit may take to end before it is stopped."""
 
+SIGNAL_ENDS = 3
+"""SuperNodes in a row that may end by a signal before the site process stops with one line."""
+
+
+def ended_by(code: int) -> str:
+    """How a process with exit status ``code`` ended: 'exit <code>', or the signal that ended it
+    (a negative status, as :class:`subprocess.Popen` reports it)."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
 
 def _tail(path: Path, offset: int) -> str:
     """The text of ``path`` from ``offset`` on ('' if absent)."""
@@ -160,6 +175,16 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
     keeps trying for ``deploy.connect_timeout`` seconds: a restarted server (``train_fed.py
     site=server resume=<run dir>``) finds it again; if the server does not come back (the
     federation has ended, or the server is down), the site process ends with one line.
+
+    How the SuperNode ended does not matter: a restarted SuperLink refuses both of its threads
+    (the Fleet loop and the heartbeat), and each then sends SIGINT to its own process
+    (flwr/supercore/retry/http_retry.py ``_should_giveup``, flwr/supernode/
+    fleet_http_connection.py ``send_node_heartbeat``). Flower's handler takes the first and puts
+    back the default one, so a second that lands while the first exit is still running (longer
+    on a loaded machine) ends the SuperNode by SIGINT. Signals this function sends itself never
+    reach this point, and a site process that is asked to stop leaves through its own
+    ``finally``; a SuperNode that ends by a signal is restarted like any other, up to
+    ``SIGNAL_ENDS`` times in a row.
     """
     from fedst.training import prepare_data
 
@@ -170,6 +195,7 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
     env = process_env(flwr_home, dcfg)
     deadline = time.monotonic() + dcfg.connect_timeout
     connected_before = False
+    signal_ends = 0  # SuperNodes in a row that ended by a signal
     log_path = state_dir / f"supernode_{site}.log"
     log.info("site %s: connecting to %s (log: %s)", site, dcfg.server, log_path)
     while True:
@@ -202,16 +228,21 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
             if node.poll() is None:
                 stop_child(node)
         output = log_path.read_text(errors="replace")[offset:]
-        if code < 0:
-            return code
+        signal_ends = signal_ends + 1 if code < 0 else 0
+        if signal_ends > SIGNAL_ENDS:
+            raise DeploymentError(
+                f"site {site}: {signal_ends} SuperNodes in a row ended by a signal (the last by "
+                f"{ended_by(code)}); see {log_path}"
+            )
         if CONNECTED in output:  # it was part of the federation until the server went away
             connected_before = True
             deadline = time.monotonic() + dcfg.connect_timeout
             log.warning(
-                "site %s: lost the server at %s; reconnecting for up to %.0f s (a restarted "
-                "server resumes the run; this site's state is on disk)",
+                "site %s: lost the server at %s (the SuperNode ended with %s); reconnecting for "
+                "up to %.0f s (a restarted server resumes the run; this site's state is on disk)",
                 site,
                 dcfg.server,
+                ended_by(code),
                 dcfg.connect_timeout,
             )
             continue
@@ -243,10 +274,13 @@ def serve_site(cfg: ExperimentConfig, site: str, dcfg: DeployConfig, progress: b
             )
         if code == EXIT_AUTH_FAILED or "connect" in output.lower():
             raise DeploymentError(
-                f"site {site}: could not connect to the server at {dcfg.server} (exit {code}); "
+                f"site {site}: could not connect to the server at {dcfg.server} "
+                f"({ended_by(code)}); "
                 f"check deploy.server=<host:port>, that the server runs (python train_fed.py "
                 f"site=server) and that deploy.certs has its ca.crt. Details: {log_path}"
             )
         if code == 0:
             return 0
-        raise DeploymentError(f"site {site}: flower-supernode exited with {code}; see {log_path}")
+        raise DeploymentError(
+            f"site {site}: flower-supernode ended with {ended_by(code)}; see {log_path}"
+        )
