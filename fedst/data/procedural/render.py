@@ -68,21 +68,15 @@ def _vignette(style: SiteStyle, height: int, width: int) -> tuple[np.ndarray, np
     return falloff, inside
 
 
-def render_video(
-    site: str,
-    preset: str,
-    seed: int,
-    video_id: str,
-    frames: int | None = None,
-    version: int = GENERATOR_VERSION,
-) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def render_video(*args: object, **kwargs: object) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Render one video: yields (frame_index, RGB uint8 [H, W, 3], mask uint8 [H, W]) per frame.
 
-    ``frames`` overrides the preset's frame count. Deterministic in (seed, site, video_id, version)
-    plus the preset's frame size. Masks hold the part labels 0..3 (0/1 for a binary site), in draw
-    order. ``version``: one of :data:`GENERATOR_VERSIONS`.
+    Arguments: (site, preset, seed, video_id, frames=None, version=GENERATOR_VERSION), those of
+    :func:`render_video_truth`. ``frames`` overrides the preset's frame count. Deterministic in
+    (seed, site, video_id, version) plus the preset's frame size. Masks hold the part labels 0..3
+    (0/1 for a binary site), in draw order. ``version``: one of :data:`GENERATOR_VERSIONS`.
     """
-    for index, frame, mask, _ in render_video_truth(site, preset, seed, video_id, frames, version):
+    for index, frame, mask, _ in render_video_truth(*args, **kwargs):  # type: ignore[arg-type]
         yield index, frame, mask
 
 

@@ -471,26 +471,6 @@ PRESETS: dict[str, Preset] = {
         ),
         description="laptop federated demo at 128x160 (minutes on 2 CPU cores)",
     ),
-    "demo_outfed": Preset(
-        name="demo_outfed",
-        height=128,
-        width=160,
-        sites={
-            **_sizes(
-                SplitSize(4, 25),
-                SplitSize(1, 25),
-                SplitSize(2, 25),
-                (SplitSize(4, 50), SplitSize(1, 50), SplitSize(2, 50)),
-                (SplitSize(1, 25), SplitSize(1, 25), SplitSize(2, 25)),
-                SplitSize(2, 25),
-                200,
-            ),
-            "E": SiteSize(test=OUTFED_TEST),
-            "grasp": SiteSize(test=OUTFED_TEST),
-        },
-        description="demo with out-of-federation test splits of 24 videos x 15 frames (E, grasp): "
-        "test sampling's standard error on E about 2.5 Dice points (docs/benchmark.md)",
-    ),
     "full": Preset(
         name="full",
         height=256,
@@ -523,6 +503,20 @@ PRESETS: dict[str, Preset] = {
         "synthetic images, a few frames per site",
     ),
 }
+
+
+PRESETS["demo_outfed"] = Preset(
+    name="demo_outfed",
+    height=128,
+    width=160,
+    sites={
+        **PRESETS["demo"].sites,
+        "E": SiteSize(test=OUTFED_TEST),
+        "grasp": SiteSize(test=OUTFED_TEST),
+    },
+    description="demo with out-of-federation test splits of 24 videos x 15 frames (E, grasp): "
+    "test sampling's standard error on E about 2.5 Dice points (docs/benchmark.md)",
+)
 
 
 def video_ids(site: str, preset: Preset) -> dict[str, list[str]]:
