@@ -41,6 +41,8 @@ class FrameTruth:
     """bool: instrument footprint hidden under a tissue fold (not labelled in the mask)."""
     blur_px: tuple[float, ...]
     """Motion-blur length of each instrument in pixels."""
+    occluded_px: tuple[int, ...]
+    """Pixels of each instrument's footprint hidden under tissue folds."""
 
     def degraded(self, mask: np.ndarray) -> np.ndarray:
         """bool [H, W]: labelled instrument pixels whose appearance is degraded (smoke, flash or

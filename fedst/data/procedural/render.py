@@ -189,6 +189,7 @@ def _phenomena(
             fill_footprint(tool_ids, part, index)
     coverage = events.fold_coverage(t, parts_per_tool)
     occluded = (coverage >= 0.5) & (mask > 0)
+    occluded_px = tuple(int((occluded & (tool_ids == i)).sum()) for i in range(1, len(tools) + 1))
     fold_shade = (0.78 + 0.22 * smoothstep(coverage, 0.0, 1.0))[..., None]
     image = image * (1 - coverage[..., None]) + tissue * fold_shade * coverage[..., None]
     mask[coverage >= 0.5] = 0
@@ -197,5 +198,5 @@ def _phenomena(
     image = image + flash[..., None]
     smoke = events.smoke_opacity(t)
     image = image * (1 - smoke[..., None]) + SMOKE_COLOUR * smoke[..., None]
-    truth = FrameTruth(tool_ids, smoke, flash, occluded, tuple(blur_px))
+    truth = FrameTruth(tool_ids, smoke, flash, occluded, tuple(blur_px), occluded_px)
     return image.astype(np.float32), truth
