@@ -5,6 +5,7 @@ covers; version 2 unchanged; determinism by seed; data=demo_v3 selectable, not t
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -92,14 +93,19 @@ def test_specular_flashes_hit_instruments_at_their_stated_rate(rendered: list) -
     assert 0.6 * expected <= flashes <= 1.4 * expected
 
 
-def test_tissue_folds_cover_instruments_at_their_stated_rate(rendered: list) -> None:
-    folds = sum(  # per instrument: how often one began to disappear under a fold
-        _episodes([t.occluded_px[tool] > 0 for *_, t in v])
-        for v in rendered
-        for tool in range(len(v[0][3].occluded_px))
+def test_tissue_folds_cover_instruments_as_often_as_their_rate_says(rendered: list) -> None:
+    # Folds of one instrument may cover another and overlapping folds merge, so the measure is
+    # time: the share of frames with an instrument under a fold, against the share a Poisson
+    # process of occlusion_per_s per instrument, each fold lasting the mean duration, gives.
+    duration = sum(PHENOMENA.occlusion_duration_s) / 2
+    measured = np.mean([t.occluded.any() for v in rendered for *_, t in v])
+    expected = np.mean(
+        [
+            1 - math.exp(-PHENOMENA.occlusion_per_s * len(v[0][3].blur_px) * duration)
+            for v in rendered
+        ]
     )
-    expected = PHENOMENA.occlusion_per_s * _instrument_seconds(rendered)
-    assert 0.5 * expected <= folds <= 1.5 * expected
+    assert 0.7 * expected <= measured <= 1.5 * expected
 
 
 def test_instruments_move_at_the_published_speed(rendered: list) -> None:
