@@ -77,6 +77,20 @@ def video_statistics(
     return dict(counts)
 
 
+def _causes(mask: np.ndarray, truth) -> dict[str, np.ndarray]:
+    """The degraded labelled pixels of a frame, and those of each cause (bool [H, W])."""
+    blurred = np.zeros(mask.shape, bool)
+    for index, length in enumerate(truth.blur_px, start=1):
+        if length >= 3.0:
+            blurred |= truth.tool_ids == index
+    return {
+        "degraded": truth.degraded(mask),
+        "smoke": truth.smoke >= 0.35,
+        "flash": truth.flash >= 0.3,
+        "blur": blurred,
+    }
+
+
 def data_report(preset: str, seed: int) -> dict:
     spec = PRESETS[preset]
     report: dict[str, dict] = {}
@@ -137,10 +151,11 @@ def model_report(run_dir: Path, site: str) -> dict:
         _, video_id, position = prediction.sample_id.split("/")
         if video_id not in truths:
             truths[video_id] = {
-                i: truth.degraded(mask)
+                i: _causes(mask, truth)
                 for i, _, mask, truth in render_video_truth(site, preset, seed, video_id, version=3)
             }
-        degraded = torch.from_numpy(truths[video_id][int(position)])
+        causes = {k: torch.from_numpy(v) for k, v in truths[video_id][int(position)].items()}
+        degraded = causes.pop("degraded")
         label = prediction.label.long()
         logits = F.interpolate(
             prediction.logits[None].float().cpu(), size=tuple(label.shape), mode="bilinear"
@@ -148,13 +163,23 @@ def model_report(run_dir: Path, site: str) -> dict:
         loss = F.cross_entropy(logits[None], label[None], ignore_index=255, reduction="none")[0]
         predicted = logits.argmax(0)
         instrument = (label > 0) & (label != 255)
-        for name, where in (("degraded", instrument & degraded), ("clean", instrument & ~degraded)):
+        groups = {"degraded": instrument & degraded, "clean": instrument & ~degraded}
+        groups.update({name: instrument & where for name, where in causes.items()})
+        for name, where in groups.items():
             sums[f"{name}_pixels"] += int(where.sum())
             sums[f"{name}_loss"] += float(loss[where].sum())
             sums[f"{name}_found"] += int((predicted[where] > 0).sum())
         hit = (predicted > 0) & instrument
         per_video[video_id][0] += 2 * int(hit.sum())
         per_video[video_id][1] += int((predicted > 0).sum() + instrument.sum())
+    by_cause = {
+        name: {
+            "loss": sums[f"{name}_loss"] / max(sums[f"{name}_pixels"], 1),
+            "recall %": 100 * sums[f"{name}_found"] / max(sums[f"{name}_pixels"], 1),
+            "pixels": sums[f"{name}_pixels"],
+        }
+        for name in ("smoke", "flash", "blur")
+    }
     dice = [100 * i / a for i, a in per_video.values() if a > 0]
     spread = float(np.std(dice, ddof=1)) if len(dice) > 1 else float("nan")
     return {
@@ -165,6 +190,7 @@ def model_report(run_dir: Path, site: str) -> dict:
         "recall degraded %": 100 * sums["degraded_found"] / max(sums["degraded_pixels"], 1),
         "recall clean %": 100 * sums["clean_found"] / max(sums["clean_pixels"], 1),
         "degraded pixels": sums["degraded_pixels"],
+        "by cause (descriptive; a pixel may have several)": by_cause,
         "videos": len(dice),
         "per-video binary Dice mean": float(np.mean(dice)),
         "per-video binary Dice std": spread,
