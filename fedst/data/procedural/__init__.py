@@ -45,6 +45,8 @@ frame (labelled frames in brackets); E and grasp are test only; synthetic holds 
   E, grasp 2x6; synthetic 12. 126 frames; unit tests.
 * demo, 128 x 160: A, B 4x25 / 1x25 / 2x25; C 4x50 / 1x50 / 2x50 [25 per video]; D (limited data)
   1x25 / 1x25 / 2x25; E, grasp 2x25; synthetic 200. 1100 frames; the laptop federated demo.
+* demo_outfed, 128 x 160: demo with E and grasp test splits of 24 videos x 15 frames (360 frames
+  each), so test sampling's standard error on E stays near 2.5 Dice points (``data=demo_v3``).
 * full, 256 x 320, labelled train / test frames as in the paper's Table I: A 8x225 / 1x75 / 4x150
   (1800 / 600), B 15x149 / 1x75 / 4x249 (2235 / 996), C 7x578 / 1x150 / 6x380 [2023 / 1140],
   D 2x499 / 1x100 / 2x491 (998 / 982), E 1x203, grasp 5x60, synthetic 3600. Val videos are extra.
@@ -78,6 +80,14 @@ changelog:
   random stream so instruments, motion, masks and sensor noise are those of version 1: per-video
   tissue saturation and brightness (patients, irrigation), pale fascia sheets and dark cautery
   marks, as real surgical scenes hold. The server's cartoon set is unchanged.
+* 3 (issue 47; ``data=demo_v3``, not the default): version 2 plus :data:`PHENOMENA` in every
+  video site (``phenomena``): instruments moving at published tool-tip speeds seen through a 70°
+  laparoscope (about 10 px per frame at 128 x 160 against version 2's 1), motion blur over the
+  exposure, cautery smoke lasting seconds, one-frame specular flashes and tissue folds that hide
+  part of an instrument (those pixels are background in the mask; under smoke, flashes and blur
+  the mask is unchanged). Each phenomenon draws from its own random stream, so version 2 renders
+  bit for bit as before. :func:`render_video_truth` yields each frame's ground truth beside it
+  (docs/benchmark.md, "Generator version 3", with the sources of every rate).
 
 Bump :data:`GENERATOR_VERSION` (and add a line above) whenever the rendering changes; keep every
 older version rendered bit for bit (tests/test_generator_versions.py). Existing sites are never
@@ -87,7 +97,7 @@ on purpose).
 
 The package, bottom-up: ``sites`` (versions, site styles, presets, video ids), ``noise`` (random
 streams, value noise, smooth signals), ``scene`` (tissue background), ``instruments`` (parts,
-motion, drawing), ``render`` (one video in memory: :func:`render_video`), ``writer`` (sites on
+motion, drawing), ``phenomena`` (version 3's smoke, flashes, blur, folds and speeds), ``render`` (one video in memory: :func:`render_video`), ``writer`` (sites on
 disk: :func:`generate`, :func:`generate_oracle_split`) and ``cli`` (the command line of
 ``-m fedst.data.procedural``).
 
@@ -95,15 +105,17 @@ Layer: part of fedst.data; imports fedst.data and the root modules.
 """
 
 from fedst.data.procedural.cli import main
-from fedst.data.procedural.render import render_video
+from fedst.data.procedural.render import render_video, render_video_truth
 from fedst.data.procedural.sites import (
     CLUTTER,
     FPS,
     GENERATOR_VERSION,
     GENERATOR_VERSIONS,
+    PHENOMENA,
     PRESETS,
     SITES,
     ClutterStyle,
+    PhenomenaStyle,
     Preset,
     SiteSize,
     SiteStyle,
@@ -123,9 +135,11 @@ __all__ = [
     "GENERATOR_VERSION",
     "GENERATOR_VERSIONS",
     "LOCK_FILE",
+    "PHENOMENA",
     "PRESETS",
     "SITES",
     "ClutterStyle",
+    "PhenomenaStyle",
     "Preset",
     "SiteSize",
     "SiteStyle",
@@ -135,5 +149,6 @@ __all__ = [
     "main",
     "oracle_site_name",
     "render_video",
+    "render_video_truth",
     "video_ids",
 ]

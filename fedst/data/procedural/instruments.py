@@ -76,6 +76,8 @@ class InstrumentTrack:
         self.rest = centre + toward + rng.uniform(-0.15, 0.15, 2) * np.array([width, height])
         amp = 0.22 * size if moving else 0.0
         self.dx, self.dy = Sinusoids(rng, amp, 0.12), Sinusoids(rng, amp, 0.12)
+        self.motion_scale = 1.0
+        """Time factor of the joint's translation (version 3 sets it from a target speed)."""
         self.jitter = rng.uniform(-0.25, 0.25, 2) * np.array([width, height]) * (not moving)
         self.wrist_rest = rng.uniform(-0.7, 0.7)
         self.wrist = Sinusoids(rng, 0.5 if moving else 0.0, 0.2)
@@ -84,9 +86,20 @@ class InstrumentTrack:
         self.open_hz = rng.uniform(0.1, 0.3) if moving else 0.0
         self.open_static = rng.uniform(0, 1)
 
+    def joint(self, t: float) -> np.ndarray:
+        """Position (x, y) of the shaft's end, where the wrist starts, at time ``t``."""
+        motion_t = t * self.motion_scale
+        return self.rest + self.jitter + np.array([self.dx(motion_t), self.dy(motion_t)])
+
+    def joint_rms_speed(self) -> float:
+        """Root-mean-square speed of the joint in pixels per second at ``motion_scale`` 1."""
+        return math.sqrt(
+            0.5 * sum(float(np.sum((s.amps * s.freqs) ** 2)) for s in (self.dx, self.dy))
+        )
+
     def parts(self, t: float, tint: RGB) -> list[_Part]:
         """Shaft, wrist and jaw blades at time ``t`` (seconds), in draw order."""
-        joint = self.rest + self.jitter + np.array([self.dx(t), self.dy(t)])
+        joint = self.joint(t)
         axis = joint - self.pivot
         shaft_angle = math.atan2(axis[1], axis[0])
         w = self.shaft_width
@@ -139,11 +152,18 @@ def _tinted(colour: RGB, tint: RGB) -> RGB:
     return (colour[0] * tint[0], colour[1] * tint[1], colour[2] * tint[2])
 
 
+def fill_footprint(layer: np.ndarray, part: _Part, value: int) -> np.ndarray:
+    """Set ``layer`` [H, W] to ``value`` on ``part``'s exact footprint (the mask's rasterisation);
+    returns its vertices (4 fractional bits, shift=4)."""
+    vertices = np.round(part.polygon * 16).astype(np.int32)
+    cv2.fillPoly(layer, [vertices], value, cv2.LINE_8, shift=4)
+    return vertices
+
+
 def draw_part(image: np.ndarray, mask: np.ndarray, part: _Part, cartoon: bool) -> None:
     """Rasterise ``part`` into ``image`` [H, W, 3] (anti-aliased, shaded) and ``mask`` [H, W]."""
     height, width = mask.shape
-    vertices = np.round(part.polygon * 16).astype(np.int32)  # 4 fractional bits (shift=4)
-    cv2.fillPoly(mask, [vertices], int(part.label), cv2.LINE_8, shift=4)
+    vertices = fill_footprint(mask, part, int(part.label))
     x0, y0 = np.floor(part.polygon.min(0)).astype(int) - 1
     x1, y1 = np.ceil(part.polygon.max(0)).astype(int) + 2
     x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, width), min(y1, height)

@@ -1,11 +1,12 @@
 """What the procedural benchmark is made of, before anything is drawn: the generator versions
 (:data:`GENERATOR_VERSIONS`, their changelog is the package docstring), the frame rate, every
 site's look (tissue family, camera, metal tint: :data:`SITES`), the clutter of version 2
-(:data:`CLUTTER`), the size presets (:data:`PRESETS`) with the video ids they number, and the
+(:data:`CLUTTER`), the temporal phenomena of version 3 (:data:`PHENOMENA`), the size presets (:data:`PRESETS`) with the video ids they number, and the
 checks of a preset, site or version name asked for."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,10 @@ GENERATOR_VERSIONS: dict[int, str] = {
     2: "version 1 plus surgical clutter in every non-cartoon site (:data:`CLUTTER`): per-video "
     "tissue saturation and brightness (patients, irrigation), pale fascia sheets and dark cautery "
     "marks; version 1's random streams and bytes are unchanged (tests/test_generator_versions.py)",
+    3: "version 2 plus temporal phenomena in every video site (:data:`PHENOMENA`): instrument "
+    "speed from published tool-tip speeds and a laparoscope's field of view, motion blur, "
+    "surgical smoke after cautery, specular flashes and instruments hidden under tissue folds; "
+    "version 2's random streams and bytes are unchanged (tests/test_generator_v3.py)",
 }
 FPS = 5
 
@@ -206,6 +211,56 @@ CLUTTER = ClutterStyle()
 """The clutter of generator version 2, the same for every non-cartoon site."""
 
 
+@dataclass(frozen=True)
+class PhenomenaStyle:
+    """Generator version 3: what hides the instruments in one frame and not in the next (issue 47).
+
+    Rates are per second of video and per instrument unless said otherwise; where each number
+    comes from (a publication, or a stated assumption) is in docs/benchmark.md, "Generator
+    version 3". Every phenomenon degrades the image only, except the tissue occlusion, which
+    also removes the hidden instrument pixels from the mask."""
+
+    field_of_view_deg: float = 70.0
+    """Diagonal angle of view of the laparoscope (typical wide-angle laparoscope lens)."""
+    working_distance_cm: float = 7.0
+    """Distance from the lens to the instruments (assumption: 5-10 cm in laparoscopy)."""
+    tip_speed_cm_s: float = 2.4
+    """Median in-image speed of an instrument while it moves: 3 cm/s of 3-D tip speed (da Vinci
+    kinematics) times pi / 4, the mean projection of a random direction onto the image plane."""
+    tip_speed_spread: float = 0.5
+    """Log-normal sigma of an instrument's speed around the median (assumption)."""
+    exposure_s: float = 1 / 25
+    """Exposure of one frame (assumption: auto-exposure in a dim abdomen); motion blur spans
+    speed x exposure."""
+    smoke_per_s: float = 0.15
+    """Cautery smoke puffs per second of video (assumption: no published rate found)."""
+    smoke_duration_s: tuple[float, float] = (1.5, 4.0)
+    """How long one puff veils the scene, drawn uniformly (evacuation clears it in seconds)."""
+    smoke_density: tuple[float, float] = (0.6, 0.9)
+    """Peak opacity of a puff's core."""
+    smoke_radius: tuple[float, float] = (0.25, 0.45)
+    """Radius of a grown puff, as a fraction of the frame's short side."""
+    flash_per_s: float = 0.25
+    """Specular flashes per second per instrument, one frame each (assumption)."""
+    occlusion_per_s: float = 0.1
+    """Tissue folds passing over an instrument per second per instrument (assumption)."""
+    occlusion_duration_s: tuple[float, float] = (0.6, 1.6)
+    """How long an instrument part stays under the fold, drawn uniformly."""
+    occlusion_radius: tuple[float, float] = (0.12, 0.2)
+    """Radius of the fold, as a fraction of the frame's short side."""
+
+    def pixels_per_cm(self, height: int, width: int) -> float:
+        """Image pixels per cm at the working distance for a frame of ``height`` x ``width``."""
+        diagonal_cm = (
+            2 * self.working_distance_cm * math.tan(math.radians(self.field_of_view_deg / 2))
+        )
+        return math.hypot(height, width) / diagonal_cm
+
+
+PHENOMENA = PhenomenaStyle()
+"""The temporal phenomena of generator version 3, the same for every video site."""
+
+
 SITES: dict[str, SiteStyle] = {
     "A": SiteStyle(
         name="A",
@@ -364,6 +419,11 @@ def _sizes(
     }
 
 
+OUTFED_TEST = SplitSize(24, 15)
+"""The out-of-federation test split of preset demo_outfed (generator version 3's data=demo_v3):
+24 videos, so that with a per-video Dice spread of about 12 points the standard error of E's score
+from test sampling is about 12 / sqrt(24) = 2.45 points (docs/benchmark.md)."""
+
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(
         name="tiny",
@@ -443,6 +503,20 @@ PRESETS: dict[str, Preset] = {
         "synthetic images, a few frames per site",
     ),
 }
+
+
+PRESETS["demo_outfed"] = Preset(
+    name="demo_outfed",
+    height=128,
+    width=160,
+    sites={
+        **PRESETS["demo"].sites,
+        "E": SiteSize(test=OUTFED_TEST),
+        "grasp": SiteSize(test=OUTFED_TEST),
+    },
+    description="demo with out-of-federation test splits of 24 videos x 15 frames (E, grasp): "
+    "test sampling's standard error on E about 2.5 Dice points (docs/benchmark.md)",
+)
 
 
 def video_ids(site: str, preset: Preset) -> dict[str, list[str]]:
