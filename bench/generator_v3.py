@@ -130,10 +130,10 @@ def model_report(run_dir: Path, site: str) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from fedst.experiment import resolve_device
-    from fedst.federation.evaluation import predict_test_frames
-    from fedst.federation.site_data import open_site_data
+    from fedst.accel import resolve_device
     from fedst.runs import Run
+    from fedst.scoring.evaluation import predict_test_frames
+    from fedst.scoring.site_data import open_site_data
 
     torch.set_num_threads(1)
     run = Run(run_dir)
