@@ -30,7 +30,7 @@ INSTRUMENT_KINDS: dict[str, tuple[float, float]] = {
 
 
 @dataclass(frozen=True)
-class _Part:
+class InstrumentPart:
     """One rigid polygon of an instrument and the axis used for its cylinder shading."""
 
     label: int
@@ -97,7 +97,7 @@ class InstrumentTrack:
             0.5 * sum(float(np.sum((s.amps * s.freqs) ** 2)) for s in (self.dx, self.dy))
         )
 
-    def parts(self, t: float, tint: RGB) -> list[_Part]:
+    def parts(self, t: float, tint: RGB) -> list[InstrumentPart]:
         """Shaft, wrist and jaw blades at time ``t`` (seconds), in draw order."""
         joint = self.joint(t)
         axis = joint - self.pivot
@@ -113,7 +113,7 @@ class InstrumentTrack:
         half_open = 0.05 + 0.32 * opening
         jaw_length, blade_width = INSTRUMENT_KINDS[self.kind]
         parts = [
-            _Part(
+            InstrumentPart(
                 label=SHAFT,
                 polygon=_capsule(self.pivot, joint, w, False),
                 origin=joint,
@@ -121,7 +121,7 @@ class InstrumentTrack:
                 half_width=w / 2,
                 colour=_tinted(SHAFT_COLOUR, tint),
             ),
-            _Part(
+            InstrumentPart(
                 label=WRIST,
                 polygon=_capsule(joint - _unit(wrist_angle) * 0.35 * w, wrist_end, 0.9 * w, True),
                 origin=joint,
@@ -144,7 +144,9 @@ class InstrumentTrack:
                     base - normal * bw / 2,
                 ]
             )
-            parts.append(_Part(JAW, polygon, base, _unit(angle), bw / 2, _tinted(JAW_COLOUR, tint)))
+            parts.append(
+                InstrumentPart(JAW, polygon, base, _unit(angle), bw / 2, _tinted(JAW_COLOUR, tint))
+            )
         return parts
 
 
@@ -152,7 +154,7 @@ def _tinted(colour: RGB, tint: RGB) -> RGB:
     return (colour[0] * tint[0], colour[1] * tint[1], colour[2] * tint[2])
 
 
-def fill_footprint(layer: np.ndarray, part: _Part, value: int) -> np.ndarray:
+def fill_footprint(layer: np.ndarray, part: InstrumentPart, value: int) -> np.ndarray:
     """Set ``layer`` [H, W] to ``value`` on ``part``'s exact footprint (the mask's rasterisation);
     returns its vertices (4 fractional bits, shift=4)."""
     vertices = np.round(part.polygon * 16).astype(np.int32)
@@ -160,7 +162,7 @@ def fill_footprint(layer: np.ndarray, part: _Part, value: int) -> np.ndarray:
     return vertices
 
 
-def draw_part(image: np.ndarray, mask: np.ndarray, part: _Part, cartoon: bool) -> None:
+def draw_part(image: np.ndarray, mask: np.ndarray, part: InstrumentPart, cartoon: bool) -> None:
     """Rasterise ``part`` into ``image`` [H, W, 3] (anti-aliased, shaded) and ``mask`` [H, W]."""
     height, width = mask.shape
     vertices = fill_footprint(mask, part, int(part.label))
@@ -192,7 +194,7 @@ def draw_part(image: np.ndarray, mask: np.ndarray, part: _Part, cartoon: bool) -
         cv2.polylines(image, [vertices], True, (0.05, 0.05, 0.05), 1, cv2.LINE_AA, shift=4)
 
 
-def draw_details(image: np.ndarray, parts: list[_Part]) -> None:
+def draw_details(image: np.ndarray, parts: list[InstrumentPart]) -> None:
     """Image-only details inside the drawn parts: a ring at the shaft end and a wrist pin."""
     shaft, wrist = parts[0], parts[1]
     ring_centre = shaft.origin - shaft.axis * 0.5 * shaft.half_width * 2
@@ -205,7 +207,9 @@ def draw_details(image: np.ndarray, parts: list[_Part]) -> None:
     cv2.circle(image, tuple(int(v) for v in pin), radius, (0.3, 0.3, 0.32), -1, cv2.LINE_AA, 4)
 
 
-def instrument_shadow(parts_per_tool: list[list[_Part]], height: int, width: int) -> np.ndarray:
+def instrument_shadow(
+    parts_per_tool: list[list[InstrumentPart]], height: int, width: int
+) -> np.ndarray:
     """Soft shadow [H, W] in 0..1 cast by the instruments onto the tissue."""
     layer = np.zeros((height, width), np.float32)
     offset = np.array([0.035 * width, 0.05 * height])

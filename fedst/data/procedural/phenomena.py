@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedst.data.procedural.instruments import InstrumentTrack, _Part
+from fedst.data.procedural.instruments import InstrumentPart, InstrumentTrack
 from fedst.data.procedural.noise import seeded_rng, smoothstep, value_noise
 from fedst.data.procedural.sites import FPS, PhenomenaStyle
 
@@ -77,7 +77,7 @@ class _Fold:
     texture: np.ndarray  # [H, W] zero-mean noise that roughens the fold's edge
 
 
-def _jaw_centre(parts: list[_Part]) -> np.ndarray:
+def _jaw_centre(parts: list[InstrumentPart]) -> np.ndarray:
     return np.mean([p.polygon.mean(0) for p in parts[2:]], axis=0)
 
 
@@ -184,7 +184,7 @@ class VideoPhenomena:
             clear *= 1 - np.clip(opacity, 0, 0.95)
         return 1 - clear
 
-    def fold_coverage(self, t: float, parts_per_tool: list[list[_Part]]) -> np.ndarray:
+    def fold_coverage(self, t: float, parts_per_tool: list[list[InstrumentPart]]) -> np.ndarray:
         """Coverage [H, W] 0..1 of the tissue folds over the instruments at ``t``; each fold is
         anchored on its instrument (it slides under the fold) and opens and closes in 0.2 s."""
         coverage = np.zeros((self.height, self.width), np.float32)
@@ -210,7 +210,7 @@ class VideoPhenomena:
             coverage = np.maximum(coverage, np.clip((1.0 - distance) / 0.12, 0, 1))
         return coverage
 
-    def flash_light(self, parts_per_tool: list[list[_Part]]) -> np.ndarray:
+    def flash_light(self, parts_per_tool: list[list[InstrumentPart]]) -> np.ndarray:
         """Added specular light [H, W] of this frame: a flash on an instrument's wrist or jaw with
         probability ``flash_per_s`` / fps per instrument (one draw per instrument per frame)."""
         light = np.zeros((self.height, self.width), np.float32)
