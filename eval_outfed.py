@@ -9,12 +9,13 @@ Writes <run>/final.json (with "out_of_federation"), <run>/tables/ and <run>/plot
 the comparison table. A run whose training has not finished (interrupted; fedst/runs/files.py
 ``unfinished``) keeps no final.json, which only the end of its training writes: its model after
 its last completed round N is scored into <run>/outfed_rNNNN.json (sites=[...]:
-outfed_<sites>_rNNNN.json), and the run stays resumable (train_fed.py resume=<run>). With site_root: writes only <run>/external/<site_name>.json and
-<run>/external/results.md (config.json and final.json stay as they are) and prints the site's
-line. With guard=dad: the out-of-federation model corrected by GEN-Guard's DAD at the held-out
-site, on ``sites`` (default: the run's out-of-federation sites); writes only
-<run>/outfed_dad_<sites>.json. The model: ``Run.outfed_model`` (fedst/runs/run.py; fedst/guard/
-with guard=dad).
+outfed_<sites>_rNNNN.json), and the run stays resumable (train_fed.py resume=<run>). With
+site_root: writes only <run>/external/<site_name>.json (an unfinished run:
+<run>/external/<site_name>_rNNNN.json) and <run>/external/results.md (config.json and
+final.json stay as they are) and prints the site's line. With guard=dad: the
+out-of-federation model corrected by GEN-Guard's DAD at the held-out site, on ``sites``
+(default: the run's out-of-federation sites); writes only <run>/outfed_dad_<sites>.json. The
+model: ``Run.outfed_model`` (fedst/runs/run.py; fedst/guard/ with guard=dad).
 
 It writes nothing else: no Hydra folder or log file (configs/eval_outfed.yaml), and nothing at
 all when ``run`` is not a run directory. A mistake ends in one line and exit status 2
@@ -149,13 +150,16 @@ def evaluate(cfg: DictConfig) -> None:
                 "configured sites or one new site per call"
             )
         run = Run(run_dir, experiment)
+        suffix = _round_suffix(run)
         site = open_new_site(run, Path(options.site_root), options.site_name, options.surgery_type)
         _, record = evaluate_new_site(
             run, site, resolve_device(experiment.train.device), options.progress
         )
-        path, line = write_new_site_result(run_dir, record)
+        path, line = write_new_site_result(run_dir, record, suffix)
         print(line)
         print(f"written: {path} and {path.parent / 'results.md'}")
+        if suffix:
+            print(unfinished_note(run_dir, suffix))
         return
     if options.site_name is not None or options.surgery_type is not None:
         raise ConfigError("site_name and surgery_type describe a new site: give site_root too")
@@ -220,11 +224,16 @@ def _write_summary(summary: dict, out: Path, run_dir: Path, suffix: str) -> None
         )
     print(f"written: {out}")
     if suffix:
-        print(
-            f"{run_dir}: its training has not finished; these are the scores of round "
-            f"{int(suffix[2:])}, kept out of final.json (resume it: python train_fed.py "
-            f"resume={run_dir})"
-        )
+        print(unfinished_note(run_dir, suffix))
+
+
+def unfinished_note(run_dir: Path, suffix: str) -> str:
+    """The line that says an unfinished run's scores (``suffix``: ``_rNNNN``) are of round N."""
+    return (
+        f"{run_dir}: its training has not finished; these are the scores of round "
+        f"{int(suffix[2:])}, kept out of final.json (resume it: python train_fed.py "
+        f"resume={run_dir})"
+    )
 
 
 if __name__ == "__main__":

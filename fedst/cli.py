@@ -241,6 +241,61 @@ def setup_logging(run_dir: Path | None = None) -> None:
     update_console_handler(colored=terminal)
 
 
+class HeldConsole(logging.Handler):
+    """Stands in for the console handlers while a run is set up: holds their records until
+    :meth:`show` (or a record with ``fedst.progress.SHOW_NOW``) passes them on, in order."""
+
+    def __init__(self, consoles: list[logging.Handler]) -> None:
+        super().__init__()
+        self.consoles = consoles
+        self.held: list[logging.LogRecord] = []
+        self.shown = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.held.append(record)
+        if self.shown or getattr(record, "show_now", False):
+            self.show()
+
+    def show(self) -> None:
+        """Pass the held records on, and every later one as it comes."""
+        self.shown = True
+        for record in self.held:
+            for console in self.consoles:
+                console.handle(record)
+        self.held.clear()
+
+
+def console_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    """The handlers of ``logger`` that write to stderr or stdout (not to a file)."""
+    return [
+        handler
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler)
+        and not isinstance(handler, logging.FileHandler)
+    ]
+
+
+@contextlib.contextmanager
+def console_held_while_setting_up() -> Iterator[None]:
+    """While the block sets a run up (device, config, data checks), its log records reach
+    log.txt as ever but not the console: when the block ends they are printed, in order; when it
+    raises (a DataError, a wrong device) none is, so the error's one line is all a mistake
+    prints (issue 46). A long step (a record with fedst.progress.SHOW_NOW) shows them at once."""
+    root = logging.getLogger()
+    consoles = console_handlers(root)
+    held = HeldConsole(consoles)
+    for console in consoles:
+        root.removeHandler(console)
+    root.addHandler(held)
+    try:
+        yield
+        held.show()
+    finally:
+        root.removeHandler(held)
+        for console in consoles:
+            root.addHandler(console)
+
+
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 

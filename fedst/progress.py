@@ -25,3 +25,9 @@ def bars_enabled(requested: bool) -> bool:
 def progress_bar(iterable: Iterable[T] | None = None, *, enabled: bool, **kwargs: Any) -> tqdm:
     """``tqdm(iterable, **kwargs)``, disabled unless :func:`bars_enabled` (``enabled``)."""
     return tqdm(iterable, disable=not bars_enabled(enabled), **kwargs)
+
+
+SHOW_NOW = {"show_now": True}
+"""``extra=`` of a log record that starts a long step (generating data): a console holding the
+records of a run's set-up (fedst.cli.console_held_while_setting_up) shows it, and the records
+held before it, at once."""

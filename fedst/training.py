@@ -35,6 +35,7 @@ from fedst.app.inprocess import InProcessGrid
 from fedst.app.nodes import site_node_config
 from fedst.app.ray_affinity import site_affinity
 from fedst.app.server_app import make_server_app
+from fedst.cli import console_held_while_setting_up
 from fedst.config import ConfigError
 from fedst.data.clips import resolve_num_workers, usable_cpu_count
 from fedst.data.procedural import SITES, generate
@@ -87,16 +88,20 @@ def prepare_run(
     hospitals, each site validates its own; the server validates only what it reads itself.
     Before anything is written, the server's device is resolved (a GPU-sized config that finds no
     GPU stops here, fedst.experiment.run_device) and set up, and its facts logged and appended to
-    ``device.jsonl`` (:func:`record_device`)."""
-    record_device(cfg, run_dir)
-    save_config(cfg, run_dir)
-    record = prepare_data(cfg, progress, regenerate)
-    if record is not None:
-        atomic_write_text(json.dumps(record, indent=2, sort_keys=True), run_dir / "benchmark.json")
-    iid = cfg.data.build_iid()  # data.partition=iid: the pooled-then-resplit control, once
-    if iid is not None:
-        atomic_write_text(json.dumps(iid, indent=1, sort_keys=True), run_dir / "iid_partition.json")
-    validate_data(cfg, federated=federated_data)
+    ``device.jsonl`` (:func:`record_device`). Its log lines reach the console once it passes
+    (fedst.cli.console_held_while_setting_up)."""
+    with console_held_while_setting_up():  # a set-up error prints its one line, nothing before
+        record_device(cfg, run_dir)
+        save_config(cfg, run_dir)
+        record = prepare_data(cfg, progress, regenerate)
+        if record is not None:
+            benchmark = json.dumps(record, indent=2, sort_keys=True)
+            atomic_write_text(benchmark, run_dir / "benchmark.json")
+        iid = cfg.data.build_iid()  # data.partition=iid: the pooled-then-resplit control, once
+        if iid is not None:
+            iid_split = json.dumps(iid, indent=1, sort_keys=True)
+            atomic_write_text(iid_split, run_dir / "iid_partition.json")
+        validate_data(cfg, federated=federated_data)
 
 
 DEVICE_LOG = "device.jsonl"
@@ -247,7 +252,7 @@ def run_training(
             )
     final = finalize_run(run, progress=progress)
     if not cfg.train.keep_resume_state:  # finished: never resumed (fedst/runs/footprint.py)
-        keep_models_only(run_dir)
+        keep_models_only(run)
     return final
 
 

@@ -93,7 +93,7 @@ def fedst_run(
     Every party's model also carries an int64 buffer (INTEGER_BUFFER): 0 at the server,
     ``site_counter(index)`` at each site.
     """
-    cfg = experiment(tiny_root)
+    cfg = experiment(tiny_root, "train.keep_resume_state=true")  # v_g too: its buffer is read
     run_dir = tmp_path_factory.mktemp("runs") / "fedst"
     messages: list[tuple[str, Message]] = []
     original_grid_init = InProcessGrid.__init__

@@ -217,7 +217,12 @@ def test_the_mean_rule_runs_the_average_at_the_sample_weighted_mean_indicator(fe
 
 
 def test_returned_model_global_scores_gamma_g_with_each_sites_rho_k(tiny_root, tmp_path):
-    cfg = experiment(tiny_root, "method.returned_model=global", "train.eval_every=1")
+    cfg = experiment(
+        tiny_root,
+        "method.returned_model=global",
+        "train.eval_every=1",
+        "train.keep_resume_state=true",  # the states as training wrote them (finished: no gamma_k)
+    )
     messages, scored = scored_run(cfg, tmp_path / "run")
     for site in cfg.data.federation:
         global_shared = received_shared(messages, 2)

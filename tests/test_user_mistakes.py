@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -27,7 +29,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from fedst.app.messaging import FederationError
-from fedst.cli import NewRunDirectories, compose_experiment, remove_unfinished_runs
+from fedst.cli import (
+    NewRunDirectories,
+    compose_experiment,
+    console_held_while_setting_up,
+    remove_unfinished_runs,
+)
 from fedst.config import ConfigError, build
 from fedst.data import check
 from fedst.data.base import DataError
@@ -37,6 +44,7 @@ from fedst.data.site_checks import validate_experiment_data
 from fedst.errors import ArgumentParser, UserError, one_line, run_entry_point
 from fedst.experiment.config import TrainConfig
 from fedst.federation.site import Site
+from fedst.progress import SHOW_NOW
 from fedst.report.results import RunError, group_by_method, load_runs
 from fedst.training import check_resumable, run_training, save_config
 
@@ -92,8 +100,18 @@ MISTAKES = [  # (command line, exit status, a phrase of the error line, paths th
     (["-m", "fedst.data.check", "data=tiny", "site=Z"], 2, "site=Z: not in the data config", []),
     (["-m", "fedst.data.check", "--max-frames", "x"], 2, "max_frames=x: expected an integer", []),
     (["-m", "fedst.paper", "table22"], 2, "invalid choice: 'table22'", []),
+    (
+        ["train_fed.py", "experiment=tiny", "data.root={damaged}", "progress=false"],
+        2,
+        "missing mask of an annotated frame",
+        ["runs"],
+    ),
+    (["train_fed.py", "resume={finished}"], 2, "the run is finished", []),
+    (["-m", "fedst.report", "{touched}"], 2, "not a finished run, it trained 1 of 2 rounds", []),
 ]
-"""``{run}``: the :func:`run_dir` fixture; ``{file}``: a file (:func:`a_file`). The error line is the one line on stderr, Hydra's own
+"""``{run}``: the :func:`run_dir` fixture; ``{file}``: a file (:func:`a_file`); ``{damaged}``:
+tiny data with a mask missing (:func:`damaged_data`); ``{finished}`` / ``{touched}``: a finished
+run / an interrupted one whose final.json an evaluation wrote (:func:`reported_runs`). The error line is the one line on stderr, Hydra's own
 log of a sweep aside (:func:`error_lines`). Every mistake reaches the boundary: status 2."""
 
 
@@ -111,6 +129,26 @@ def a_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("file") / "results.txt"
     path.write_text("not a folder\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def damaged_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny benchmark with one mask of a federated site's annotated frame deleted."""
+    root = tmp_path_factory.mktemp("damaged") / "tiny"
+    generate(root, seed=0, preset="tiny", workers=1, progress=False)
+    next((root / "D" / "videos").glob("*/masks/*.png")).unlink()
+    return root
+
+
+@pytest.fixture(scope="module")
+def reported_runs(tmp_path_factory: pytest.TempPathFactory, tiny_config) -> dict[str, Path]:
+    """``{finished}``: a run as the report reads it after its 2 rounds; ``{touched}``: one whose
+    final.json an evaluation wrote after round 1 (eval_outfed.py before issue 46)."""
+    root = tmp_path_factory.mktemp("reported")
+    return {
+        "{finished}": reported_run(root, "finished", tiny_config, 0, 30.0),
+        "{touched}": reported_run(root, "touched", tiny_config, 1, 0.0, rounds=1),
+    }
 
 
 def program_of(argv: list[str]) -> str:
@@ -161,9 +199,14 @@ def error_lines(stderr: str) -> list[str]:
     ids=[" ".join(getattr(m, "values", m)[0]) for m in MISTAKES],  # a row or a pytest.param
 )
 def test_a_mistake_ends_in_one_line_and_leaves_nothing_behind(
-    argv, status, phrase, absent, run_dir, a_file, tmp_path, tmp_path_factory
+    argv, status, phrase, absent, run_dir, a_file, tmp_path, tmp_path_factory, request
 ):
     argv = [arg.replace("{run}", str(run_dir)).replace("{file}", str(a_file)) for arg in argv]
+    if any("{damaged}" in arg for arg in argv):  # generated only for the rows that name it
+        damaged = str(request.getfixturevalue("damaged_data"))
+        argv = [arg.replace("{damaged}", damaged) for arg in argv]
+    for name, path in request.getfixturevalue("reported_runs").items():
+        argv = [arg.replace(name, str(path)) for arg in argv]
     phrase = phrase.replace("{file}", str(a_file))
     run_before = tree(run_dir)
     temp = tmp_path_factory.mktemp("system_temp")  # the command's system temp folder
@@ -181,13 +224,28 @@ def test_a_mistake_ends_in_one_line_and_leaves_nothing_behind(
         assert not (tmp_path / path.replace("{run}", str(run_dir))).exists(), path
 
 
-def test_fedst_debug_shows_the_traceback_of_a_mistake_and_keeps_its_line_and_status(tmp_path):
-    done = run_command(["train_fed.py", "train.lr=abc"], tmp_path, FEDST_DEBUG="1")
-    assert done.returncode == 2
-    assert "Traceback" in done.stderr and "fedst.config.ConfigError" in done.stderr
+DEBUGGED = [  # (command line, a phrase of its error line): one mistake of each program
+    (["train_fed.py", "train.lr=abc"], "train.lr='abc' (str): expected a number"),
+    (["eval_outfed.py", "run=nope"], "run=nope: no such folder"),
+    (["-m", "fedst.data.check", "data=tinyy"], "(did you mean 'tiny'?)"),
+    (["-m", "fedst.paper", "table2", "rows=fedsst", "--dry-run"], "['fedsst']"),
+    (["-m", "fedst.report", "nope"], "nope"),
+    (["-m", "fedst.infer", "run=nope", "site=A", "input=a.mp4"], "does not exist"),
+    (["-m", "fedst.deploy", "local", "--sites", "A", "engine=ray"], "deployment engine"),
+]
+"""Issue 46: FEDST_DEBUG=1 exited 1 (train_fed.py) or was ignored (fedst.data.check)."""
+
+
+@pytest.mark.parametrize(("argv", "phrase"), DEBUGGED, ids=[" ".join(a) for a, _ in DEBUGGED])
+def test_fedst_debug_shows_the_traceback_of_a_mistake_and_keeps_its_line_and_status(
+    argv, phrase, tmp_path, tmp_path_factory
+):
+    temp = tmp_path_factory.mktemp("system_temp")
+    done = run_command(argv, tmp_path, FEDST_DEBUG="1", TMPDIR=str(temp))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("train_fed.py: error: "), last
-    assert "train.lr='abc' (str): expected a number" in last
+    assert last.startswith(f"{program_of(argv)}: error: ") and phrase in last, last
     assert tree(tmp_path) == []  # the run directory Hydra made for it is gone all the same
 
 
@@ -318,6 +376,28 @@ def test_an_unknown_key_of_a_section_names_the_closest_field():
     assert "did you mean" not in str(caught.value)  # nothing close: no guess
 
 
+def test_a_runs_set_up_lines_reach_the_console_once_it_passed_and_never_before_its_error(
+    monkeypatch,
+):
+    """Issue 46: a run stopped by a DataError printed its device and validation lines first."""
+    console = io.StringIO()
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [logging.StreamHandler(console)])
+    monkeypatch.setattr(root, "level", logging.INFO)
+    log = logging.getLogger("fedst.set_up")
+    with pytest.raises(DataError), console_held_while_setting_up():
+        log.info("site A split test: 6 samples validated")
+        raise DataError("site D: missing mask of an annotated frame")
+    assert console.getvalue() == ""
+    with console_held_while_setting_up():
+        log.info("site A split test: 6 samples validated")
+        assert console.getvalue() == ""
+    assert console.getvalue() == "site A split test: 6 samples validated\n"
+    with console_held_while_setting_up():  # a long step is said as it starts
+        log.info("generating site(s) A", extra=SHOW_NOW)
+        assert console.getvalue().endswith("generating site(s) A\n")
+
+
 # -- run directories a failed command leaves ------------------------------------------------------
 
 
@@ -427,6 +507,29 @@ def test_evaluating_an_interrupted_run_scores_its_round_and_leaves_it_resumable_
     check_resumable(run)  # no error: train_fed.py resume=run continues it
     with pytest.raises(RunError, match=r"incomplete run, missing final\.json"):
         load_runs([run])
+
+
+def test_scoring_a_new_site_on_an_interrupted_run_names_the_round_it_scored(
+    interrupted_run, tmp_path
+):
+    """external/<site>.json holds a finished run's score of the site; an unfinished run's is
+    external/<site>_rNNNN.json, as its outfed_rNNNN.json, and the run stays resumable."""
+    run = tmp_path / "run"
+    shutil.copytree(interrupted_run, run)
+    lung = tmp_path / "hospital" / "lung"  # site E's files as another hospital's folder
+    shutil.copytree(Path(json.loads((run / "config.json").read_text())["data"]["root"]) / "E", lung)
+    meta = json.loads((lung / "meta.json").read_text())
+    del meta["generator"]
+    (lung / "meta.json").write_text(json.dumps(meta))
+    argv = ["eval_outfed.py", f"run={run}", f"site_root={lung}", "progress=false"]
+    done = run_command(argv, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in (run / "external").iterdir()) == ["lung_r0001.json", "results.md"]
+    assert json.loads((run / "external" / "lung_r0001.json").read_text())["round"] == 1
+    assert f"round 1, kept out of final.json (resume it: python train_fed.py resume={run})" in (
+        done.stdout
+    )
+    check_resumable(run)
 
 
 @pytest.fixture(scope="module")

@@ -38,12 +38,15 @@ sites/<site>/state_rNNNN.pt a site's private state after round N (in-process: wr
 selection/shared_rNNNN.pt   gamma_g after validation round N (what model selection may choose)
 sites/<site>/selection/personal_rNNNN.pt
                             the site's rho_k (and own gamma_k) after validation round N
-external/<site>.json        a new site scored by eval_outfed.py site_root=... (never final.json)
+external/<site>.json        a new site scored by eval_outfed.py site_root=... (never final.json);
+                            an unfinished run's: external/<site>_rNNNN.json (round N scored)
 final.json, tables/, plots/ written at the end
 tensorboard/                scalars of all of the above
 ```
 
 A deployed site keeps its ``sites/<site>`` folder on its own disk (its state folder).
+A finished run keeps of these only what its returned models, selection and report read
+(fedst/runs/footprint.py; ``train.keep_resume_state=true`` keeps all).
 """
 
 from __future__ import annotations

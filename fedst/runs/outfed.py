@@ -265,11 +265,15 @@ def evaluate_new_site(
     return result, record
 
 
-def write_new_site_result(run_dir: Path, record: dict[str, Any]) -> tuple[Path, str]:
-    """Write ``<run>/external/<site>.json`` and rebuild ``<run>/external/results.md`` (one line per
-    new site scored so far); returns the JSON path and the site's markdown line."""
+def write_new_site_result(
+    run_dir: Path, record: dict[str, Any], round_suffix: str = ""
+) -> tuple[Path, str]:
+    """Write ``<run>/external/<site><round_suffix>.json`` (``round_suffix``: ``""`` for a finished
+    run, ``"_rNNNN"``, the round scored, for an unfinished one, as its ``outfed_rNNNN.json``) and
+    rebuild ``<run>/external/results.md`` (one line per file, with its round); returns the JSON
+    path and the site's markdown line."""
     folder = run_dir / EXTERNAL_DIR
-    path = folder / f"{record['site']}.json"
+    path = folder / f"{record['site']}{round_suffix}.json"
     atomic_write_text(json.dumps(record, indent=2, sort_keys=True, default=float), path)
     records = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     header = (

@@ -23,8 +23,9 @@ class ServerCheckpoint:
 
     round: int
     """The completed round (0: none completed yet)."""
-    global_model: TensorDict
-    """v_g: every tensor of the server's network (shared gamma_g and the server's own rho_g)."""
+    global_model: TensorDict | None
+    """v_g: every tensor of the server's network (shared gamma_g and the server's own rho_g);
+    None in a finished run whose returned models do not read it (fedst/runs/footprint.py)."""
     shared_keys: tuple[str, ...]
     """The names of gamma_g within ``global_model``."""
 
@@ -32,12 +33,17 @@ class ServerCheckpoint:
     def from_dict(cls, saved: Mapping[str, Any]) -> ServerCheckpoint:
         return cls(
             round=int(saved["round"]),
-            global_model=saved["global_model"],
+            global_model=saved.get("global_model"),
             shared_keys=tuple(saved["shared_keys"]),
         )
 
     def global_shared(self) -> dict[str, torch.Tensor]:
         """gamma_g after :attr:`round`."""
+        if self.global_model is None:
+            raise FileNotFoundError(
+                "this finished run kept the sites' own models v_k = gamma_k U rho_k and not v_g "
+                "(no returned model reads gamma_g); train.keep_resume_state=true keeps it"
+            )
         return {key: self.global_model[key] for key in self.shared_keys}
 
 

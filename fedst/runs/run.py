@@ -91,8 +91,9 @@ class Run:
         return self.server_checkpoint().round
 
     def global_shared(self, round: int | None = None) -> TensorDict:
-        """gamma_g after ``round`` (empty when the method sends nothing)."""
-        if not self.method.communicates:
+        """gamma_g after ``round`` as the returned models read it: empty when the method sends
+        nothing or its sites return their own models (v_k = gamma_k U rho_k)."""
+        if not self.method.communicates or self.method.returns_own_model:
             return {}
         if round is None:
             return self.server_checkpoint().global_shared()

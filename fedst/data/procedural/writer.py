@@ -37,7 +37,7 @@ from fedst.data.procedural.sites import (
     check_version,
     video_ids,
 )
-from fedst.progress import progress_bar
+from fedst.progress import SHOW_NOW, progress_bar
 
 logger = logging.getLogger("fedst.data.procedural")  # the package's name, as before the split
 
@@ -264,6 +264,7 @@ def generate(
                 ", ".join(todo),
                 preset,
                 out.absolute(),
+                extra=SHOW_NOW,  # minutes of work: said as it starts, even while a run sets up
             )
         _write_videos(tasks, f"procedural {preset}", workers, progress, chunksize=4)
         for site in todo:
