@@ -46,6 +46,7 @@ from fedst.config import ConfigError, build
 from fedst.experiment import UNSEEN_INDICATOR_RULES
 from fedst.runs import Run
 from fedst.runs.files import load_config, unfinished
+from fedst.runs.layout import EXTERNAL_TABLE, outfed_result
 
 register_resolvers()
 log = logging.getLogger("eval_outfed")
@@ -157,7 +158,7 @@ def evaluate(cfg: DictConfig) -> None:
         )
         path, line = write_new_site_result(run_dir, record, suffix)
         print(line)
-        print(f"written: {path} and {path.parent / 'results.md'}")
+        print(f"written: {path} and {path.parent / EXTERNAL_TABLE}")
         if suffix:
             print(unfinished_note(run_dir, suffix))
         return
@@ -181,7 +182,7 @@ def evaluate(cfg: DictConfig) -> None:
     )
     summary = {site: result.summary for site, result in scored.items()}
     name = "" if options.sites is None else "_" + "_".join(options.sites)
-    _write_summary(summary, run_dir / f"outfed{name}{suffix}.json", run_dir, suffix)
+    _write_summary(summary, outfed_result(run_dir, name, suffix), run_dir, suffix)
 
 
 def _round_suffix(run: Run) -> str:
@@ -208,7 +209,9 @@ def _evaluate_guarded(run: Run, options: EvalOptions, suffix: str) -> None:
     summary = evaluate_guarded_sites(
         run, sites, resolve_device(run.cfg.train.device), options.progress
     )
-    _write_summary(summary, run.dir / f"outfed_dad_{'_'.join(sites)}{suffix}.json", run.dir, suffix)
+    _write_summary(
+        summary, outfed_result(run.dir, f"_dad_{'_'.join(sites)}", suffix), run.dir, suffix
+    )
 
 
 def _write_summary(summary: dict, out: Path, run_dir: Path, suffix: str) -> None:

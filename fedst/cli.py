@@ -23,6 +23,7 @@ from fedst.data.sites import DataConfig
 from fedst.errors import one_line, run_entry_point
 from fedst.experiment import DeployConfig, ExperimentConfig, RayConfig, experiment_from_dict
 from fedst.methods import method_of
+from fedst.runs.layout import CONFIG_JSON, FINAL_JSON, LOG_TXT, METRICS_JSONL, TRAIN_JSONL
 
 RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate", "site", "deploy", "ray")
 """Top-level keys that steer the entry point, not the experiment."""
@@ -225,7 +226,7 @@ def setup_logging(run_dir: Path | None = None) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(run_dir / "log.txt"))
+        handlers.append(logging.FileHandler(run_dir / LOG_TXT))
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -332,7 +333,7 @@ def existing_run(value: Any, key: str) -> Path:
         raise ConfigError(
             f"{key}={value}: no such folder; give a run directory train_fed.py wrote ({example})"
         )
-    if not (run_dir / "config.json").is_file():
+    if not (run_dir / CONFIG_JSON).is_file():
         raise ConfigError(
             f"{key}={value}: not a run directory (it has no config.json); give a folder "
             f"train_fed.py wrote ({example})"
@@ -423,7 +424,7 @@ class NewRunDirectories(Callback):
         cls.created.append((directory, top, sweep))
 
 
-RUN_RESULTS = ("checkpoints", "metrics.jsonl", "train.jsonl", "final.json")
+RUN_RESULTS = ("checkpoints", METRICS_JSONL, TRAIN_JSONL, FINAL_JSON)
 """What makes a run directory worth keeping after a failure: what fedst.training.run_training
 writes once a round has run (the server's training row, an evaluation row, the round's
 checkpoint) and at the end. Before the first round it writes only setup files (device.jsonl,

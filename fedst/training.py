@@ -45,7 +45,18 @@ from fedst.report import plots, results, tables
 from fedst.runs import Run
 from fedst.runs.files import unfinished
 from fedst.runs.footprint import keep_models_only
-from fedst.runs.layout import site_state_dir
+from fedst.runs.layout import (
+    BENCHMARK_JSON,
+    COMM_JSONL,
+    CONFIG_JSON,
+    CONFIG_YAML,
+    DEVICE_JSONL,
+    FINAL_JSON,
+    IID_PARTITION_JSON,
+    METRICS_JSONL,
+    TRAIN_JSONL,
+    site_state_dir,
+)
 from fedst.runs.model_selection import run_selection
 from fedst.runs.outfed import evaluate_out_of_federation
 from fedst.scoring.evaluation import evaluate_model
@@ -60,8 +71,8 @@ ENGINES = ("inprocess", "ray")
 def save_config(cfg: ExperimentConfig, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     values = json.loads(cfg.to_json())
-    atomic_write_text(json.dumps(values, indent=2), run_dir / "config.json")
-    atomic_write_text(OmegaConf.to_yaml(OmegaConf.create(values)), run_dir / "config.yaml")
+    atomic_write_text(json.dumps(values, indent=2), run_dir / CONFIG_JSON)
+    atomic_write_text(OmegaConf.to_yaml(OmegaConf.create(values)), run_dir / CONFIG_YAML)
 
 
 def prepare_data(
@@ -96,15 +107,14 @@ def prepare_run(
         record = prepare_data(cfg, progress, regenerate)
         if record is not None:
             benchmark = json.dumps(record, indent=2, sort_keys=True)
-            atomic_write_text(benchmark, run_dir / "benchmark.json")
+            atomic_write_text(benchmark, run_dir / BENCHMARK_JSON)
         iid = cfg.data.build_iid()  # data.partition=iid: the pooled-then-resplit control, once
         if iid is not None:
             iid_split = json.dumps(iid, indent=1, sort_keys=True)
-            atomic_write_text(iid_split, run_dir / "iid_partition.json")
+            atomic_write_text(iid_split, run_dir / IID_PARTITION_JSON)
         validate_data(cfg, federated=federated_data)
 
 
-DEVICE_LOG = "device.jsonl"
 """In a run directory: one row per start (and resume) of the server process, the
 :class:`fedst.accel.DeviceFacts` it computed with, with the time it started."""
 
@@ -124,7 +134,7 @@ def record_device(cfg: ExperimentConfig, run_dir: Path) -> DeviceFacts:
     log.info("run %s: %s", run_dir.name, facts.line())
     run_dir.mkdir(parents=True, exist_ok=True)
     row = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "role": "server"}
-    with open(run_dir / DEVICE_LOG, "a") as rows:
+    with open(run_dir / DEVICE_JSONL, "a") as rows:
         rows.write(json.dumps({**row, **dataclasses.asdict(facts)}, sort_keys=True) + "\n")
     return facts
 
@@ -321,7 +331,7 @@ def finalize_run(
             "only the end of its training writes final.json"
         )
     device = run_device(cfg)
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / METRICS_JSONL)
     last_round = max((r["round"] for r in metrics), default=0)
     sites = {
         r["site"]: _scalars(r)
@@ -353,7 +363,7 @@ def finalize_run(
                 keep_examples=qualitative,
             )
             examples += _example_rows(cfg, result)
-    comm = read_jsonl(run_dir / "comm.jsonl")
+    comm = read_jsonl(run_dir / COMM_JSONL)
     rounds = [r for r in comm if r.get("kind", ROUND_KIND) == ROUND_KIND]
     steady = [r for r in rounds if r["round"] > 1] or rounds  # round 1 also downloads initial rho
     final = {
@@ -372,7 +382,7 @@ def finalize_run(
         **_sizes_per_round("download", steady, "download_param_bytes"),
         **_final_stage_comm(comm),
         # the replies the server refused (fedst/federation/reply_checks.py): its train.jsonl rows
-        "refused_replies": refused_replies(read_jsonl(run_dir / "train.jsonl")),
+        "refused_replies": refused_replies(read_jsonl(run_dir / TRAIN_JSONL)),
     }
     if cfg.train.val_every is not None:  # rounds chosen on validation only, then tested
         record = run_selection(run, device, progress=progress)
@@ -384,17 +394,17 @@ def finalize_run(
             "test": record["test"][rule],
         }
     final["code"] = code_version()  # which code the numbers come from
-    starts = read_jsonl(run_dir / DEVICE_LOG)  # [] for a run older than the device log
+    starts = read_jsonl(run_dir / DEVICE_JSONL)  # [] for a run older than the device log
     if starts:  # which device, card and precision the numbers come from (the latest start)
         final["device"] = {k: v for k, v in starts[-1].items() if k not in ("started", "role")}
-    if (run_dir / "benchmark.json").is_file():  # which procedural benchmark the numbers are on
-        final["benchmark"] = json.loads((run_dir / "benchmark.json").read_text())
-    atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / "final.json")
+    if (run_dir / BENCHMARK_JSON).is_file():  # which procedural benchmark the numbers are on
+        final["benchmark"] = json.loads((run_dir / BENCHMARK_JSON).read_text())
+    atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / FINAL_JSON)
     runs = results.load_runs([run_dir])
     tables.write_tables(runs, run_dir / "tables")
     plots.plot_learning_curves(metrics, run_dir / "plots" / "learning_curves.png")
     plots.plot_communication(comm, run_dir / "plots" / "communication.png")
-    plots.plot_serq(read_jsonl(run_dir / "train.jsonl"), run_dir / "plots" / "serq.png")
+    plots.plot_serq(read_jsonl(run_dir / TRAIN_JSONL), run_dir / "plots" / "serq.png")
     if examples:
         plots.qualitative_grid(examples, run_dir / "plots" / "qualitative.png")
     return final

@@ -38,6 +38,7 @@ from fedst.model.indicators import (
     site_indicators,
     site_prompt,
 )
+from fedst.runs.layout import CONFIG_JSON
 from models.pvt.weights import (
     describe_weights,
     find_in_hf_cache,
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.run is not None:
         if args.overrides:
             raise ConfigError(f"--run {args.run} uses the run's own config: drop {args.overrides}")
-        path = args.run / "config.json"
+        path = args.run / CONFIG_JSON
         if not path.is_file():
             raise ConfigError(f"{path} is missing: --run takes a run directory of train_fed.py")
         cfg = experiment_from_json(path.read_text())

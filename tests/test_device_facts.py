@@ -25,6 +25,7 @@ from fedst.config import ConfigError
 from fedst.experiment import run_device
 from fedst.federation import transport
 from fedst.runs.files import RunLog
+from fedst.runs.layout import DEVICE_JSONL
 from fedst.storage import read_jsonl
 from tests.conftest import train_reply
 
@@ -103,7 +104,7 @@ def test_a_run_start_logs_its_device_facts_and_appends_them_to_device_jsonl(tmp_
     with caplog.at_level(logging.INFO, logger="fedst.training"):
         training.record_device(cfg, tmp_path)
         training.record_device(cfg, tmp_path)  # a resume adds its own row
-    rows = read_jsonl(tmp_path / training.DEVICE_LOG)
+    rows = read_jsonl(tmp_path / DEVICE_JSONL)
     assert len(rows) == 2 and rows[0]["role"] == "server"
     row = rows[-1]
     assert row["device"] == "cpu" and row["card"] == accel.device_name(CPU)

@@ -17,7 +17,8 @@ from fedst.experiment import ExperimentConfig
 from fedst.report.results import RunError, Stat, group_by_method, load_runs
 from fedst.report.selection import SUBCOMMANDS, matrix_markdown
 from fedst.report.tables import comparison_table, main, sites_table
-from fedst.runs.model_selection import SELECTION_FILE, SelectionError
+from fedst.runs.layout import SELECTION_FILE
+from fedst.runs.model_selection import SelectionError
 from fedst.scoring.metrics import format_score
 
 

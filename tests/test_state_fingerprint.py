@@ -18,7 +18,8 @@ import json
 import pytest
 
 from fedst.experiment import site_view, state_fingerprint
-from fedst.federation.site import STATE_FINGERPRINT, StateMismatchError, claim_state_dir
+from fedst.federation.site import StateMismatchError, claim_state_dir
+from fedst.runs.layout import STATE_FINGERPRINT
 from tests.test_federation import experiment
 
 

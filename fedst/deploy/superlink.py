@@ -27,6 +27,7 @@ from fedst.deploy.processes import (
     wait_for_port,
 )
 from fedst.experiment import DeployConfig, ExperimentConfig, RoundPolicy
+from fedst.runs.layout import FINAL_JSON, FLWR_RUN_LOG, LOG_TXT
 
 log = logging.getLogger("fedst.deploy")  # the package's name, as before the split
 
@@ -157,15 +158,14 @@ def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str,
     with running_superlink(cfg.data.federation, dcfg, run_dir) as env:
         command = [str(BIN / "flwr"), "run", str(APP_DIR), CONNECTION, "--stream"]
         command += ["--run-config", run_config_overrides(run_dir, dcfg.policy())]
-        flwr_run = start(command, run_dir / "flwr_run.log", env, False)
-        while flwr_run.poll() is None and not (run_dir / "final.json").exists():
+        flwr_run = start(command, run_dir / FLWR_RUN_LOG, env, False)
+        while flwr_run.poll() is None and not (run_dir / FINAL_JSON).exists():
             time.sleep(1.0)
         if flwr_run.poll() is None:  # --stream may linger after the run has finished
             stop(flwr_run, grace=5)
-    final = run_dir / "final.json"
+    final = run_dir / FINAL_JSON
     if not final.exists():
         raise DeploymentError(
-            f"the federation did not finish: see {run_dir / 'log.txt'} and "
-            f"{run_dir / 'flwr_run.log'}"
+            f"the federation did not finish: see {run_dir / LOG_TXT} and {run_dir / FLWR_RUN_LOG}"
         )
     return json.loads(final.read_text())

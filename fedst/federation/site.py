@@ -51,7 +51,7 @@ from fedst.methods.base import BatchLoss
 from fedst.methods.reply_keys import TRAIN_LOSS
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
-from fedst.runs.layout import saved_rounds, site_state_file
+from fedst.runs.layout import STATE_FINGERPRINT, saved_rounds, site_state_file
 from fedst.scoring.evaluation import EvaluationResult, evaluate_model
 from fedst.scoring.site_data import open_party_data
 from fedst.seeding import seed_everything
@@ -60,7 +60,6 @@ from fedst.storage import CheckpointError, atomic_torch_save, load_checkpoint, r
 log = logging.getLogger(__name__)
 
 
-STATE_FINGERPRINT = "fingerprint.json"
 """In a site's state folder: the fingerprint (and config) of the run that wrote the states."""
 
 

@@ -17,13 +17,9 @@ from torch import nn
 from fedst.config import ConfigError, require_at_least, require_positive
 from fedst.errors import UserError
 from fedst.model.network import FedSTNet
-from fedst.runs.layout import SELECTION_DIR
 
 log = logging.getLogger("fedst.guard")
 
-GUARD_DIR = "guard"
-GUARD_FILE = "dad.pt"
-GUARD_SCORES = f"{SELECTION_DIR}/guard.json"
 STUDENT_RULE, TEACHER_RULE = "mixed", "cbe"
 PERSONAL, OUTFED = "personal", "outfed"
 

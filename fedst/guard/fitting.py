@@ -21,8 +21,6 @@ from fedst.data.base import IGNORE_INDEX
 from fedst.data.clips import collate_clips
 from fedst.experiment import ExperimentConfig
 from fedst.guard.correction import (
-    GUARD_DIR,
-    GUARD_FILE,
     OUTFED,
     PERSONAL,
     STUDENT_RULE,
@@ -37,7 +35,7 @@ from fedst.guard.correction import (
 from fedst.model.network import FedSTNet
 from fedst.progress import progress_bar
 from fedst.runs import Run
-from fedst.runs.layout import site_state_dir
+from fedst.runs.layout import GUARD_DIR, GUARD_FILE, site_state_dir
 from fedst.storage import atomic_torch_save, load_checkpoint
 
 log = logging.getLogger("fedst.guard")
@@ -82,7 +80,8 @@ def check_guard_run(run: Run) -> None:
 def chosen_rounds(run: Run, device: torch.device, progress: bool = False) -> tuple[int, int]:
     """(student round, teacher round): the rounds of rules mixed and cbe, from validation rows
     only (the held-out site's rows are scored first when the run lacks them)."""
-    from fedst.runs.model_selection import HELD_OUT_ROWS, choose, select_rounds, validation_rows
+    from fedst.runs.layout import HELD_OUT_ROWS
+    from fedst.runs.model_selection import choose, select_rounds, validation_rows
 
     cfg = run.cfg
     if run.path(HELD_OUT_ROWS).exists():

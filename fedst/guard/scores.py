@@ -11,9 +11,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedst.guard.correction import GUARD_DIR, GUARD_FILE, GUARD_SCORES, GuardError
+from fedst.guard.correction import GuardError
 from fedst.guard.fitting import held_out_site, load_guarded_model
 from fedst.runs import Run
+from fedst.runs.layout import GUARD_DIR, GUARD_FILE, GUARD_SCORES
 from fedst.storage import atomic_write_text, load_checkpoint
 
 log = logging.getLogger("fedst.guard")

@@ -15,7 +15,7 @@ from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
 from fedst.paper.tables import DEFAULT_SEEDS, REFUSED_KEYS, Row, RunnerError, TableSpec
 from fedst.runs.files import load_config, unfinished
-from fedst.runs.layout import SERVER_CHECKPOINT
+from fedst.runs.layout import CONFIG_JSON, SERVER_CHECKPOINT
 from fedst.training import run_training
 
 log = logging.getLogger("fedst.paper")
@@ -156,12 +156,12 @@ def compose_row(
 
 
 def _run_state(cfg: ExperimentConfig, run_dir: Path) -> tuple[str, str]:
-    if not (run_dir / "config.json").is_file():
+    if not (run_dir / CONFIG_JSON).is_file():
         return "new", ""
     try:
         saved = load_config(run_dir)
     except (ConfigError, ValueError) as err:
-        return "conflict", f"{run_dir / 'config.json'} cannot be read ({err})"
+        return "conflict", f"{run_dir / CONFIG_JSON} cannot be read ({err})"
     differences = learning_differences(saved, cfg)
     if differences:
         return "conflict", f"{run_dir} holds a run of another config (differs in {differences})"
@@ -185,7 +185,7 @@ def _same_run_elsewhere(
     same run twice. None when there is none."""
     found = []
     for other in sorted(run_dir.parent.glob(f"*_s{seed}")):
-        if other == run_dir or not (other / "config.json").is_file():
+        if other == run_dir or not (other / CONFIG_JSON).is_file():
             continue
         try:
             saved = load_config(other)

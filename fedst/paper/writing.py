@@ -19,6 +19,7 @@ from fedst.paper.planning import Plan, PlannedRun
 from fedst.paper.tables import Row, RunnerError, synthetic_in_training
 from fedst.report import plots, results, tables
 from fedst.runs.files import load_config
+from fedst.runs.layout import FINAL_JSON, FPS_JSON
 from fedst.scoring.site_data import open_site_data
 from fedst.storage import atomic_write_text
 
@@ -39,7 +40,6 @@ class FpsSettings:
     threads: int = 1
 
 
-FPS_FILE = "fps.json"
 """In a run directory: the last FPS measurement and its settings (reused while they match)."""
 
 
@@ -49,8 +49,8 @@ def measure_fps(run_dir: Path, settings: FpsSettings = FpsSettings()) -> dict[st
     run's final.json are unchanged."""
     from fedst.infer import load_site_model
 
-    path = run_dir / FPS_FILE
-    final_mtime = (run_dir / "final.json").stat().st_mtime_ns
+    path = run_dir / FPS_JSON
+    final_mtime = (run_dir / FINAL_JSON).stat().st_mtime_ns
     wanted = dataclasses.asdict(settings)
     if path.is_file():
         cached = json.loads(path.read_text())

@@ -29,12 +29,20 @@ from fedst.config import to_dict
 from fedst.errors import UserError
 from fedst.experiment import experiment_from_json
 from fedst.runs.files import unfinished
+from fedst.runs.layout import (
+    COMM_JSONL,
+    CONFIG_JSON,
+    CONFIG_YAML,
+    FINAL_JSON,
+    METRICS_JSONL,
+    TRAIN_JSONL,
+)
 from fedst.scoring.metrics import format_score
 from fedst.storage import read_jsonl
 
 log = logging.getLogger(__name__)
 
-RUN_FILES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "comm.jsonl", "final.json")
+RUN_FILES: tuple[str, ...] = (CONFIG_YAML, METRICS_JSONL, COMM_JSONL, FINAL_JSON)
 STD_DDOF = 1
 METRIC_LABELS: dict[str, str] = {
     "dice": "Dice (%)",
@@ -128,7 +136,7 @@ def learning_values(run_dir: Path, config: object) -> dict[str, object]:
     started then holds its default, as the run had it), else from the saved ``config`` as is.
     """
     try:
-        values = to_dict(experiment_from_json((run_dir / "config.json").read_text()))
+        values = to_dict(experiment_from_json((run_dir / CONFIG_JSON).read_text()))
     except (OSError, ValueError):
         values = dict(config) if isinstance(config, Mapping) else {}
     return {key: value for key, value in learning_keys(values).items() if key != "seed"}
@@ -162,16 +170,16 @@ def load_run(path: str | Path) -> dict:
             f"resume={run_dir})"
         )
     try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        config = yaml.safe_load((run_dir / CONFIG_YAML).read_text()) or {}
     except yaml.YAMLError as err:
-        raise RunError(f"{run_dir / 'config.yaml'}: not valid YAML ({err})") from err
+        raise RunError(f"{run_dir / CONFIG_YAML}: not valid YAML ({err})") from err
     try:
-        final = json.loads((run_dir / "final.json").read_text())
+        final = json.loads((run_dir / FINAL_JSON).read_text())
     except json.JSONDecodeError as err:
-        raise RunError(f"{run_dir / 'final.json'}: not valid JSON ({err.msg})") from err
+        raise RunError(f"{run_dir / FINAL_JSON}: not valid JSON ({err.msg})") from err
     for key in ("method", "seed", "sites"):
         if key not in final:
-            raise RunError(f"{run_dir / 'final.json'}: missing key {key!r}")
+            raise RunError(f"{run_dir / FINAL_JSON}: missing key {key!r}")
     return {
         "path": run_dir,
         "method": str(final["method"]),
@@ -182,11 +190,9 @@ def load_run(path: str | Path) -> dict:
         "config": config,
         "learning": learning_values(run_dir, config),
         "final": final,
-        "metrics": _read_jsonl(run_dir / "metrics.jsonl"),
-        "comm": _read_jsonl(run_dir / "comm.jsonl"),
-        "train": _read_jsonl(run_dir / "train.jsonl")
-        if (run_dir / "train.jsonl").is_file()
-        else [],
+        "metrics": _read_jsonl(run_dir / METRICS_JSONL),
+        "comm": _read_jsonl(run_dir / COMM_JSONL),
+        "train": _read_jsonl(run_dir / TRAIN_JSONL) if (run_dir / TRAIN_JSONL).is_file() else [],
     }
 
 

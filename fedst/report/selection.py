@@ -39,8 +39,8 @@ from fedst.errors import ArgumentParser
 from fedst.report.results import RunError
 from fedst.runs import Run
 from fedst.runs.files import unfinished
-from fedst.runs.layout import CONFIG_JSON
-from fedst.runs.model_selection import OUTFED_MODEL, SELECTION_FILE, SelectionError, validation_rows
+from fedst.runs.layout import CONFIG_JSON, FINAL_JSON, METRICS_JSONL, SELECTION_FILE
+from fedst.runs.model_selection import OUTFED_MODEL, SelectionError, validation_rows
 from fedst.scoring.metrics import format_score
 from fedst.storage import read_jsonl, require_output_folder
 
@@ -81,7 +81,7 @@ def require_validation(run: Run, command: str, alternative: str = "") -> None:
         fix = f"{alternative}, or {fix}"
     if cfg.train.val_every is None:
         why = "train.val_every=null"
-    elif not any(r.get("split") == "val" for r in read_jsonl(run_dir / "metrics.jsonl")):
+    elif not any(r.get("split") == "val" for r in read_jsonl(run_dir / METRICS_JSONL)):
         why = f"train.val_every={cfg.train.val_every}, train.rounds={cfg.train.rounds}"
     else:
         return
@@ -265,7 +265,7 @@ def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
     """Validation (solid) and test (dashed) Dice per site against the round, chosen rounds marked."""
     from fedst.report.plots import new_figure, save_figure
 
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / METRICS_JSONL)
     val = validation_rows(run_dir)
     tests = [r for r in metrics if r.get("split", "test") == "test" and r["model"] == "personal"]
     choices = record["choices"]
@@ -401,7 +401,7 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
     sites = [*cfg.data.federation, *cfg.data.out_of_federation]
     tests = {s: open_site_data(cfg, s, ("test",)).test for s in sites}
     if rule == "last":
-        last = json.loads((run_dir / "final.json").read_text())["rounds"]
+        last = json.loads((run_dir / FINAL_JSON).read_text())["rounds"]
         rounds: dict[str, int | None] = dict.fromkeys(cfg.data.federation, last)
         models = {s: (run.site_model(s, device), s) for s in cfg.data.federation}
         if cfg.data.out_of_federation:

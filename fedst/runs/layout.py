@@ -54,8 +54,26 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from fedst.methods.feature_bank import SERQ_BANK_SCRATCH as SERQ_BANK_SCRATCH
+
 CONFIG_JSON = "config.json"
+CONFIG_YAML = "config.yaml"
 FINAL_JSON = "final.json"
+METRICS_JSONL = "metrics.jsonl"
+TRAIN_JSONL = "train.jsonl"
+COMM_JSONL = "comm.jsonl"
+DEVICE_JSONL = "device.jsonl"
+BENCHMARK_JSON = "benchmark.json"
+"""Which procedural benchmark (seed, preset, generator version per site) the run used."""
+IID_PARTITION_JSON = "iid_partition.json"
+"""The pooled-and-redistributed partition of an ``data.iid`` control run."""
+LOG_TXT = "log.txt"
+FLWR_RUN_LOG = "flwr_run.log"
+"""(deployment) the output of ``flwr run`` that started the deployed ServerApp."""
+PLOTS_DIR = "plots"
+TABLES_DIR = "tables"
+STATE_FINGERPRINT = "fingerprint.json"
+"""In a site's state folder: what its saved states were trained on (the data's fingerprint)."""
 SERVER_CHECKPOINT = "checkpoints/server.pt"
 SERVER_PREVIOUS = "checkpoints/server.prev.pt"
 """The checkpoint of the round before SERVER_CHECKPOINT's: the fallback when the latest is damaged."""
@@ -66,6 +84,28 @@ PERSONAL_EXPORT = "personal_export.json"
 EXTERNAL_DIR = "external"
 """Sub-folder of a run directory with the results of new sites (never final.json)."""
 EXTERNAL_TABLE = "results.md"
+HELD_OUT_ROWS = f"{SELECTION_DIR}/held_out_val.jsonl"
+"""The held-out site's validation rows of every validation round (model selection, ``cbe``)."""
+SELECTION_FILE = f"{SELECTION_DIR}/selection.json"
+"""The rounds each selection rule chose and the chosen models' test scores."""
+GUARD_SCORES = f"{SELECTION_DIR}/guard.json"
+"""GEN-Guard's DAD: the corrected models' test scores."""
+GUARD_DIR = "guard"
+GUARD_FILE = "dad.pt"
+"""In ``sites/<site>/guard/``: the site's DAD-corrected head."""
+FPS_JSON = "fps.json"
+"""Streaming inference speed of the run's model (fedst.paper's Table V)."""
+
+
+def outfed_result(run_dir: Path, tag: str = "", round_suffix: str = "") -> Path:
+    """Where eval_outfed.py writes scores that are not final.json's: ``outfed<tag><suffix>.json``
+    (tag: ``_<sites>`` or ``_dad_<sites>``; suffix: ``_rNNNN`` for an unfinished run)."""
+    return run_dir / f"outfed{tag}{round_suffix}.json"
+
+
+def external_result(run_dir: Path, site: str, round_suffix: str = "") -> Path:
+    """A new site's scores (eval_outfed.py site_root=...), never final.json."""
+    return run_dir / EXTERNAL_DIR / f"{site}{round_suffix}.json"
 
 
 def site_state_dir(run_dir: Path, site: str) -> Path:

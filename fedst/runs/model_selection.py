@@ -41,15 +41,13 @@ import torch
 from fedst.config import ConfigError
 from fedst.errors import UserError
 from fedst.runs import Run
-from fedst.runs.layout import SELECTION_DIR
+from fedst.runs.layout import HELD_OUT_ROWS, METRICS_JSONL, SELECTION_DIR, SELECTION_FILE
 from fedst.scoring.evaluation import evaluate_model
 from fedst.scoring.site_data import open_site_data
 from fedst.storage import atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)
 
-HELD_OUT_ROWS = f"{SELECTION_DIR}/held_out_val.jsonl"
-SELECTION_FILE = f"{SELECTION_DIR}/selection.json"
 OUTFED_MODEL = "outfed"
 """``model`` of a metrics row scoring the out-of-federation model."""
 
@@ -219,7 +217,7 @@ def held_out_validation(
 
 def validation_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The run's validation rows: metrics.jsonl's split "val" and the held-out site's rows."""
-    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("split") == "val"]
+    rows = [r for r in read_jsonl(run_dir / METRICS_JSONL) if r.get("split") == "val"]
     if (run_dir / HELD_OUT_ROWS).exists():
         rows += read_jsonl(run_dir / HELD_OUT_ROWS)
     return rows

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from fedst.runs.layout import external_result
 from fedst.config import ConfigError
 from fedst.data.base import DataError
 from fedst.data.clips import ClipDataset
@@ -272,8 +273,8 @@ def write_new_site_result(
     run, ``"_rNNNN"``, the round scored, for an unfinished one, as its ``outfed_rNNNN.json``) and
     rebuild ``<run>/external/results.md`` (one line per file, with its round); returns the JSON
     path and the site's markdown line."""
-    folder = run_dir / EXTERNAL_DIR
-    path = folder / f"{record['site']}{round_suffix}.json"
+    path = external_result(run_dir, record["site"], round_suffix)
+    folder = path.parent
     atomic_write_text(json.dumps(record, indent=2, sort_keys=True, default=float), path)
     records = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     header = (
