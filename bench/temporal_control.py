@@ -217,7 +217,7 @@ def score(model: FedSTNet, tests: dict[str, ClipDataset], other_history: bool = 
             clips = torch.stack([dataset[sources[i]][0] for i in batch])  # [b, T, 3, H, W]
             masks = torch.stack([dataset[i][1] for i in batch])  # [b, H, W]
             meter.update(model(blank_current_frame(clips)).argmax(1), masks)
-    return meter.summary()["dice"]
+    return meter.summary()["dice"] or 0.0
 
 
 # -- data oracles (no model) --------------------------------------------------------------------
