@@ -33,7 +33,7 @@ test: lint
 # The tests marked slow (pyproject.toml; `make test` deselects them): the loopback deployments of a
 # site killed during a round, a restarted server and `flwr run` with an empty run-dir, the GPU
 # check rehearsed as the GPU machine runs it (make gpu-rehearsal), and the temporal module's
-# positive control (tests/test_temporal_control.py, about 7 minutes on one loaded core). About 19
+# positive control (tests/test_temporal_control.py, about 4 minutes on one core). About 16
 # minutes on 2 cores; CI (.ci/run) runs them after `make test`.
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow
