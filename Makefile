@@ -31,9 +31,10 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 # The tests marked slow (pyproject.toml; `make test` deselects them): the loopback deployments of a
-# site killed during a round, a restarted server and `flwr run` with an empty run-dir, and the GPU
-# check rehearsed as the GPU machine runs it (make gpu-rehearsal). About 12 minutes on 2 cores; CI
-# (.ci/run) runs them after `make test`.
+# site killed during a round, a restarted server and `flwr run` with an empty run-dir, the GPU
+# check rehearsed as the GPU machine runs it (make gpu-rehearsal), and the temporal module's
+# positive control (tests/test_temporal_control.py, about 4 minutes on one core). About 16
+# minutes on 2 cores; CI (.ci/run) runs them after `make test`.
 test-slow: venv
 	$(BIN)/python -m pytest -q -m slow
 

@@ -1,0 +1,80 @@
+"""The temporal module's positive control (issue 47, bench/temporal_control.py) at CI size.
+
+The current frame of every clip is blanked (its label kept, t-1..t-3 intact), so only the clip's
+own past says where the instruments are. At one seed and TEST_STEPS training steps per network,
+the three arms are trained and scored once (module fixture), then checked twice:
+
+* REGRESSION_GUARD (an addendum, stated after the protocol's run and before its own,
+  docs/results.md): (a) own history at least 4 Dice points above both (b) the single-frame
+  network and (c) the same network given another video's history. It passes with the temporal
+  module intact and fails when the module is cut off from the earlier frames (shown there);
+* the rule stated before any run ("A positive control for the temporal module"): (a) >= 40 and
+  >= 25 above (b) and (c). The protocol's run (600 steps, 3 seeds) did not meet it, nor does this
+  size, so it is a strict xfail: the day TS clears it the xfail turns red and is removed.
+
+About 4 minutes on one core (7 on a loaded one): marked slow.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.temporal_control import (
+    ARMS,
+    SITES,
+    THRESHOLD,
+    Threshold,
+    blank_current_frame,
+    run_seed,
+)
+from fedst.data.procedural import generate
+from fedst.training import BENCHMARK_SEED
+
+TEST_STEPS = 300
+REGRESSION_GUARD = Threshold(own_history_min=0.0, margin=4.0)
+"""An addendum stated after the protocol's run and before its own (docs/results.md): (a) at least
+4 points above (b) and (c). Not the positive control's claim; a tripwire for a cut-off TS."""
+
+
+def test_a_blanked_clip_keeps_its_history_and_nothing_of_the_current_frame():
+    clips = torch.randn(2, 4, 3, 8, 10)  # [B, T, 3, H, W]
+    blanked = blank_current_frame(clips)
+    assert torch.equal(blanked[:, :-1], clips[:, :-1])
+    current = blanked[:, -1]  # [B, 3, H, W]: one colour per clip, the earlier frames' mean
+    assert torch.allclose(current, current[:, :, :1, :1].expand_as(current))
+    assert torch.allclose(current[:, :, 0, 0], clips[:, :-1].mean(dim=(1, 3, 4)))
+    other = clips.clone()
+    other[:, -1] = torch.randn_like(other[:, -1])  # another current frame, same history
+    assert torch.equal(blank_current_frame(other), blanked)
+
+
+def test_the_rule_names_each_arm_that_breaks_it():
+    passing = {"own_history": 60.0, "single_frame": 10.0, "other_history": 5.0}
+    assert THRESHOLD.failures(passing) == []
+    too_close = {**passing, "single_frame": 40.0}
+    assert THRESHOLD.failures(too_close) == ["(a) 60.00 < single_frame 40.00 + 25.0"]
+    assert len(THRESHOLD.failures({**passing, "own_history": 30.0})) == 2  # < 40, < (c) + 25
+
+
+@pytest.fixture(scope="module")
+def control_dice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
+    """arm -> Dice (%) of the three arms at seed 0 and TEST_STEPS steps (trained once)."""
+    data_root = tmp_path_factory.mktemp("temporal_control") / "demo_v2"
+    generate(data_root, BENCHMARK_SEED, "demo", sites=SITES, progress=False)
+    results = run_seed(data_root, seed=0, steps=TEST_STEPS, arms=ARMS)
+    return {arm: result["dice"] for arm, result in results.items()}
+
+
+@pytest.mark.slow
+def test_the_temporal_module_reads_the_clips_own_past_guard(control_dice):
+    assert REGRESSION_GUARD.failures(control_dice) == [], control_dice
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 47: the positive control's pre-stated rule is not met (docs/results.md)",
+)
+def test_the_temporal_module_reads_the_clips_own_past(control_dice):
+    assert THRESHOLD.failures(control_dice) == [], control_dice
