@@ -12,7 +12,7 @@ selection off: Table IV row 2's network, so no site indicator is involved) is tr
 the pooled training clips of sites A-D of the demo benchmark (generator v2, 128x160) with the
 project's clip loader (:class:`fedst.data.clips.BatchStream`) and loss (Eq. 9,
 ``method.segmentation_loss()``), and scored on A-D's test clips (Dice of the part classes,
-:class:`fedst.metrics.SegmentationMeter`). The arms:
+:class:`fedst.scoring.metrics.SegmentationMeter`). The arms:
 
 * ``own_history`` (a): TS on, each test clip with its own earlier frames;
 * ``single_frame`` (b): the single-frame network (``method.temporal=false``: no temporal module,
@@ -65,10 +65,10 @@ from fedst.cli import compose_experiment
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
-from fedst.federation.site_data import PooledClips, open_site_data
 from fedst.methods import method_of
-from fedst.metrics import SegmentationMeter
 from fedst.model.network import FedSTNet
+from fedst.scoring.metrics import SegmentationMeter
+from fedst.scoring.site_data import PooledClips, open_site_data
 from fedst.seeding import seed_everything
 from fedst.training import BENCHMARK_SEED
 
