@@ -301,3 +301,24 @@ def stand_in_reply(instruction: Message, content: dict, metrics: dict) -> Messag
     else:
         metrics = {**metrics, "dice": 0.5, "iou": 0.5, "hd95": 1.0, "assd": 1.0}
     return Message(RecordDict({**content, "metrics": MetricRecord(metrics)}), reply_to=instruction)
+
+
+def strings_in_code(path: Path, values: set[str]) -> list[str]:
+    """``file:line spells 'value'`` for each string constant of ``path`` (f-string parts
+    included, docstrings not) that is one of ``values``: for the tests that keep a name spelled in
+    one module only (tests/test_wire_keys.py, tests/test_run_layout.py)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        f"{path.name}:{node.lineno} spells {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in values and id(node) not in docstrings
+    ]

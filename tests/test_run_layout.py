@@ -3,8 +3,9 @@ modules use its constants, so a file cannot be renamed on one side only (issue 4
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from conftest import strings_in_code
 
 from fedst.runs import layout
 
@@ -28,33 +29,15 @@ def run_file_names() -> set[str]:
     return names | {name.rsplit("/", 1)[-1] for name in names}
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    return {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-    }
-
-
 def spelled_run_files(names: set[str]) -> list[str]:
-    """``file:line spells 'name'`` for every string (f-string parts included, docstrings not)
-    that is one of ``names`` outside the allowed modules."""
-    found = []
-    for path in SOURCES:
-        if path in ALLOWED:
-            continue
-        tree = ast.parse(path.read_text())
-        docstrings = _docstrings(tree)
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Constant)
-                and node.value in names
-                and id(node) not in docstrings
-            ):
-                found.append(f"{path.relative_to(REPO)}:{node.lineno} spells {node.value!r}")
-    return found
+    """Every string (f-string parts included, docstrings not) that is one of ``names``, outside
+    the allowed modules."""
+    return [
+        f"{path.relative_to(REPO).parent}/{found}"
+        for path in SOURCES
+        if path not in ALLOWED
+        for found in strings_in_code(path, names)
+    ]
 
 
 def test_layout_names_the_files_its_docstring_lists():

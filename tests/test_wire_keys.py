@@ -4,8 +4,9 @@ module names the constant, so the two sides of the wire cannot drift apart."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from conftest import strings_in_code
 
 from fedst.app import keys
 from fedst.methods import reply_keys
@@ -26,26 +27,12 @@ def wire_keys() -> set[str]:
 
 
 def spelled_outside_their_module(key_names: set[str]) -> list[str]:
-    found = []
-    for path in sorted((REPO / "fedst").rglob("*.py")):
-        if path in DEFINING:
-            continue
-        tree = ast.parse(path.read_text())
-        docstrings = {
-            id(node.body[0].value)
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            and node.body
-            and isinstance(node.body[0], ast.Expr)
-        }
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Constant)
-                and node.value in key_names
-                and id(node) not in docstrings
-            ):
-                found.append(f"{path.relative_to(REPO)}:{node.lineno} spells {node.value!r}")
-    return found
+    return [
+        f"{path.relative_to(REPO).parent}/{found}"
+        for path in sorted((REPO / "fedst").rglob("*.py"))
+        if path not in DEFINING
+        for found in strings_in_code(path, key_names)
+    ]
 
 
 def test_the_wire_keys_include_the_replys_scalars():
