@@ -1,5 +1,5 @@
 """Importing FedST asks no network: hospital machines often have no route out (and must not call
-out unasked), and the GPU machine's blocked DNS made every process start wait ~10 s."""
+out unasked); on the GPU machine every process printed albumentations' failed lookup."""
 
 import os
 import subprocess
