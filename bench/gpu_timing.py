@@ -11,17 +11,12 @@ import contextlib
 import copy
 import dataclasses
 import json
-import logging
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-
-REPO = Path(__file__).resolve().parents[1]
-log = logging.getLogger("gpu_check")
-
 
 # -- step: one training step with and without the options ---------------------------------------
 
