@@ -11,7 +11,6 @@ import dataclasses
 import importlib.util
 import json
 import logging
-import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +20,6 @@ import torch
 from flwr.app import Context, RecordDict
 from omegaconf import OmegaConf
 
-from fedst import units
 from fedst.accel import (
     DeviceFacts,
     configure_device,
@@ -44,6 +42,7 @@ from fedst.experiment import ExperimentConfig, RayConfig, run_device
 from fedst.report import plots, results, tables
 from fedst.runs import Run
 from fedst.runs.files import unfinished
+from fedst.runs.final import write_final
 from fedst.runs.footprint import keep_models_only
 from fedst.runs.layout import (
     BENCHMARK_JSON,
@@ -51,16 +50,11 @@ from fedst.runs.layout import (
     CONFIG_JSON,
     CONFIG_YAML,
     DEVICE_JSONL,
-    FINAL_JSON,
     IID_PARTITION_JSON,
     METRICS_JSONL,
     TRAIN_JSONL,
     site_state_dir,
 )
-from fedst.runs.model_selection import run_selection
-from fedst.runs.outfed import evaluate_out_of_federation
-from fedst.scoring.evaluation import evaluate_model
-from fedst.scoring.site_data import open_site_data
 from fedst.storage import atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -315,193 +309,24 @@ def finalize_run(
     qualitative: int = 2,
     site_data: bool = True,
 ) -> dict[str, Any]:
-    """Out-of-federation evaluation, final.json, tables (markdown + CSV) and plots.
+    """final.json (fedst.runs.final.write_final: out-of-federation scores, selection on
+    validation, communication, refused replies), then its tables (markdown + CSV) and plots.
 
     ``site_data=False`` (deployment): the server holds no federated site's data, so qualitative
-    examples come from the out-of-federation sites only.
-
-    Only the end of training calls it (and eval_outfed.py on a finished run): final.json marks a
-    finished run (:func:`fedst.runs.files.unfinished`), so a run whose server checkpoint is not
-    that of its last round is refused here, as a bug of the caller.
+    examples come from the out-of-federation sites only. Only the end of training calls it (and
+    eval_outfed.py on a finished run). Returns final.json's content.
     """
-    cfg, run_dir = run.cfg, run.dir
-    if run.last_round < cfg.train.rounds:
-        raise RuntimeError(
-            f"finalize_run: {run_dir} completed {run.last_round} of {cfg.train.rounds} rounds; "
-            "only the end of its training writes final.json"
-        )
-    device = run_device(cfg)
-    metrics = read_jsonl(run_dir / METRICS_JSONL)
-    last_round = max((r["round"] for r in metrics), default=0)
-    sites = {
-        r["site"]: _scalars(r)
-        for r in metrics
-        if r["round"] == last_round
-        and r["model"] == "personal"
-        and r.get("split", "test") == "test"
-    }
-    outfed = {}
-    examples: list[tuple] = []
-    if cfg.data.out_of_federation:
-        evaluated = evaluate_out_of_federation(
-            run, device, keep_examples=qualitative, progress=progress
-        )
-        for site, result in evaluated.items():
-            outfed[site] = _scalars(result.summary)
-            examples += _example_rows(cfg, result)
-    if qualitative and site_data:
-        indicators = run.method.indicators()
-        for site in cfg.data.federation:
-            model = run.site_model(run.method.party_of(site), device)
-            data = open_site_data(cfg, site, ("test",))
-            result = evaluate_model(
-                model,
-                data.test,
-                indicators.get(site),
-                device,
-                **{**cfg.train.evaluation_options(), "max_frames": qualitative},
-                keep_examples=qualitative,
-            )
-            examples += _example_rows(cfg, result)
-    comm = read_jsonl(run_dir / COMM_JSONL)
-    rounds = [r for r in comm if r.get("kind", ROUND_KIND) == ROUND_KIND]
-    steady = [r for r in rounds if r["round"] > 1] or rounds  # round 1 also downloads initial rho
-    final = {
-        "method": cfg.method.name,
-        "seed": cfg.seed,
-        "experiment": cfg.name,
-        "rounds": min(last_round, cfg.train.rounds),  # federated rounds (not a final stage)
-        "sites": sites,
-        "out_of_federation": outfed,
-        **_outfed_average(run),
-        # which indicator the out-of-federation model gave its sites (indicator.unseen resolved)
-        "unseen_indicator": cfg.unseen_indicator_rule() if outfed else None,
-        # per site and round, parameter values only (fp32), as in the paper's Table IX; MB =
-        # 10^6 bytes, MiB = 2^20 bytes (the unit the paper's figures appear to use, fedst/units.py)
-        **_sizes_per_round("upload", rounds, "upload_param_bytes"),
-        **_sizes_per_round("download", steady, "download_param_bytes"),
-        **_final_stage_comm(comm),
-        # the replies the server refused (fedst/federation/reply_checks.py): its train.jsonl rows
-        "refused_replies": refused_replies(read_jsonl(run_dir / TRAIN_JSONL)),
-    }
-    if cfg.train.val_every is not None:  # rounds chosen on validation only, then tested
-        record = run_selection(run, device, progress=progress)
-        rule = cfg.selection.rule
-        final["selection"] = {
-            "rule": rule,
-            "rounds": record["choices"][rule],
-            "model_selection_failure": record["model_selection_failure"],
-            "test": record["test"][rule],
-        }
-    final["code"] = code_version()  # which code the numbers come from
-    starts = read_jsonl(run_dir / DEVICE_JSONL)  # [] for a run older than the device log
-    if starts:  # which device, card and precision the numbers come from (the latest start)
-        final["device"] = {k: v for k, v in starts[-1].items() if k not in ("started", "role")}
-    if (run_dir / BENCHMARK_JSON).is_file():  # which procedural benchmark the numbers are on
-        final["benchmark"] = json.loads((run_dir / BENCHMARK_JSON).read_text())
-    atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / FINAL_JSON)
+    record = write_final(run, progress=progress, qualitative=qualitative, site_data=site_data)
+    run_dir = run.dir
     runs = results.load_runs([run_dir])
     tables.write_tables(runs, run_dir / "tables")
-    plots.plot_learning_curves(metrics, run_dir / "plots" / "learning_curves.png")
-    plots.plot_communication(comm, run_dir / "plots" / "communication.png")
+    plots.plot_learning_curves(
+        read_jsonl(run_dir / METRICS_JSONL), run_dir / "plots" / "learning_curves.png"
+    )
+    plots.plot_communication(
+        read_jsonl(run_dir / COMM_JSONL), run_dir / "plots" / "communication.png"
+    )
     plots.plot_serq(read_jsonl(run_dir / TRAIN_JSONL), run_dir / "plots" / "serq.png")
-    if examples:
-        plots.qualitative_grid(examples, run_dir / "plots" / "qualitative.png")
-    return final
-
-
-def code_version() -> dict[str, Any] | None:
-    """{"commit": HEAD, "dirty": uncommitted changes to tracked files} of the checkout this code
-    runs from; None outside a git checkout (an installed package) or without git."""
-    repo = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": commit, "dirty": bool(status.strip())}
-
-
-ROUND_KIND = "round"
-"""comm.jsonl ``kind`` of a federated round's rows (the default when absent); a method's final
-stage writes its own (e.g. FedDP's "uncertainty_tuning")."""
-
-
-def refused_replies(train_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """final.json ``refused_replies``: how many replies the server refused, by check and by
-    site, and each one (round, site, step, check, reason) from the train.jsonl rows."""
-    rows = [r for r in train_rows if "refused" in r]
-    by_check: dict[str, int] = {}
-    by_site: dict[str, int] = {}
-    for row in rows:
-        by_check[row["refused"]] = by_check.get(row["refused"], 0) + 1
-        by_site[row["site"]] = by_site.get(row["site"], 0) + 1
-    return {
-        "count": len(rows),
-        "by_check": by_check,
-        "by_site": by_site,
-        "replies": [
-            {k: row[k] for k in ("round", "site", "step", "refused", "reason")} for row in rows
-        ],
-    }
-
-
-def _final_stage_comm(comm: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per site, MB (10^6 bytes, parameter values) of a final stage's one-off exchange."""
-    stage = [r for r in comm if r.get("kind", ROUND_KIND) != ROUND_KIND]
-    if not stage:
-        return {}
-    return {
-        "final_stage": {
-            "kind": stage[0]["kind"],
-            **_sizes_per_round("upload", stage, "upload_param_bytes", "per_site"),
-            **_sizes_per_round("download", stage, "download_param_bytes", "per_site"),
-            **_sizes_per_round(
-                "personal_download", stage, "personal_download_param_bytes", "per_site"
-            ),
-        }
-    }
-
-
-def _outfed_average(run: Run) -> dict[str, Any]:
-    """Which sites the out-of-federation model averages (written only when one is left out)."""
-    if not run.cfg.data.out_of_federation:
-        return {}
-    sites, left_out = run.averaged_sites()
-    return {"out_of_federation_average": {"sites": sites, "left_out": left_out}} if left_out else {}
-
-
-def _example_rows(cfg: ExperimentConfig, result: Any) -> list[tuple]:
-    """Rows of plots.qualitative_grid: (title, image, ground truth, {method: prediction}, binary)."""
-    return [
-        (sid, img, gt, {cfg.method.name: pred}, result.binary)
-        for sid, img, gt, pred in result.examples
-    ]
-
-
-def _scalars(row: dict[str, Any]) -> dict[str, Any]:
-    keep = ("dice", "iou", "hd95", "assd", "num_frames", "per_class")
-    return {k: row[k] for k in keep if k in row}
-
-
-def _sizes_per_round(
-    name: str, rows: list[dict[str, Any]], key: str, per: str = "per_round"
-) -> dict[str, float]:
-    """``{<name>_mb_<per>, <name>_mib_<per>}``: the mean of ``key`` (bytes) over rows."""
-    mean_bytes = sum(r[key] for r in rows) / len(rows) if rows else 0.0
-    return {
-        f"{name}_mb_{per}": units.megabytes(mean_bytes),
-        f"{name}_mib_{per}": units.mebibytes(mean_bytes),
-    }
+    if record.examples:
+        plots.qualitative_grid(record.examples, run_dir / "plots" / "qualitative.png")
+    return record.final

@@ -14,7 +14,7 @@ from fedst.app.reply_logs import metrics_row
 from fedst.cli import compose_experiment
 from fedst.methods import Method
 from fedst.report import tables
-from fedst.training import _scalars
+from fedst.runs.final import summary_scalars
 from tests.conftest import reply_of_one_site, write_generic_site
 
 JAW = 3
@@ -95,7 +95,7 @@ def test_a_site_without_jaw_is_evaluated_through_the_client_app_and_jaw_shows_un
         "method": "fedst",
         "seed": 0,
         "experiment": "tiny",
-        "final": {"sites": {"A": _scalars(row)}},
+        "final": {"sites": {"A": summary_scalars(row)}},
     }
     table = tables.per_class_table([run, {**run, "seed": 1}])
     cells = dict(zip([c.header for c in table.columns], table.rows["fedst"], strict=True))

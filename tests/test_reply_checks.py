@@ -39,8 +39,8 @@ from fedst.federation.server import SERVER_CHECKPOINT
 from fedst.federation.site import NonFiniteUpdateError, Site
 from fedst.methods import method_of
 from fedst.runs.files import RunLog
+from fedst.runs.final import refused_replies
 from fedst.storage import read_jsonl
-from fedst.training import refused_replies
 from tests.conftest import site_record, stand_in_reply
 from tests.test_federation import experiment, tiny_root  # noqa: F401  (the fixture)
 

@@ -21,6 +21,7 @@ from fedst.accel import AMP_DTYPES, compile_mode, resolve_device
 from fedst.config import ConfigError, build, require_at_least, require_positive, to_dict
 from fedst.data.clips import AugmentConfig, ClipConfig
 from fedst.data.sites import DataConfig
+from fedst.model.channel_selection import UNSEEN_INDICATOR_RULES, resolve_unseen_indicator_rule
 from fedst.model.indicators import DEFAULT_CLIP_MODEL, DEFAULT_CLIP_PRETRAINED
 from fedst.model.network import NetworkConfig
 
@@ -29,8 +30,6 @@ AGGREGATION_WEIGHTS = ("uniform", "samples", "fisher")
 INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 RETURNED_MODELS = ("own", "global")
 """method.returned_model: a site's own gamma_k^T, or gamma_g as the site adopts it (MethodConfig)."""
-UNSEEN_INDICATOR_RULES = ("auto", "own", "fold", "mean")
-"""indicator.unseen: how the out-of-federation model treats a site outside the federation."""
 
 
 @dataclass(frozen=True)
@@ -538,24 +537,14 @@ class ExperimentConfig:
         return self.method.prompt or self.method.channel_selection
 
     def unseen_indicator_rule(self) -> str | None:
-        """``indicator.unseen`` resolved: own | fold | mean for the out-of-federation model (None
-        when the network reads no indicator). auto: own for clip and for FedDP's channel
-        selection (no bias to fold into), fold otherwise."""
+        """``indicator.unseen`` resolved (fedst.model.channel_selection.resolve_unseen_indicator_rule:
+        own | fold | mean), None when the network reads no indicator."""
         if not self.uses_indicator():
             return None
-        rule = self.indicator.unseen
         feddp = self.method.channel_selection and (
             self.method.algorithm == "feddp" or self.network.channel_selection_kind == "feddp"
         )  # fedst/methods/feddp.py builds FedDP's channel selection whatever network.* says
-        if rule == "auto":
-            return "own" if self.method.indicator == "clip" or feddp else "fold"
-        if feddp and rule != "own":
-            raise ConfigError(
-                f"indicator.unseen={rule}: FedDP's channel selection embeds the indicator through "
-                f"a ReLU and bias-free layers, so it cannot be folded or averaged into a bias; "
-                f"use indicator.unseen=own"
-            )
-        return rule
+        return resolve_unseen_indicator_rule(self.indicator.unseen, self.method.indicator, feddp)
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), sort_keys=True)

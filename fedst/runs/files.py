@@ -67,7 +67,7 @@ def load_config(run_dir: Path) -> ExperimentConfig:
 def unfinished(run_dir: Path) -> str | None:
     """Why the run in ``run_dir`` has not finished training, or None when it has.
 
-    Only the end of training writes final.json (fedst/training.py ``finalize_run``), with the
+    Only the end of training writes final.json (fedst/runs/final.py ``write_final``), with the
     rounds it trained (``rounds``). A run is unfinished without final.json, or when its final.json
     scores fewer rounds than its config's ``train.rounds``: an evaluation of an interrupted run
     wrote it (eval_outfed.py did before issue 46). A final.json or config.json that does not say

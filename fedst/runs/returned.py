@@ -16,7 +16,8 @@ models, personalized parts included: gamma_g U avg(rho_k) under ``global``, avg(
 avg(rho_k) under ``own``.
 
 A site outside the federation meets that average through its indicator input
-(``indicator.unseen``, resolved by ExperimentConfig.unseen_indicator_rule; docs/methods.md):
+(``indicator.unseen``, resolved by fedst.model.channel_selection.resolve_unseen_indicator_rule;
+docs/methods.md):
 
 * ``own``: the average as above; the caller passes the site's own xi (its CLIP prompt);
 * ``fold``: each site's frozen xi_k is folded into its own v_k's channel-selection bias
