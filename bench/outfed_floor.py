@@ -18,7 +18,7 @@ round), so the script can be stopped and restarted. Rows, all on the demo benchm
   k x ``train.eval_every`` rounds, so every run has as many learning-curve points);
 * the same methods with photometric augmentation (:data:`PHOTOMETRIC`: brightness, contrast,
   saturation and hue jitter and a Gaussian blur, fedst/data/clips/augmentation.py) at ``--variant-budgets``;
-* the same methods without the synthetic pre-training (``serq.pretrain_iters=0``: every method
+* the same methods without the synthetic pre-training (``pretraining.iters=0``: every method
   starts from the initialisation; FedST keeps SERQ) at ``--variant-budgets``.
 
 Prints and writes ``<out>/outfed_floor.md`` and ``.json``: per row E Dice / IoU, the in-federation
@@ -52,7 +52,7 @@ from fedst.training import BENCHMARK_SEED  # noqa: E402
 PHOTOMETRIC = ("augment.color_jitter=0.4", "augment.hue=0.1", "augment.blur_sigma=1.0")
 """Photometric augmentation of the 'on' rows: brightness / contrast / saturation jitter 0.4 (the
 issue's data point), hue shift up to 0.1 of the circle, blur sigma up to 1 px at the input size."""
-NO_PRETRAINING = ("serq.pretrain_iters=0",)
+NO_PRETRAINING = ("pretraining.iters=0",)
 ORACLE_OF = "E"
 ROW_RECORD = "floor_row.json"
 """Written into each row's run directory: command, wall seconds, load average, exit code."""

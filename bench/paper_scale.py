@@ -622,7 +622,7 @@ def measure(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> Non
         f"train.eval_every={args.eval_every or args.rounds}",
         f"train.eval_max_frames={args.eval_frames}",
         f"serq.batches_per_round={k}",
-        f"serq.pretrain_iters={args.pretrain_iters}",
+        f"pretraining.iters={args.pretrain_iters}",
         f"hydra.run.dir={run_dir}",
         "progress=false",
         *args.overrides,

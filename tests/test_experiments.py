@@ -64,7 +64,7 @@ def test_the_runner_trains_missing_runs_skips_finished_ones_and_resumes_interrup
         "train.total_iters=2",  # 2 rounds of 1 iteration, evaluated at the end only: seconds
         "train.local_iters=1",
         "train.eval_every=2",
-        "serq.pretrain_iters=1",
+        "pretraining.iters=1",
     ]
     trained: list[str] = []
     original_training = planning.run_training
@@ -428,7 +428,7 @@ def test_fig5_trains_its_three_lines_and_writes_the_curves_and_their_plot(
 
     monkeypatch.setattr(plots, "plot_learning_curves", recording_plot)
     args = ["--runs", str(runs), "--out", str(out), "seeds=0", "experiment=tiny"]
-    args += [f"data.root={tiny_data}", "progress=false", "serq.pretrain_iters=1"]
+    args += [f"data.root={tiny_data}", "progress=false", "pretraining.iters=1"]
     args += ["train.total_iters=2", "train.local_iters=1"]  # 2 rounds (green: 4), each evaluated
     assert paper.main(["fig5", *args]) == 0
 

@@ -443,7 +443,7 @@ def run_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> None
 def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_root, tmp_path):
     """Device: the tiny experiment's train.device=auto (CUDA where present) with its
     train.deterministic=true, so the equality holds bit for bit on the CPU and on one GPU."""
-    cfg = experiment(tiny_root, "serq.pretrain_iters=1", "train.eval_every=2")
+    cfg = experiment(tiny_root, "pretraining.iters=1", "train.eval_every=2")
     uninterrupted = run_training(cfg, tmp_path / "whole", progress=False)
 
     run_cut_off(cfg, tmp_path / "resumed", server_round=2)
@@ -467,7 +467,7 @@ def test_a_run_checkpointed_every_3_rounds_resumes_after_its_last_checkpoint_as_
     train.deterministic=true, so the equality holds bit for bit on the CPU and on one GPU."""
     cfg = experiment(
         tiny_root,
-        "serq.pretrain_iters=1",
+        "pretraining.iters=1",
         "train.total_iters=10",
         "train.checkpoint_every=3",
         "serq.bank_storage=disk",

@@ -296,7 +296,7 @@ def test_the_site_step_and_serqs_passes_are_compiled_with_the_configured_mode(
         root,
         "train.compile=reduce-overhead",
         "serq.batches_per_round=1",
-        "serq.pretrain_iters=0",
+        "pretraining.iters=0",
         "train.num_workers=0",
     )
     server = FederationServer(cfg, tmp_path / "run", CPU)

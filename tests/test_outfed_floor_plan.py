@@ -73,7 +73,7 @@ def test_every_kind_of_row_composes_into_the_config_it_names(rows):
         assert (cfg.augment.hue > 0) == row.photometric and (
             cfg.augment.blur_sigma > 0
         ) == row.photometric
-        assert (cfg.serq.pretrain_iters > 0) == row.pretraining
+        assert (cfg.pretraining.iters > 0) == row.pretraining
         if row.method == "oracle":
             assert cfg.data.federation == ("E_oracle",) and "E" in cfg.data.out_of_federation
             assert cfg.method.name == "local"

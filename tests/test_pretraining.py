@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from fedst.cli import compose_experiment
+from fedst.config import ConfigError
 from fedst.data.procedural import generate
+from fedst.experiment import experiment_from_json
 from fedst.federation.server import FederationServer
 
 
@@ -22,7 +25,7 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def initial_model(root: Path, run_dir: Path, *overrides: str) -> dict[str, torch.Tensor]:
     """v_g^0 as the server hands it out before round 1."""
     cfg, _ = compose_experiment(
-        ["experiment=tiny", f"data.root={root}", "serq.pretrain_iters=3", *overrides]
+        ["experiment=tiny", f"data.root={root}", "pretraining.iters=3", *overrides]
     )
     server = FederationServer(cfg, run_dir, torch.device("cpu"))
     server.initialize()
@@ -101,3 +104,32 @@ def test_pre_training_times_only_the_steps_after_warm_up(monkeypatch):
     assert pretraining.WARMUP_ITERS == 2 and result.steady_iters == 3
     assert 0.03 <= result.steady_seconds < 0.2  # the 0.2 s warm-up steps are outside
     assert result.seconds_per_iter == pytest.approx(result.steady_seconds / 3)
+
+
+def test_pre_training_reads_its_own_settings_not_serqs(tiny_root, tmp_path):
+    """FedAvg's pre-training at pretraining.lr: a different lr gives different initial weights,
+    while serq.lr (read by no step of FedAvg) changes nothing."""
+    base = initial_model(tiny_root, tmp_path / "a", "method=fedavg")
+    other_serq_lr = initial_model(tiny_root, tmp_path / "b", "method=fedavg", "serq.lr=0.003")
+    other_lr = initial_model(tiny_root, tmp_path / "c", "method=fedavg", "pretraining.lr=0.003")
+    assert all(torch.equal(base[k], other_serq_lr[k]) for k in base)
+    assert any(not torch.equal(base[k], other_lr[k]) for k in base)
+
+
+def test_serq_refuses_a_pre_training_lr_or_batch_size_it_would_not_continue_with():
+    for override in ("pretraining.lr=0.003", "pretraining.batch_size=3"):
+        with pytest.raises(ConfigError, match="SERQ continues the pre-training"):
+            compose_experiment(["experiment=tiny", "method=fedst", override])
+    compose_experiment(["experiment=tiny", "method=fedst", "pretraining.lr=3e-4", "serq.lr=3e-4"])
+
+
+def test_a_run_saved_before_the_pretraining_group_reads_its_serq_settings_as_pretrainings():
+    """config.json of a run written before issue 48 kept serq.pretrain_iters, and its pre-training
+    ran at serq.batch_size and serq.lr."""
+    cfg, _ = compose_experiment(["experiment=tiny", "method=fedavg"])
+    saved = json.loads(cfg.to_json())
+    del saved["pretraining"]
+    saved["serq"] = {**saved["serq"], "pretrain_iters": 17, "batch_size": 5, "lr": 0.02}
+    old = experiment_from_json(json.dumps(saved))
+    assert (old.pretraining.iters, old.pretraining.batch_size, old.pretraining.lr) == (17, 5, 0.02)
+    assert not hasattr(old.serq, "pretrain_iters") and old.serq.batch_size == 5

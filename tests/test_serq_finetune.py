@@ -31,7 +31,7 @@ def server_after_one_round(
         tiny_root,
         f"serq.batches_per_round={BATCHES}",
         "serq.batch_size=2",
-        "serq.pretrain_iters=0",
+        "pretraining.iters=0",
         "train.num_workers=0",
         *overrides,
     )
@@ -74,7 +74,7 @@ def test_finetune_trains_the_global_model_with_the_segmentation_loss_on_serqs_ba
 
 
 def test_finetune_leaves_eq_the_descriptor_and_the_bank_untouched(tiny_root, tmp_path):
-    cfg = experiment(tiny_root, "serq.pretrain_iters=0", "train.num_workers=0")
+    cfg = experiment(tiny_root, "pretraining.iters=0", "train.num_workers=0")
     torch.manual_seed(0)
     untouched = FederationServer(cfg, tmp_path / "untouched", torch.device("cpu")).step.serq
     server, _, _ = server_after_one_round(tiny_root, tmp_path / "ft", "serq.mode=finetune")

@@ -75,7 +75,7 @@ def test_each_site_reads_the_synthetic_set_from_its_own_disk_and_no_path_travels
         "data.mix_synthetic=true",
         "train.total_iters=1",
         "train.local_iters=1",
-        "serq.pretrain_iters=1",
+        "pretraining.iters=1",
     )
     method = method_of(cfg)
     node = site_node_config(cfg, "A")

@@ -217,7 +217,7 @@ def _start_or_resume(server: FederationServer, runlog: RunLog) -> dict[str, Any]
             "round": 0,
             "site": "server",
             "synthetic_pretrain_loss": pretrained.loss,
-            "pretrain_iters": server.cfg.serq.pretrain_iters,
+            "pretrain_iters": server.cfg.pretraining.iters,
             "pretrain_seconds": time.perf_counter() - pretrain_started,
             # after the first steps (loader start, autotuning): what one more step costs
             "pretrain_steady_seconds": pretrained.steady_seconds,

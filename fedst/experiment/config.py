@@ -283,14 +283,32 @@ BANK_STORAGES = ("memory", "disk")
 
 
 @dataclass(frozen=True)
+class PretrainingConfig:
+    """Synthetic pre-training of v_g^0 before round 1, every method's (paper Sec. IV-A; Algorithm 1,
+    line 3; fedst/methods/pretraining.py; ``method.synthetic_pretraining=false`` skips it). The
+    paper gives none of these values. Runs written before this group read theirs from
+    ``serq.pretrain_iters``, ``serq.batch_size`` and ``serq.lr`` (:func:`experiment_from_json`)."""
+
+    iters: int = 3000
+    """Adam steps on the synthetic set (``data.server``) before round 1 (0: none)."""
+    batch_size: int = 2
+    """Synthetic images per step."""
+    lr: float = 1e-4
+    """Adam learning rate."""
+
+    def __post_init__(self) -> None:
+        require_at_least("pretraining.iters", self.iters, 0)
+        require_at_least("pretraining.batch_size", self.batch_size, 1)
+        require_positive("pretraining.lr", self.lr)
+
+
+@dataclass(frozen=True)
 class SerqConfig:
     mode: str = "serq"
     """What the server's synthetic step after aggregation does (:data:`SERQ_MODES`; only with
     method.serq=true): serq (EQ then SC, Eq. 10-12) | finetune (Fig. 5's blue line: the global
     model trained on the round's synthetic batches with L_seg only, no EQ step, no descriptor,
     no feature term; fedst/methods/serq.py)."""
-    pretrain_iters: int = 3000
-    """Iterations of synthetic pre-training of v_pre before round 1 (not given in the paper)."""
     batches_per_round: int = 100
     """Synthetic batches per round; EQ and SC each run over them (paper: 100)."""
     batch_size: int = 2
@@ -320,7 +338,6 @@ class SerqConfig:
     def __post_init__(self) -> None:
         if self.mode not in SERQ_MODES:
             raise ConfigError(f"serq.mode={self.mode!r}; choose one of {SERQ_MODES}")
-        require_at_least("serq.pretrain_iters", self.pretrain_iters, 0)
         require_at_least("serq.batches_per_round", self.batches_per_round, 1)
         require_at_least("serq.batch_size", self.batch_size, 1)
         require_positive("serq.lr", self.lr)
@@ -477,6 +494,7 @@ class ExperimentConfig:
     seed: int = 0
     method: MethodConfig = field(default_factory=MethodConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    pretraining: PretrainingConfig = field(default_factory=PretrainingConfig)
     serq: SerqConfig = field(default_factory=SerqConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     clip: ClipConfig = field(default_factory=ClipConfig)
@@ -490,6 +508,7 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         require_at_least("seed", self.seed, 0, "seeds are non-negative integers")
         self.unseen_indicator_rule()  # a rule the network cannot apply is a ConfigError now
+        self._check_serq_continues_pretraining()
         if self.selection.rule != "last" and self.train.val_every is None:
             raise ConfigError(
                 f"selection.rule={self.selection.rule} selects on validation scores: set "
@@ -514,6 +533,20 @@ class ExperimentConfig:
                 raise ConfigError(
                     "selection.held_out_site needs train.val_every=<k>: the held-out site only "
                     "scores validation rounds"
+                )
+
+    def _check_serq_continues_pretraining(self) -> None:
+        """SERQ keeps v_pre, its synthetic batch stream and its Adam state from the pre-training
+        (fedst/methods/serq.py), so under method.serq the two must agree on batch size and lr."""
+        if not (self.method.serq and self.method.synthetic_pretraining):
+            return
+        for name in ("batch_size", "lr"):
+            pre, serq = getattr(self.pretraining, name), getattr(self.serq, name)
+            if pre != serq:
+                raise ConfigError(
+                    f"pretraining.{name}={pre} but serq.{name}={serq}: SERQ continues the "
+                    f"pre-training's synthetic stream and optimizer of v_pre, so they must be "
+                    f"equal; set both"
                 )
 
     # -- derived values (computed once, logged with the run) ------------------------------------
@@ -575,8 +608,21 @@ def experiment_from_json(text: str) -> ExperimentConfig:
     """A saved config.json; one written before ``data.generator_version`` existed was rendered by
     version 1 of the procedural generator and is read as such (not as today's default); one
     written with ``train.amp`` (before ``train.amp_dtype``) reads true as "bf16", false as
-    "none" (what each meant)."""
+    "none" (what each meant); one written before the ``pretraining`` group read its pre-training
+    settings from ``serq.pretrain_iters``, ``serq.batch_size`` and ``serq.lr``, and is read so."""
     values = json.loads(text)
+    serq = values.get("serq")
+    if isinstance(serq, dict) and "pretrain_iters" in serq and "pretraining" not in values:
+        defaults = PretrainingConfig()
+        values = {
+            **values,
+            "serq": {k: v for k, v in serq.items() if k != "pretrain_iters"},
+            "pretraining": {
+                "iters": serq["pretrain_iters"],
+                "batch_size": serq.get("batch_size", defaults.batch_size),
+                "lr": serq.get("lr", defaults.lr),
+            },
+        }
     data = values.get("data")
     if isinstance(data, dict) and data.get("procedural") and "generator_version" not in data:
         values = {**values, "data": {**data, "generator_version": 1}}

@@ -106,17 +106,19 @@ class FederationServer:
         """
         if not self.method.config.synthetic_pretraining:
             return None
-        iters = self.cfg.serq.pretrain_iters
+        iters = self.cfg.pretraining.iters
         seed_everything(self.cfg.seed, 0x5E12, 0)
         result = self.step.pretrain(iters) if self.step is not None else None
         if result is None:
-            stream, _ = synthetic_stream(self.cfg, self.method.name, self.device)
+            stream, _ = synthetic_stream(
+                self.cfg, self.method.name, self.device, self.cfg.pretraining.batch_size
+            )
             try:
                 result = pretrain_on_synthetic(
                     self.global_model,
                     torch.optim.Adam(
                         self.global_model.parameters(),
-                        lr=self.cfg.serq.lr,
+                        lr=self.cfg.pretraining.lr,
                         **fused_optimizer_options(self.device),
                     ),
                     stream,

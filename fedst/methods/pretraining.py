@@ -2,8 +2,8 @@
 are "pre-trained on the same synthetic datasets"; Algorithm 1, line 3 for FedST's v_pre^0).
 
 The server trains the method's network on its synthetic set (``data.server``) with L_seg on
-single frames (no temporal step: the synthetic set is images), Adam at ``serq.lr`` for
-``serq.pretrain_iters`` steps of ``serq.batch_size`` augmented images, from one seeded stream.
+single frames (no temporal step: the synthetic set is images), Adam at ``pretraining.lr`` for
+``pretraining.iters`` steps of ``pretraining.batch_size`` augmented images, from one seeded stream.
 FedST's SERQ runs this same loop on v_pre and keeps v_pre (and its optimizer) for its later steps;
 every other method just starts from the result. ``method.synthetic_pretraining=false`` starts
 from the initialisation instead (an ablation).
@@ -101,9 +101,11 @@ def _synchronize(device: torch.device) -> None:
 
 
 def synthetic_stream(
-    cfg: ExperimentConfig, method_name: str, device: torch.device
+    cfg: ExperimentConfig, method_name: str, device: torch.device, batch_size: int
 ) -> tuple[BatchStream, ClipDataset]:
-    """The server's synthetic set: a seeded augmented batch stream and the un-augmented set.
+    """The server's synthetic set: a seeded stream of ``batch_size`` augmented images and the
+    un-augmented set (``pretraining.batch_size`` for pre-training alone, ``serq.batch_size`` for
+    SERQ, which continues the same stream after its pre-training).
 
     Clips of one frame: the server's passes (synthetic pre-training, SERQ) run the network with
     ``use_temporal=False``, which reads only a clip's current frame, so earlier frames would be
@@ -119,7 +121,7 @@ def synthetic_stream(
     dataset = ClipDataset(source, "train", clip, cfg.augment)
     stream = BatchStream(
         dataset,
-        batch_size=cfg.serq.batch_size,
+        batch_size=batch_size,
         seed=cfg.seed * 1000 + 999,
         num_workers=cfg.train.num_workers,
         device=device,

@@ -608,7 +608,7 @@ class SerqStep:
         self.global_model = context.global_model
         self.progress = context.progress
         self.store = FeatureBankStore(context.run_dir / FEATURE_BANK_DIR)
-        stream, reference = synthetic_stream(cfg, method_name, context.device)
+        stream, reference = synthetic_stream(cfg, method_name, context.device, cfg.serq.batch_size)
         self.serq = Serq(
             cfg.serq,
             synthetic_model=copy.deepcopy(context.global_model),
