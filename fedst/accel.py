@@ -2,7 +2,7 @@
 fused optimizers, optional ``torch.compile``, and losses kept on the device between host syncs.
 
 The config fields (``train.amp_dtype``, ``train.compile``, ``train.tf32``,
-``train.cudnn_benchmark``, ``train.deterministic``; fedst/experiment/config.py TrainConfig) are read
+``train.cudnn_benchmark``, ``train.deterministic``; fedst/experiment/sections.py TrainConfig) are read
 once where a site or the server sets up; everything below takes plain arguments. On the CPU every
 choice here is a no-op (fp32, no scaler, unfused optimizers), so CPU results do not depend on these
 settings. :func:`device_facts` reads back what a process really uses (device, card, autocast dtype,

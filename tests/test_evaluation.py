@@ -306,7 +306,7 @@ def test_evaluation_forward_runs_under_autocast_and_scoring_outside_it(write_sit
 
 
 def test_the_config_passes_its_amp_dtype_to_evaluation():
-    from fedst.experiment.config import TrainConfig
+    from fedst.experiment import TrainConfig
 
     assert TrainConfig(amp_dtype="bf16").evaluation_options(1)["amp_dtype"] == "bf16"
     assert TrainConfig(amp_dtype="none").evaluation_options()["amp_dtype"] == "none"

@@ -18,7 +18,7 @@ import torch
 
 from bench import gpu_check, gpu_timing, gpu_wheels
 from fedst import accel
-from fedst.experiment.config import TrainConfig
+from fedst.experiment import TrainConfig
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import NetworkConfig, build_network
 

@@ -21,8 +21,7 @@ from fedst.config import ConfigError, to_dict
 from fedst.data import clips
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.data.generic import GenericLayoutSource
-from fedst.experiment import TrainConfig
-from fedst.experiment.config import experiment_from_json
+from fedst.experiment import TrainConfig, experiment_from_json
 from fedst.methods import feature_bank, method_of
 from fedst.methods.feature_bank import DiskFeatureBank, read_entries, write_entries
 from fedst.methods.serq import Serq

@@ -42,7 +42,7 @@ from fedst.data.clips import ClipConfig
 from fedst.data.procedural import generate
 from fedst.data.site_checks import validate_experiment_data
 from fedst.errors import ArgumentParser, UserError, one_line, run_entry_point
-from fedst.experiment.config import TrainConfig
+from fedst.experiment import TrainConfig
 from fedst.federation.site import Site
 from fedst.progress import SHOW_NOW
 from fedst.report.results import RunError, group_by_method, load_runs

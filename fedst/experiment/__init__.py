@@ -6,8 +6,8 @@ is personalized (``personalization``), which network components exist (``tempora
 ``channel_selection``), how shared parameters are aggregated (``aggregation``), whether the server
 runs SERQ (``serq``) and whether sites communicate at all (``communicate``).
 
-The package: ``config`` (the sections method, train, serq, comm, privacy, selection and
-indicator, then :class:`ExperimentConfig`, which holds them with the data, network and clip
+The package: ``sections`` (method, train, pretraining, serq, fed, comm, privacy, selection and
+indicator), ``config`` (:class:`ExperimentConfig`, which holds them with the data, network and clip
 configs, and how a mapping or a saved config.json becomes one), ``site_view`` (what a site
 receives of it and adds from its own node: :class:`SiteNodeConfig`) and ``runtime`` (where and how
 a federation runs: ``ray.*``, ``deploy.*``, the server's round policy).
@@ -16,26 +16,7 @@ Layer: above fedst.model; imports fedst.model, fedst.data and the root modules.
 """
 
 from fedst.experiment.config import (
-    AGGREGATION_WEIGHTS,
-    AGGREGATIONS,
-    DP_MODES,
-    INDICATOR_KINDS,
-    PRECISIONS,
-    RETURNED_MODELS,
-    SELECTION_RULES,
-    SERQ_MODES,
-    UNSEEN_INDICATOR_RULES,
-    CommConfig,
     ExperimentConfig,
-    FedConfig,
-    IndicatorConfig,
-    MethodConfig,
-    PretrainingConfig,
-    PrivacyConfig,
-    SelectionConfig,
-    SerqConfig,
-    TrainConfig,
-    check_num_workers,
     experiment_from_dict,
     experiment_from_json,
     run_device,
@@ -46,6 +27,27 @@ from fedst.experiment.runtime import (
     RayConfig,
     RoundPolicy,
     default_eval_timeout,
+)
+from fedst.experiment.sections import (
+    AGGREGATION_WEIGHTS,
+    AGGREGATIONS,
+    DP_MODES,
+    INDICATOR_KINDS,
+    PRECISIONS,
+    RETURNED_MODELS,
+    SELECTION_RULES,
+    SERQ_MODES,
+    UNSEEN_INDICATOR_RULES,
+    CommConfig,
+    FedConfig,
+    IndicatorConfig,
+    MethodConfig,
+    PretrainingConfig,
+    PrivacyConfig,
+    SelectionConfig,
+    SerqConfig,
+    TrainConfig,
+    check_num_workers,
 )
 from fedst.experiment.site_view import (
     EVALUATION_FIELDS,

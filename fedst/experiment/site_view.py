@@ -14,12 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from fedst.config import ConfigError, build
-from fedst.experiment.config import (
-    ExperimentConfig,
-    IndicatorConfig,
-    TrainConfig,
-    check_num_workers,
-)
+from fedst.experiment.config import ExperimentConfig
+from fedst.experiment.sections import IndicatorConfig, TrainConfig, check_num_workers
 
 SITE_VIEW_UNSET = ""
 """Placeholder of every data root in a site's view: paths never travel (each site has its own)."""
