@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 from bench.generator_v3 import data_report
-from fedst.cli import compose_experiment
-from fedst.data.procedural import PRESETS, generate
+from fedst.data.procedural import generate
 from fedst.data.procedural.phenomena import BLUR_CHANGES
 from fedst.data.procedural.render import render_video_truth
 from fedst.data.procedural.sites import PHENOMENA
-from tests.test_generator_v3 import _has_avx512
+from tests.test_generator_v3 import _has_avx512, check_outfed_demo
 from tests.test_generator_versions import benchmark_digest
 
 TINY_V3_DIGESTS = {
@@ -107,12 +106,4 @@ def test_the_criterion_script_measures_version_4_with_its_blur_rule() -> None:
 
 
 def test_demo_v4_is_selectable_with_30_video_outfed_test_splits_and_not_the_default() -> None:
-    default, _ = compose_experiment(["experiment=demo"])
-    v4, _ = compose_experiment(["experiment=demo", "data=demo_v4"])
-    assert default.data.generator_version == 2
-    assert (v4.data.generator_version, v4.data.root) == (4, "data/procedural/demo_v4")
-    preset = PRESETS[v4.data.procedural]
-    for site in ("E", "grasp"):
-        assert (preset.sites[site].test.videos, preset.sites[site].test.frames) == (30, 15)
-    for site in ("A", "B", "C", "D", "synthetic"):
-        assert preset.sites[site] == PRESETS["demo"].sites[site]
+    check_outfed_demo(4, 30)

@@ -513,28 +513,22 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-PRESETS["demo_outfed"] = Preset(
-    name="demo_outfed",
-    height=128,
-    width=160,
-    sites={
-        **PRESETS["demo"].sites,
-        "E": SiteSize(test=OUTFED_TEST),
-        "grasp": SiteSize(test=OUTFED_TEST),
-    },
-    description="demo with out-of-federation test splits of 24 videos x 15 frames (E, grasp): "
+def _demo_outfed(name: str, test: SplitSize, description: str) -> Preset:
+    """The demo with larger out-of-federation test splits ``test`` for E and grasp."""
+    sites = {**PRESETS["demo"].sites, "E": SiteSize(test=test), "grasp": SiteSize(test=test)}
+    return Preset(name=name, height=128, width=160, sites=sites, description=description)
+
+
+PRESETS["demo_outfed"] = _demo_outfed(
+    "demo_outfed",
+    OUTFED_TEST,
+    "demo with out-of-federation test splits of 24 videos x 15 frames (E, grasp): "
     "test sampling's standard error on E about 2.5 Dice points (docs/benchmark.md)",
 )
-PRESETS["demo_outfed30"] = Preset(
-    name="demo_outfed30",
-    height=128,
-    width=160,
-    sites={
-        **PRESETS["demo"].sites,
-        "E": SiteSize(test=OUTFED_TEST_30),
-        "grasp": SiteSize(test=OUTFED_TEST_30),
-    },
-    description="demo with out-of-federation test splits of 30 videos x 15 frames (E, grasp): "
+PRESETS["demo_outfed30"] = _demo_outfed(
+    "demo_outfed30",
+    OUTFED_TEST_30,
+    "demo with out-of-federation test splits of 30 videos x 15 frames (E, grasp): "
     "test sampling's standard error on E 2.46 Dice points at version 3's measured spread "
     "(docs/benchmark.md, generator version 4)",
 )
