@@ -1,17 +1,20 @@
-"""Generator version 3's criterion (issue 47, docs/benchmark.md "Generator version 3"), measured.
+"""Generator versions 3 and 4's criteria (issue 47, docs/benchmark.md "Generator version 3" and
+"Generator version 4"), measured.
 
     python -m bench.generator_v3 data [--preset demo_outfed] [--seed 0]   # items 1 and 5
     python -m bench.generator_v3 model RUN [--site E]                     # items 2 and 4
+    python -m bench.generator_v3 data --version 4 --preset demo_outfed30  # version 4's 1 and 5
 
 ``data`` renders every video of the federated sites' train and test splits and of E's and GraSP's
-test splits in memory with their ground truth (:func:`render_video_truth`, nothing written) and
-prints, per site and pooled over A-D: the share of labelled instrument pixels degraded in frame t,
+test splits in memory with their ground truth (:func:`render_video_truth`, nothing written; the
+generator version is ``--version``, 3 by default) and prints, per site and pooled over A-D: the share of labelled instrument pixels degraded in frame t,
 the share of those recoverable from t-1..t-3 (the same instrument's same part labelled with >= 20
 pixels, at most half degraded, in one of them), the share of frames with smoke, flashes per
 instrument-second, the share of instrument footprint under tissue folds, and the joint speed.
 
 ``model`` scores a finished run's out-of-federation model (for method=local, its own model) on a
-site's test split frame by frame, re-renders each test video's truth, and prints the mean
+site's test split frame by frame, re-renders each test video's truth (the run's generator version
+and preset), and prints the mean
 cross-entropy and recall on degraded and on undegraded instrument pixels, and the per-video Dice
 spread with its standard error over the split's videos.
 """
@@ -45,13 +48,20 @@ def _parts_seen(mask: np.ndarray, tool_ids: np.ndarray, degraded: np.ndarray) ->
 
 
 def video_statistics(
-    site: str, preset: str, seed: int, video_id: str, frames: int, speeds: list[float]
+    site: str,
+    preset: str,
+    seed: int,
+    video_id: str,
+    frames: int,
+    speeds: list[float],
+    version: int = 3,
 ) -> dict:
     """Counts of one video for item 1 (degraded / recoverable) and the phenomena's rates; appends
     every instrument's joint speed (px/s) at every frame to ``speeds``."""
     counts = defaultdict(float)
     history: list[dict] = []
-    for _, _, mask, truth in render_video_truth(site, preset, seed, video_id, frames, version=3):
+    videos = render_video_truth(site, preset, seed, video_id, frames, version=version)
+    for _, _, mask, truth in videos:
         degraded = truth.degraded(mask)
         parts = _parts_seen(mask, truth.tool_ids, degraded)
         counts["frames"] += 1
@@ -79,19 +89,10 @@ def video_statistics(
 
 def _causes(mask: np.ndarray, truth) -> dict[str, np.ndarray]:
     """The degraded labelled pixels of a frame, and those of each cause (bool [H, W])."""
-    blurred = np.zeros(mask.shape, bool)
-    for index, length in enumerate(truth.blur_px, start=1):
-        if length >= 3.0:
-            blurred |= truth.tool_ids == index
-    return {
-        "degraded": truth.degraded(mask),
-        "smoke": truth.smoke >= 0.35,
-        "flash": truth.flash >= 0.3,
-        "blur": blurred,
-    }
+    return {"degraded": truth.degraded(mask), **truth.causes(mask)}
 
 
-def data_report(preset: str, seed: int) -> dict:
+def data_report(preset: str, seed: int, version: int = 3) -> dict:
     spec = PRESETS[preset]
     report: dict[str, dict] = {}
     speeds: list[float] = []
@@ -102,7 +103,7 @@ def data_report(preset: str, seed: int) -> dict:
         for split in splits:
             frames = spec.sites[site].split(split).frames
             for video_id in ids[split]:
-                counts = video_statistics(site, preset, seed, video_id, frames, speeds)
+                counts = video_statistics(site, preset, seed, video_id, frames, speeds, version)
                 for key, value in counts.items():
                     total[key] += value
         report[site] = dict(total)
@@ -112,8 +113,14 @@ def data_report(preset: str, seed: int) -> dict:
             pooled[key] += value
     report["A-D"] = dict(pooled)
     target = PHENOMENA.pixels_per_cm(spec.height, spec.width) * PHENOMENA.tip_speed_cm_s
-    result = {"sites": {}, "median_speed_px_s": float(np.median(speeds)), "target_px_s": target}
-    for site, c in report.items():
+    result = {
+        "version": version,
+        "sites": {},
+        "median_speed_px_s": float(np.median(speeds)),
+        "target_px_s": target,
+    }
+    for site, counts in report.items():
+        c = defaultdict(float, counts)  # a small preset may have no recoverable pixel
         result["sites"][site] = {
             "degraded %": 100 * c["degraded"] / c["instrument"],
             "recoverable % of degraded": 100 * c["recoverable"] / max(c["degraded"], 1),
@@ -143,7 +150,7 @@ def model_report(run_dir: Path, site: str) -> dict:
     indicator = run.method.indicators().get(site)
     indicator = indicator.to(device) if indicator is not None else None
     data = open_site_data(cfg, site, ("test",)).test
-    preset, seed = str(cfg.data.procedural), 0
+    preset, seed, version = str(cfg.data.procedural), 0, int(cfg.data.generator_version)
     truths: dict[str, dict[int, np.ndarray]] = {}
     sums = defaultdict(float)
     per_video = defaultdict(lambda: [0.0, 0.0])  # intersection, sum of areas (binary Dice)
@@ -152,7 +159,9 @@ def model_report(run_dir: Path, site: str) -> dict:
         if video_id not in truths:
             truths[video_id] = {
                 i: _causes(mask, truth)
-                for i, _, mask, truth in render_video_truth(site, preset, seed, video_id, version=3)
+                for i, _, mask, truth in render_video_truth(
+                    site, preset, seed, video_id, version=version
+                )
             }
         causes = {k: torch.from_numpy(v) for k, v in truths[video_id][int(position)].items()}
         degraded = causes.pop("degraded")
@@ -185,6 +194,7 @@ def model_report(run_dir: Path, site: str) -> dict:
     return {
         "run": str(run_dir),
         "site": site,
+        "version": version,
         "loss degraded": sums["degraded_loss"] / max(sums["degraded_pixels"], 1),
         "loss clean": sums["clean_loss"] / max(sums["clean_pixels"], 1),
         "recall degraded %": 100 * sums["degraded_found"] / max(sums["degraded_pixels"], 1),
@@ -204,12 +214,13 @@ def main(argv: list[str] | None = None) -> None:
     data = sub.add_parser("data", help="items 1 and 5, from the generator's ground truth")
     data.add_argument("--preset", default="demo_outfed")
     data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--version", type=int, choices=(3, 4), default=3)
     model = sub.add_parser("model", help="items 2 and 4, from a finished run")
     model.add_argument("run", type=Path)
     model.add_argument("--site", default="E")
     args = parser.parse_args(argv)
     if args.what == "data":
-        print(json.dumps(data_report(args.preset, args.seed), indent=1))
+        print(json.dumps(data_report(args.preset, args.seed, args.version), indent=1))
     else:
         print(json.dumps(model_report(args.run, args.site), indent=1))
 

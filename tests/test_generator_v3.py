@@ -161,13 +161,21 @@ def test_version_3_is_deterministic_by_seed() -> None:
     assert not all(np.array_equal(a[1], b[1]) for a, b in zip(first, other, strict=True))
 
 
-def test_demo_v3_is_selectable_with_larger_outfed_test_splits_and_not_the_default() -> None:
+def check_outfed_demo(version: int, videos: int) -> None:
+    """``data=demo_v<version>`` selects its version and folder, not the default (version 2), and
+    the demo's sizes with out-of-federation test splits of ``videos`` videos x 15 frames."""
     default, _ = compose_experiment(["experiment=demo"])
-    v3, _ = compose_experiment(["experiment=demo", "data=demo_v3"])
+    chosen, _ = compose_experiment(["experiment=demo", f"data=demo_v{version}"])
     assert default.data.generator_version == 2
-    assert (v3.data.generator_version, v3.data.root) == (3, "data/procedural/demo_v3")
-    preset = PRESETS[v3.data.procedural]
+    root = f"data/procedural/demo_v{version}"
+    assert (chosen.data.generator_version, chosen.data.root) == (version, root)
+    preset = PRESETS[chosen.data.procedural]
     for site in ("E", "grasp"):
-        assert preset.sites[site].test.videos >= 24 > PRESETS["demo"].sites[site].test.videos
+        assert (preset.sites[site].test.videos, preset.sites[site].test.frames) == (videos, 15)
+        assert videos > PRESETS["demo"].sites[site].test.videos
     for site in ("A", "B", "C", "D", "synthetic"):
         assert preset.sites[site] == PRESETS["demo"].sites[site]
+
+
+def test_demo_v3_is_selectable_with_larger_outfed_test_splits_and_not_the_default() -> None:
+    check_outfed_demo(3, 24)

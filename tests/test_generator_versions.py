@@ -105,7 +105,9 @@ def test_a_site_of_another_version_is_an_error_naming_the_version(tmp_path: Path
 
 
 def test_an_unknown_version_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"unknown generator version 7; choose one of \[1, 2, 3\]"):
+    with pytest.raises(
+        DataError, match=r"unknown generator version 7; choose one of \[1, 2, 3, 4\]"
+    ):
         generate(tmp_path / "x", seed=0, preset="tiny", workers=1, progress=False, version=7)
     assert not (tmp_path / "x").exists()
     with pytest.raises(ConfigError, match=r"data.generator_version=7"):

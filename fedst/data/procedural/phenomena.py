@@ -1,4 +1,4 @@
-"""Generator version 3's temporal phenomena (:data:`~fedst.data.procedural.sites.PHENOMENA`): the
+"""Generator versions 3 and 4's temporal phenomena (:data:`~fedst.data.procedural.sites.PHENOMENA`): the
 instruments' speed, motion blur, cautery smoke, specular flashes and tissue folds that hide an
 instrument for a moment. Each has its own random stream (seeded by (seed, site, video id, name)),
 so switching one off leaves the others, and versions 1-2, as they were. Planned once per video
@@ -21,7 +21,10 @@ SMOKE_VEILS = 0.35
 FLASH_BLINDS = 0.3
 """Added specular light (0..1 scale) from which a pixel counts as degraded."""
 BLUR_SMEARS_PX = 3.0
-"""Motion-blur length in pixels from which an instrument's pixels count as degraded."""
+"""Version 3: motion-blur length in pixels from which an instrument's pixels count as degraded."""
+BLUR_CHANGES = 0.1
+"""Version 4: mean absolute R, G, B change (0..1 scale) that motion blur makes to a pixel, from
+which the pixel counts as degraded (docs/benchmark.md, "Version 4's criterion")."""
 SMOKE_COLOUR = np.array([0.88, 0.86, 0.84], np.float32)
 PLANNING_LEAD_S = 4.0
 """Events may start this long before the first frame, so a video can open inside one."""
@@ -43,16 +46,32 @@ class FrameTruth:
     """Motion-blur length of each instrument in pixels."""
     occluded_px: tuple[int, ...]
     """Pixels of each instrument's footprint hidden under tissue folds."""
+    blur_change: np.ndarray | None = None
+    """Version 4: float32 mean absolute R, G, B difference between the frame composed with motion
+    blur and without it (before folds, flashes, smoke and the camera); ``None`` in version 3."""
+
+    def causes(self, mask: np.ndarray) -> dict[str, np.ndarray]:
+        """bool [H, W] per cause (smoke, flash, blur): the pixels it degrades, labelled or not.
+        Blur: version 3, the whole footprint of an instrument blurred by >= BLUR_SMEARS_PX;
+        version 4, the pixels the blur changed by >= BLUR_CHANGES."""
+        if self.blur_change is not None:
+            blurred = self.blur_change >= BLUR_CHANGES
+        else:
+            blurred = np.zeros(mask.shape, bool)
+            for index, length in enumerate(self.blur_px, start=1):
+                if length >= BLUR_SMEARS_PX:
+                    blurred |= self.tool_ids == index
+        return {
+            "smoke": self.smoke >= SMOKE_VEILS,
+            "flash": self.flash >= FLASH_BLINDS,
+            "blur": blurred,
+        }
 
     def degraded(self, mask: np.ndarray) -> np.ndarray:
         """bool [H, W]: labelled instrument pixels whose appearance is degraded (smoke, flash or
-        motion blur of their instrument); the label there is still the truth."""
-        blurred = np.zeros(mask.shape, bool)
-        for index, length in enumerate(self.blur_px, start=1):
-            if length >= BLUR_SMEARS_PX:
-                blurred |= self.tool_ids == index
-        seen = (self.smoke >= SMOKE_VEILS) | (self.flash >= FLASH_BLINDS) | blurred
-        return seen & (mask > 0)
+        motion blur, :meth:`causes`); the label there is still the truth."""
+        smoke, flash, blur = self.causes(mask).values()
+        return (smoke | flash | blur) & (mask > 0)
 
 
 @dataclass(frozen=True)

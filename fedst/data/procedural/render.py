@@ -91,7 +91,9 @@ def render_video_truth(
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray, FrameTruth | None]]:
     """:func:`render_video` plus, from version 3 on, each frame's :class:`FrameTruth` (what smoke,
     flashes, motion blur and tissue folds did to it; ``None`` before version 3 and for a site of
-    independent frames). ``phenomena`` replaces version 3's rates (tests switch one off)."""
+    independent frames). Version 4 renders version 3's images and masks; its truth adds the
+    change motion blur made to each pixel. ``phenomena`` replaces the rates (tests switch one
+    off)."""
     check_names(preset, [site])
     check_version(version)
     style, spec = SITES[site], PRESETS[preset]
@@ -119,7 +121,9 @@ def render_video_truth(
         image, mask = _instruments(tissue, parts_per_tool, style)
         truth = None
         if events is not None:
-            image, truth = _phenomena(events, t, tissue, image, mask, parts_per_tool, tools, style)
+            image, truth = _phenomena(
+                events, t, tissue, image, mask, parts_per_tool, tools, style, version
+            )
         frame = _camera(image, style, noise_rng, vignette)
         if field_of_view is not None:
             mask[~field_of_view] = 0
@@ -169,12 +173,15 @@ def _phenomena(
     parts_per_tool: list[list],
     tools: list[InstrumentTrack],
     style: SiteStyle,
+    version: int,
 ) -> tuple[np.ndarray, FrameTruth]:
-    """Version 3 on a composed frame: motion blur (the instruments averaged over the exposure),
+    """Versions 3-4 on a composed frame: motion blur (the instruments averaged over the exposure),
     tissue folds (image and mask), specular flashes and smoke (image only). ``mask`` is changed
-    in place (folds); returns the image and the frame's truth."""
+    in place (folds); returns the image and the frame's truth (from version 4 with the change
+    the blur made to each pixel)."""
     blur_px = events.blur_lengths(t)
     times = events.exposure_times(t, blur_px)
+    sharp = image
     if len(times) > 1:
         image = np.mean(
             [
@@ -183,6 +190,7 @@ def _phenomena(
             ],
             axis=0,
         )
+    blur_change = np.abs(image - sharp).mean(-1, dtype=np.float32) if version >= 4 else None
     tool_ids = np.zeros(mask.shape, np.uint8)
     for index, parts in enumerate(parts_per_tool, start=1):
         for part in parts:
@@ -198,5 +206,5 @@ def _phenomena(
     image = image + flash[..., None]
     smoke = events.smoke_opacity(t)
     image = image * (1 - smoke[..., None]) + SMOKE_COLOUR * smoke[..., None]
-    truth = FrameTruth(tool_ids, smoke, flash, occluded, tuple(blur_px), occluded_px)
+    truth = FrameTruth(tool_ids, smoke, flash, occluded, tuple(blur_px), occluded_px, blur_change)
     return image.astype(np.float32), truth

@@ -1,7 +1,7 @@
 """What the procedural benchmark is made of, before anything is drawn: the generator versions
 (:data:`GENERATOR_VERSIONS`, their changelog is the package docstring), the frame rate, every
 site's look (tissue family, camera, metal tint: :data:`SITES`), the clutter of version 2
-(:data:`CLUTTER`), the temporal phenomena of version 3 (:data:`PHENOMENA`), the size presets (:data:`PRESETS`) with the video ids they number, and the
+(:data:`CLUTTER`), the temporal phenomena of versions 3-4 (:data:`PHENOMENA`), the size presets (:data:`PRESETS`) with the video ids they number, and the
 checks of a preset, site or version name asked for."""
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ GENERATOR_VERSIONS: dict[int, str] = {
     "speed from published tool-tip speeds and a laparoscope's field of view, motion blur, "
     "surgical smoke after cautery, specular flashes and instruments hidden under tissue folds; "
     "version 2's random streams and bytes are unchanged (tests/test_generator_v3.py)",
+    4: "version 3's images and masks, with motion blur counted as degrading only the pixels it "
+    "changes (:data:`~fedst.data.procedural.phenomena.BLUR_CHANGES`) and preset demo_outfed30's "
+    "30-video out-of-federation test splits; version 3's bytes are unchanged "
+    "(tests/test_generator_v4.py)",
 }
 FPS = 5
 
@@ -423,6 +427,10 @@ OUTFED_TEST = SplitSize(24, 15)
 """The out-of-federation test split of preset demo_outfed (generator version 3's data=demo_v3):
 24 videos, so that with a per-video Dice spread of about 12 points the standard error of E's score
 from test sampling is about 12 / sqrt(24) = 2.45 points (docs/benchmark.md)."""
+OUTFED_TEST_30 = SplitSize(30, 15)
+"""The out-of-federation test split of preset demo_outfed30 (generator version 4's data=demo_v4):
+30 videos, so that with version 3's measured per-video Dice spread of 13.5 points the standard
+error of E's score from test sampling is 13.5 / sqrt(30) = 2.46 points (docs/benchmark.md)."""
 
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(
@@ -505,17 +513,24 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-PRESETS["demo_outfed"] = Preset(
-    name="demo_outfed",
-    height=128,
-    width=160,
-    sites={
-        **PRESETS["demo"].sites,
-        "E": SiteSize(test=OUTFED_TEST),
-        "grasp": SiteSize(test=OUTFED_TEST),
-    },
-    description="demo with out-of-federation test splits of 24 videos x 15 frames (E, grasp): "
+def _demo_outfed(name: str, test: SplitSize, description: str) -> Preset:
+    """The demo with larger out-of-federation test splits ``test`` for E and grasp."""
+    sites = {**PRESETS["demo"].sites, "E": SiteSize(test=test), "grasp": SiteSize(test=test)}
+    return Preset(name=name, height=128, width=160, sites=sites, description=description)
+
+
+PRESETS["demo_outfed"] = _demo_outfed(
+    "demo_outfed",
+    OUTFED_TEST,
+    "demo with out-of-federation test splits of 24 videos x 15 frames (E, grasp): "
     "test sampling's standard error on E about 2.5 Dice points (docs/benchmark.md)",
+)
+PRESETS["demo_outfed30"] = _demo_outfed(
+    "demo_outfed30",
+    OUTFED_TEST_30,
+    "demo with out-of-federation test splits of 30 videos x 15 frames (E, grasp): "
+    "test sampling's standard error on E 2.46 Dice points at version 3's measured spread "
+    "(docs/benchmark.md, generator version 4)",
 )
 
 
