@@ -38,12 +38,8 @@ from pathlib import Path
 import torch
 
 from fedst.accel import device_name
-from fedst.scoring.metrics import (
-    FrameScores,
-    overlap_counts,
-    overlap_scores,
-    reference_batch_metrics,
-)
+from fedst.scoring.metrics import reference_batch_metrics
+from fedst.scoring.overlap import FrameScores, overlap_counts, overlap_scores
 
 HEIGHT, WIDTH, NUM_CLASSES, IGNORE = 1080, 1920, 4, 255
 

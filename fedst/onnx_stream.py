@@ -3,7 +3,7 @@
 :class:`OnnxStreamer` streams frames through a graph written by fedst/export.py (fp32, or int8
 from fedst/quantize.py) with the host keeping the cache of earlier frames' features;
 :class:`SessionSettings` are its ONNX Runtime session options; :func:`default_export_path` is
-where fedst/export.py writes and fedst/infer.py (runtime=onnx or onnx-int8) looks. Needs onnxruntime (the export extra).
+where fedst/export.py writes and fedst/infer/ (runtime=onnx or onnx-int8) looks. Needs onnxruntime (the export extra).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class OnnxStreamer:
 
 
 def default_export_path(run: Path, site: str, prompt_site: str | None, format: str) -> Path:
-    """Where fedst/export.py writes by default and fedst/infer.py with ``runtime=<format>``
+    """Where fedst/export.py writes by default and fedst/infer/ with ``runtime=<format>``
     looks: ``<run>/export/<site>.onnx`` (``.int8.onnx`` for onnx-int8; with a prompt site:
     ``<site>_<prompt_site>``, e.g. ``outfed_E``)."""
     name = f"{site}_{prompt_site}" if prompt_site else site

@@ -1,5 +1,6 @@
-"""Specifications of bench/paper_scale.py's arithmetic: a round's parts from its log rows, and the
-paper's round (300 x 100) extrapolated from per-unit costs, checked against hand computations."""
+"""Specifications of bench/paper_scale.py's arithmetic (bench/round_costs.py): a round's parts
+from its log rows, and the paper's round (300 x 100) extrapolated from per-unit costs, checked
+against hand computations."""
 
 from __future__ import annotations
 
@@ -9,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from bench.environment import REPO, child_environment
-from bench.paper_scale import (
-    GpuSampler,
+from bench.paper_scale import GpuSampler, summarise
+from bench.round_costs import (
     PaperJob,
     evaluation_rounds,
     extrapolate,
     pretraining_cost,
     round_costs,
-    summarise,
     training_rounds,
 )
 

@@ -1,5 +1,5 @@
-"""Specification of what a run states about its device and memory (fedst/accel.py,
-fedst/accel.py resolve_device, fedst/training.py record_device, fedst/export.py):
+"""Specification of what a run states about its device and memory (fedst/accel/,
+fedst/accel/device.py resolve_device, fedst/training.py record_device, fedst/export.py):
 no silent CPU fallback for a GPU-sized config, TF32 switches that agree, deterministic
 algorithms, native-bf16 detection, per-phase GPU memory and an export that leaves the caller's
 model alone. CPU only: CUDA facts (availability, capability, allocator counters) are mocked, and
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fedst import accel, training
-from fedst.accel import resolve_device
+from fedst.accel import memory, resolve_device
 from fedst.app import reply_logs
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
@@ -231,7 +231,7 @@ class FakeAllocator:
         monkeypatch.setattr(cuda, "max_memory_reserved", lambda device=None: self.peak_reserved)
         monkeypatch.setattr(cuda, "memory_allocated", lambda device=None: self.allocated)
         monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: self.reserved)
-        monkeypatch.setattr(accel, "_CUDA_PEAKS_BEFORE_RESETS", [0, 0])
+        monkeypatch.setattr(memory, "_CUDA_PEAKS_BEFORE_RESETS", [0, 0])
 
 
 def test_each_phase_reports_its_own_gpu_peaks_and_a_nested_phase_does_not_hide_the_outer_ones(

@@ -1,4 +1,4 @@
-"""Specification of the pixel-count path of fedst.scoring.metrics: hand-counted TP / FP / FN, equality with
+"""Specification of the pixel-count path of fedst.scoring.overlap: hand-counted TP / FP / FN, equality with
 the MONAI reference on random and structured maps, and value checks that surface on the host."""
 
 from __future__ import annotations
@@ -6,14 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedst.scoring.metrics import (
-    VALUE_CODES,
-    _count_by_scatter,
-    batch_metrics,
-    overlap_counts,
-    overlap_scores,
-    reference_batch_metrics,
-)
+from fedst.scoring.metrics import batch_metrics, reference_batch_metrics
+from fedst.scoring.overlap import VALUE_CODES, _count_by_scatter, overlap_counts, overlap_scores
 
 IGNORE = 255
 

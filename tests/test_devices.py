@@ -1,4 +1,4 @@
-"""Specification of device choices: mixed precision and step helpers (fedst/accel.py), Ray's
+"""Specification of device choices: mixed precision and step helpers (fedst/accel/), Ray's
 per-site CPU / GPU shares, loader workers ("auto") and the config fields that hold them. CPU only:
 GPU facts (device count, bf16 support) are given to the functions or mocked."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import gpu_check, gpu_timing, gpu_wheels
+from bench import check_runner, gpu_check, gpu_check_plan, gpu_timing, gpu_wheels
 from fedst import accel
 from fedst.experiment import TrainConfig
 from fedst.model.losses import SegmentationLoss
@@ -147,10 +147,10 @@ def test_the_report_is_written_after_every_step_and_a_hung_step_is_cut_off(tmp_p
         "sys.exit(0 if [s['status'] for s in steps] == ['ok'] else 1)"
     )
     steps = [
-        gpu_check.Step("first", "first", 30, [_python("pass")], collect=lambda: {"x": 1}),
-        gpu_check.Step("second", "reads the report", 30, [_python(reads_report)]),
-        gpu_check.Step("hangs", "sleeps", 2, [_python("import time; time.sleep(60)")]),
-        gpu_check.Step("last", "after the hung one", 30, [_python("pass")]),
+        check_runner.Step("first", "first", 30, [_python("pass")], collect=lambda: {"x": 1}),
+        check_runner.Step("second", "reads the report", 30, [_python(reads_report)]),
+        check_runner.Step("hangs", "sleeps", 2, [_python("import time; time.sleep(60)")]),
+        check_runner.Step("last", "after the hung one", 30, [_python("pass")]),
     ]
     monkeypatch.setattr(gpu_check, "plan_steps", lambda *args: steps)
     results = gpu_check.run_check(cpu=True, out=out, budget_s=60)
@@ -164,8 +164,8 @@ def test_the_report_is_written_after_every_step_and_a_hung_step_is_cut_off(tmp_p
 
 def test_a_step_past_the_overall_budget_is_not_run(tmp_path, monkeypatch):
     steps = [
-        gpu_check.Step("slow", "slow", 30, [_python("import time; time.sleep(3)")]),
-        gpu_check.Step("late", "late", 30, [_python("pass")]),
+        check_runner.Step("slow", "slow", 30, [_python("import time; time.sleep(3)")]),
+        check_runner.Step("late", "late", 30, [_python("pass")]),
     ]
     monkeypatch.setattr(gpu_check, "plan_steps", lambda *args: steps)
     results = gpu_check.run_check(cpu=True, out=tmp_path, budget_s=6)
@@ -179,7 +179,7 @@ def test_the_steps_files_are_removed_at_the_end_unless_kept(tmp_path, monkeypatc
     def plan(device, sizes, work):
         planned.append(work)
         touch = f"open({str(work / 'left.bin')!r}, 'wb').write(b'x')"
-        return [gpu_check.Step("writes", "writes a file", 30, [_python(touch)])]
+        return [check_runner.Step("writes", "writes a file", 30, [_python(touch)])]
 
     monkeypatch.setattr(gpu_check, "plan_steps", plan)
     results = gpu_check.run_check(cpu=True, out=tmp_path / "out", budget_s=30)
@@ -193,14 +193,18 @@ def test_the_steps_files_are_removed_at_the_end_unless_kept(tmp_path, monkeypatc
 def test_an_option_this_checkout_lacks_makes_its_step_unsupported(tmp_path, monkeypatch):
     fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     fields.pop("channels_last", None)
-    monkeypatch.setattr(gpu_check, "_config_fields", lambda: fields)
-    steps = {s.name: s for s in gpu_check.plan_steps("cpu", gpu_check.CPU_SIZES, tmp_path)}
+    monkeypatch.setattr(gpu_check_plan, "_config_fields", lambda: fields)
+    steps = {
+        s.name: s for s in gpu_check_plan.plan_steps("cpu", gpu_check_plan.CPU_SIZES, tmp_path)
+    }
     assert "channels_last" in (steps["paper_scale_options"].unsupported or "")
     assert steps["paper_scale_baseline"].unsupported is None  # the baseline just leaves it out
     assert not any("channels_last" in a for a in steps["paper_scale_baseline"].commands[0])
     fields["channels_last"] = False
-    monkeypatch.setattr(gpu_check, "_config_fields", lambda: fields)
-    steps = {s.name: s for s in gpu_check.plan_steps("cpu", gpu_check.CPU_SIZES, tmp_path)}
+    monkeypatch.setattr(gpu_check_plan, "_config_fields", lambda: fields)
+    steps = {
+        s.name: s for s in gpu_check_plan.plan_steps("cpu", gpu_check_plan.CPU_SIZES, tmp_path)
+    }
     assert steps["paper_scale_options"].unsupported is None
 
 
@@ -208,24 +212,24 @@ def test_an_option_this_checkout_lacks_makes_its_step_unsupported(tmp_path, monk
 
 
 def test_the_steps_run_by_value_and_their_limits_fit_the_gpu_budget_with_a_margin():
-    steps = gpu_check.plan_steps("cuda", gpu_check.GPU_SIZES, Path("/nonexistent"))
+    steps = gpu_check_plan.plan_steps("cuda", gpu_check_plan.GPU_SIZES, Path("/nonexistent"))
     names = [s.name for s in steps]
     assert names == ["facts", "federation", "paper_scale", "tests", "scoring", "step", "stream"]
     # every step gets its whole limit inside the budget, so none is "not run" for lack of time
-    assert sum(s.timeout_s for s in steps) <= gpu_check.GPU_SIZES.budget_s
+    assert sum(s.timeout_s for s in steps) <= gpu_check_plan.GPU_SIZES.budget_s
     # the budget, the wheels and pre-flight inside the device call's limit (at most 600 s), and
     # with a machine's start (up to 2 minutes) the 15-minute lease keeps the 4 minutes a second
     # call needs
-    assert gpu_check.GPU_SIZES.budget_s + 30 <= gpu_check.RUN_TIMEOUT_S <= 600
-    assert gpu_check.RUN_TIMEOUT_S + 120 <= 15 * 60 - 4 * 60
+    assert gpu_check_plan.GPU_SIZES.budget_s + 30 <= gpu_check_plan.RUN_TIMEOUT_S <= 600
+    assert gpu_check_plan.RUN_TIMEOUT_S + 120 <= 15 * 60 - 4 * 60
     assert all(s.measures for s in steps), "the report says what each step measures"
 
 
 def test_only_tests_that_run_on_cuda_are_in_the_gpu_check_s_test_step():
-    for node in gpu_check.GPU_TEST_FILES:
+    for node in gpu_check_plan.GPU_TEST_FILES:
         text = (REPO / node.split("::")[0]).read_text()
         assert "test_device" in text or "cuda" in text.lower(), node
-    assert "tests/test_device_scoring.py" in gpu_check.GPU_TEST_FILES
+    assert "tests/test_device_scoring.py" in gpu_check_plan.GPU_TEST_FILES
 
 
 def test_without_a_usable_gpu_the_check_stops_in_seconds_with_the_reason(tmp_path, monkeypatch):
@@ -246,8 +250,8 @@ def test_without_a_usable_gpu_the_check_stops_in_seconds_with_the_reason(tmp_pat
 
 def test_the_check_exits_non_zero_when_a_step_fails(tmp_path, monkeypatch):
     steps = [
-        gpu_check.Step("fine", "fine", 30, [_python("pass")]),
-        gpu_check.Step("broken", "exits 1", 30, [_python("raise SystemExit(1)")]),
+        check_runner.Step("fine", "fine", 30, [_python("pass")]),
+        check_runner.Step("broken", "exits 1", 30, [_python("raise SystemExit(1)")]),
     ]
     monkeypatch.setattr(gpu_check, "plan_steps", lambda *args: steps)
     assert gpu_check.main(["run", "--cpu", "--out", str(tmp_path), "--budget-s", "60"]) == 1

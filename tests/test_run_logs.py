@@ -99,13 +99,12 @@ MB = 1024**2
 
 PHASE_PEAK_SCRIPT = """
 import gc, json, types
-from fedst import accel
-from fedst.accel import PhasePeaks, memory_usage
+from fedst.accel import PhasePeaks, memory, memory_usage
 MB = 1024**2
 # where ru_maxrss follows the kernel's reset (as in a plain Python process here), the run's peak
 # must come from the mark PhasePeaks keeps: report ru_maxrss as the kernel's mark
-accel.resource = types.SimpleNamespace(
-    RUSAGE_SELF=0, getrusage=lambda who: types.SimpleNamespace(ru_maxrss=accel._kernel_peak_rss() // 1024)
+memory.resource = types.SimpleNamespace(
+    RUSAGE_SELF=0, getrusage=lambda who: types.SimpleNamespace(ru_maxrss=memory._kernel_peak_rss() // 1024)
 )
 gc.collect()
 peaks = PhasePeaks()

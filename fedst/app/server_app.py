@@ -280,7 +280,7 @@ def _aggregate_and_step(
     aggregated = server.method.aggregate(server_round, replies, received)
     aggregation_seconds = time.perf_counter() - step_started
     stats = server.server_step(aggregated, server_round)
-    release_free_memory()  # the server step's freed activations (fedst/accel.py)
+    release_free_memory()  # the server step's freed activations (fedst/accel/memory.py)
     return {
         "round": server_round,
         "site": "server",

@@ -11,39 +11,12 @@ Server-only, on synthetic images (no temporal module). State:
   SERQ trains on. Stored on CPU in float16, in memory or in a scratch file
   (``serq.bank_storage``, fedst/methods/feature_bank.py).
 
-Feature stage (design note). Sec. III-C1: "For simplicity, we denote F_ts as F": the features
-SERQ quantifies are F_ts, the current frame's encoder features that the temporal module reads
-(Sec. III-B1), here encoder stage ``network.temporal_stages[0]`` (default 1: 64 channels at
-stride 8), taken without the temporal module (synthetic images have no time). A bank entry then
-holds 64 x H/8 x W/8 values: 40 KiB at 128x160, 640 KiB at 512x640 (2.3 GB for SISVSE's 3600
-images). ``serq.feature_stage`` picks another stage.
-
-The descriptor's step (design note). In Eq. 11, D_sy enters only the quadratic
-lambda_2 mean_{b,e} (F_sy - D_sy - F_hat_g)^2 (mean over the batch and the N_D = c h w elements),
-whose minimiser over one batch is mean_b(F_sy - F_hat_g) and whose curvature per element is
-2 lambda_2 / N_D. Adam at the paper's lr 1e-4 moves every element by at most about 1e-4 per
-step (its update is normalised), i.e. 0.01 over the demo's 100 EQ steps, against features of RMS
-~1: D_sy would stay at its initialisation and SC would pull the global model toward plain
-synthetic features. So D_sy gets its own plain gradient descent with step size
-``descriptor_step`` / curvature, which moves it that fraction of the way to the batch's minimiser
-each batch: an exponential average of mean_b(F_sy - F_hat_g) over the recent batches, that is,
-the learnable descriptor reaches the offset it must quantify. v_pre keeps Adam at lr (paper).
-
 Each round (Algorithm 1, lines 10-11) draws ``batches_per_round`` synthetic batches of
 ``batch_size`` samples (augmented: rotation and scale, as all training in the paper), then
   EQ: global model fixed; train v_pre and D_sy on L_pre = L_seg + lambda2 * mean||F_sy - D_sy - F_hat_g||^2 (Eq. 11)
   SC: v_pre and D_sy fixed; train v_g on L_g = L_seg + lambda3 * mean||F_g - (F_sy - D_sy)||^2 (Eq. 12)
 over the same samples, with Adam (lr 1e-4) whose moments persist across rounds (D_sy: its own
-step, below).
-
-Views (design note). The bank is an average over rounds of one sample's features, so every term
-it enters must see one fixed view of that sample: EQ runs on the **canonical view** (the image
-and mask resized, never augmented; ``reference``), so F_g (bank update, Eq. 10) and F_sy (Eq. 11)
-are features of the same pixels, round after round. An augmented view would mix features of
-differently rotated / scaled images in one entry, an EQ target for pixels the model is not shown.
-SC compares F_g and F_sy - D_sy of one image at one instant and needs no bank, so it trains the
-global model on the **augmented** view (the paper's rotation and scale augmentation). Cost: the
-canonical view is read once more per sample (data loading only, no extra forward pass).
+step).
 
 Data path. A round first draws its plan, the (sample index, augmentation seed) pairs of its
 ``batches_per_round`` batches (:meth:`BatchStream.next_plan`, the stream advancing as that many
@@ -73,10 +46,8 @@ batches of ``batch_size`` samples, the same augmentation and the same persistent
 SC. ``lambda_sc`` and ``lambda_eq`` play no part. The round's statistics carry the SC loss
 (= L_seg) and the RMS of F_g; the EQ and descriptor fields are None.
 
-Refresh rate. A bank entry is refreshed only when its sample is drawn: ``batches_per_round x
-batch_size`` of the N synthetic samples per round, i.e. every N / (B x b) rounds on average (demo:
-200 / (20 x 2) = every 5 rounds, 4 visits per entry in the 20-round demo; paper: 3600 / (100 x 2)
-= every 18 rounds for SISVSE's 3600 images (Table I), about 16-17 visits in 300 rounds).
+Design notes (the feature stage F_ts, the descriptor's own step, the canonical and augmented
+views, the bank's refresh rate): docs/design-notes.md, "SERQ's design notes".
 """
 
 from __future__ import annotations

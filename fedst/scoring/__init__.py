@@ -1,5 +1,5 @@
 """Scoring, shared by the training wing and the post-run wing: the metrics (Dice, IoU, HD95,
-ASSD; MONAI), the per-frame evaluation of a model on a site's split, and a site's data as
+ASSD; MONAI; Dice / IoU from pixel counts in overlap.py), the per-frame evaluation of a model on a site's split, and a site's data as
 training and evaluation read it.
 
 Layer: above fedst.methods; imports fedst.methods (for types), fedst.experiment, fedst.model,

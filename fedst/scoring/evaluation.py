@@ -13,7 +13,7 @@ encoder pass (:meth:`fedst.model.network.StreamingState.step_frames`), under aut
 ``train.amp_dtype`` (:func:`fedst.accel.resolve_precision`; fp32 off CUDA).
 
 On the device (:func:`evaluate_model`): the upsampling, the argmax and the per-class pixel counts
-of Dice / IoU (:func:`fedst.scoring.metrics.overlap_counts`); the counts of up to
+of Dice / IoU (:func:`fedst.scoring.overlap.overlap_counts`); the counts of up to
 :data:`COUNT_FLUSH_FRAMES` frames reach the host in one copy. HD95 / ASSD (distance transforms,
 on the host) are computed only when asked for (``distances=True``; ``train.distance_metrics_every``),
 and only then does each class map come to the host.
@@ -47,14 +47,8 @@ from fedst.data.clips import (
 )
 from fedst.model.network import FedSTNet
 from fedst.progress import progress_bar
-from fedst.scoring.metrics import (
-    OverlapCounts,
-    SegmentationMeter,
-    distance_metrics,
-    merge_distances,
-    overlap_counts,
-    overlap_scores,
-)
+from fedst.scoring.metrics import SegmentationMeter, distance_metrics, merge_distances
+from fedst.scoring.overlap import OverlapCounts, overlap_counts, overlap_scores
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +272,7 @@ def evaluate_model(
     frames per pass, ``num_workers`` loader workers, autocast at ``amp_dtype``; callers pass
     ``train.evaluation_options()``) and score it against its label at native resolution: the
     logits upsampled to the label's size, the argmax and the pixel counts of Dice / IoU on the
-    device (:func:`native_class_map`, :func:`fedst.scoring.metrics.overlap_counts`), only the counts
+    device (:func:`native_class_map`, :func:`fedst.scoring.overlap.overlap_counts`), only the counts
     copied to the host. ``distances=False``: Dice / IoU only (HD95 / ASSD ``None``); with
     distances, each class map is also copied to the host for its distance transforms.
 
