@@ -58,7 +58,7 @@ def _load(path: Path) -> dict:
 
 def _config_fields() -> dict[str, object]:
     """TrainConfig's fields of this checkout and their defaults (what an override may name)."""
-    from fedst.experiment.config import TrainConfig
+    from fedst.experiment import TrainConfig
 
     return {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 

@@ -174,7 +174,7 @@ class TrainConfig:
     no CUDA device stops the run with the reason instead of training for weeks on the CPU; an
     explicit ``train.device=cpu`` still runs it there (fedst.accel.resolve_device)."""
     amp_dtype: str = "auto"
-    """Mixed precision of forward passes on CUDA (fedst/accel.py; CPU always runs fp32): auto
+    """Mixed precision of forward passes on CUDA (fedst/accel/precision.py; CPU always runs fp32): auto
     (bf16 where the GPU supports it, else fp16) | bf16 (autocast bfloat16) | fp16 (autocast
     float16 with a GradScaler) | none (fp32). Replaces ``train.amp`` (true = bf16, false = none)."""
     compile: str | bool = "none"
