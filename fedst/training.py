@@ -46,16 +46,13 @@ from fedst.runs.final import write_final
 from fedst.runs.footprint import keep_models_only
 from fedst.runs.layout import (
     BENCHMARK_JSON,
-    COMM_JSONL,
     CONFIG_JSON,
     CONFIG_YAML,
     DEVICE_JSONL,
     IID_PARTITION_JSON,
-    METRICS_JSONL,
-    TRAIN_JSONL,
     site_state_dir,
 )
-from fedst.storage import atomic_write_text, read_jsonl
+from fedst.storage import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -320,13 +317,9 @@ def finalize_run(
     run_dir = run.dir
     runs = results.load_runs([run_dir])
     tables.write_tables(runs, run_dir / "tables")
-    plots.plot_learning_curves(
-        read_jsonl(run_dir / METRICS_JSONL), run_dir / "plots" / "learning_curves.png"
-    )
-    plots.plot_communication(
-        read_jsonl(run_dir / COMM_JSONL), run_dir / "plots" / "communication.png"
-    )
-    plots.plot_serq(read_jsonl(run_dir / TRAIN_JSONL), run_dir / "plots" / "serq.png")
+    plots.plot_learning_curves(record.metrics, run_dir / "plots" / "learning_curves.png")
+    plots.plot_communication(record.comm, run_dir / "plots" / "communication.png")
+    plots.plot_serq(record.train, run_dir / "plots" / "serq.png")
     if record.examples:
         plots.qualitative_grid(record.examples, run_dir / "plots" / "qualitative.png")
     return record.final

@@ -45,11 +45,15 @@ SUMMARY_KEYS = ("dice", "iou", "hd95", "assd", "num_frames", "per_class")
 
 @dataclass
 class FinalRecord:
-    """What :func:`write_final` wrote (``final``, final.json's content) and the qualitative
-    examples it scored on the way, as rows of fedst.report.plots.qualitative_grid."""
+    """What :func:`write_final` wrote (``final``, final.json's content), the qualitative examples
+    it scored on the way (rows of fedst.report.plots.qualitative_grid) and the run's streams it
+    read (metrics.jsonl, comm.jsonl, train.jsonl rows), so the plots need not read them again."""
 
     final: dict[str, Any]
     examples: list[tuple] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    comm: list[dict[str, Any]] = field(default_factory=list)
+    train: list[dict[str, Any]] = field(default_factory=list)
 
 
 def write_final(
@@ -102,6 +106,7 @@ def write_final(
             )
             examples += example_rows(cfg, result)
     comm = read_jsonl(run_dir / COMM_JSONL)
+    train = read_jsonl(run_dir / TRAIN_JSONL)
     rounds = [r for r in comm if r.get("kind", ROUND_KIND) == ROUND_KIND]
     steady = [r for r in rounds if r["round"] > 1] or rounds  # round 1 also downloads initial rho
     final = {
@@ -120,7 +125,7 @@ def write_final(
         **_sizes_per_round("download", steady, "download_param_bytes"),
         **_final_stage_comm(comm),
         # the replies the server refused (fedst/federation/reply_checks.py): its train.jsonl rows
-        "refused_replies": refused_replies(read_jsonl(run_dir / TRAIN_JSONL)),
+        "refused_replies": refused_replies(train),
     }
     if cfg.train.val_every is not None:  # rounds chosen on validation only, then tested
         record = run_selection(run, device, progress=progress)
@@ -138,7 +143,7 @@ def write_final(
     if (run_dir / BENCHMARK_JSON).is_file():  # which procedural benchmark the numbers are on
         final["benchmark"] = json.loads((run_dir / BENCHMARK_JSON).read_text())
     atomic_write_text(json.dumps(final, indent=2, sort_keys=True), run_dir / FINAL_JSON)
-    return FinalRecord(final, examples)
+    return FinalRecord(final, examples, metrics, comm, train)
 
 
 def code_version() -> dict[str, Any] | None:
