@@ -5,7 +5,7 @@
     .venv/bin/python -m bench.paired_runs --ts-protocol runs/issue47_v4 runs/issue47_v4_controls
 
 A setting is a run folder without its seed suffix: ``PREFIX_s{seed}`` is its run of that seed (the
-layout ``python -m fedst.paper`` writes). Per seed s, d_s = value(a, s) - value(b, s) of each
+layout the paper runner (fedst.paper) writes). Per seed s, d_s = value(a, s) - value(b, s) of each
 metric (Dice: the federated sites' mean, E and GraSP, the model each run returns at its last
 round, as final.json holds it). With n seeds, mean d, its standard deviation (n - 1) and the
 two-sided 5 % half-width t(0.975, n - 1) * std / sqrt(n) (4.303 * std / sqrt(3) at three seeds):
