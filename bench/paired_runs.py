@@ -62,7 +62,7 @@ def paired_verdict(differences: Sequence[float], min_seeds: int = 3) -> Verdict:
     "effect, negative" or "unresolved"; "no verdict (n seeds)" below ``min_seeds``."""
     n = len(differences)
     if n == 0:
-        return Verdict(0, math.nan, None, None, "no runs")
+        return Verdict(0, math.nan, None, None, "no seed with both runs")
     mean = sum(differences) / n
     if n < 2:
         return Verdict(n, mean, None, None, f"no verdict ({n} seed)")
@@ -129,9 +129,8 @@ def report(pairs: Sequence[tuple[str, Path, Path]], seeds: Sequence[int], min_se
             verdict = paired_verdict(list(differences.values()), min_seeds)
             per_seed = ", ".join(f"s{s} {d:+.2f}" for s, d in differences.items()) or "-"
             bound = "" if verdict.half_width is None else f" (half-width {verdict.half_width:.2f})"
-            lines.append(
-                f"  {name:<9} d: {per_seed}; mean {verdict.mean:+.2f}{bound}: {verdict.reading}"
-            )
+            mean = "" if verdict.seeds == 0 else f"; mean {verdict.mean:+.2f}{bound}"
+            lines.append(f"  {name:<9} d: {per_seed}{mean}: {verdict.reading}")
     return "\n".join(lines)
 
 
