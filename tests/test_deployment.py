@@ -29,6 +29,7 @@ import torch
 from fedst import deploy
 from fedst.config import ConfigError
 from fedst.data.procedural import generate
+from fedst.deploy.processes import _proc_stat
 from fedst.experiment import DeployConfig
 from fedst.methods import method_of
 from fedst.training import run_training
@@ -314,15 +315,9 @@ def send_sigint_until_gone(pid: int, every_s: float = 0.1, at_most: int = 100) -
         except ProcessLookupError:
             return
         time.sleep(every_s)
-        if not Path(f"/proc/{pid}").exists() or _is_zombie(pid):
+        stat = _proc_stat(pid)
+        if stat is None or stat.state == "Z":  # gone, or exited and not yet waited for
             return
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except (OSError, IndexError):
-        return True
 
 
 @pytest.mark.slow
