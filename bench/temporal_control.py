@@ -53,19 +53,21 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from fedst.cli import compose_experiment
 from fedst.data.clips import BatchStream, ClipDataset
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
 from fedst.methods import method_of
+from fedst.methods.optimizer import lr_factor, param_groups, set_lr_factor
 from fedst.model.network import FedSTNet
 from fedst.scoring.metrics import SegmentationMeter
 from fedst.scoring.site_data import PooledClips, open_site_data
@@ -73,6 +75,10 @@ from fedst.seeding import seed_everything
 from fedst.training import BENCHMARK_SEED
 
 ARMS = ("own_history", "single_frame", "other_history")
+"""The protocol's arms (its rule reads these three)."""
+STUDY_ARMS = (*ARMS, "reference_reader")
+"""With the reference reader (:class:`HistoryConcatReader`): an upper bound for this backbone and
+budget, a study arm (``--arms``), not a method."""
 SITES = ("A", "B", "C", "D")
 TOKEN_PIXELS = 16
 """Side in pixels, at 128x160, of one t-1 context token of TS: p = 2 cells of the stride-8 map."""
@@ -107,7 +113,9 @@ THRESHOLD = Threshold()
 # -- data ---------------------------------------------------------------------------------------
 
 
-def experiment_config(data_root: Path, seed: int, temporal: bool) -> ExperimentConfig:
+def experiment_config(
+    data_root: Path, seed: int, temporal: bool, overrides: Sequence[str] = ()
+) -> ExperimentConfig:
     """The demo experiment, pooled A-D (the upper bound's party), TS on or off, no prompt / CS.
 
     ``network.detach_previous_frames=false``: with the current frame blank the encoder learns only
@@ -121,6 +129,7 @@ def experiment_config(data_root: Path, seed: int, temporal: bool) -> ExperimentC
             f"data.root={data_root}",
             "network.detach_previous_frames=false",
             f"seed={seed}",
+            *overrides,
         ]
     )
     return cfg
@@ -178,13 +187,49 @@ def other_video_partners(dataset: ClipDataset) -> list[int]:
 # -- training and scoring -----------------------------------------------------------------------
 
 
-def train_network(cfg: ExperimentConfig, train: PooledClips, steps: int) -> tuple[FedSTNet, float]:
-    """``steps`` AdamW steps of Eq. 9 on blanked clips -> (model in eval mode, wall seconds)."""
+class HistoryConcatReader(nn.Module):
+    """A plain temporal reader: at every encoder stage, the T frames' maps concatenated and fused
+    by a 1x1 convolution into the current frame's map (``F_s + conv([F_s^{t-3}, ..., F_s^t])``),
+    then the network's decoder. ``net`` is the single-frame network (no temporal module); its
+    encoder reads every frame with gradient. clips [B, T, 3, H, W] -> logits [B, K, H, W]."""
+
+    def __init__(self, net: FedSTNet, num_frames: int):
+        super().__init__()
+        self.net = net
+        dims = tuple(net.encoder.embed_dims)
+        self.history_fusion = nn.ModuleList(nn.Conv2d(num_frames * c, c, 1) for c in dims)
+
+    def forward(self, clips: torch.Tensor) -> torch.Tensor:
+        batch, num_frames = clips.shape[:2]
+        feats = self.net.encoder(clips.flatten(0, 1))  # 4 x [B*T, C, h, w]
+        fused = []
+        for feat, fuse in zip(feats, self.history_fusion, strict=True):
+            frames = feat.unflatten(0, (batch, num_frames))  # [B, T, C, h, w]
+            fused.append(frames[:, -1] + fuse(frames.flatten(1, 2)))  # [B, C, h, w]
+        return self.net._decode(fused, {}, None, (clips.shape[3], clips.shape[4]))
+
+
+def train_network(
+    cfg: ExperimentConfig,
+    train: PooledClips,
+    steps: int,
+    model: nn.Module | None = None,
+    curve: Callable[[int, nn.Module], None] | None = None,
+    curve_every: int = 0,
+) -> tuple[nn.Module, float]:
+    """``steps`` AdamW steps of Eq. 9 on blanked clips -> (model in eval mode, wall seconds).
+
+    The optimizer is a site's (fedst/methods/optimizer.py: the temporal module's lr multiplier,
+    no decay on norms, the schedule over ``steps``). ``model``: another network than the method's
+    (the reference reader); ``curve(step, model)`` is called every ``curve_every`` steps."""
     method = method_of(cfg)
-    model = method.build_model()
+    model = method.build_model() if model is None else model
     loss_fn = method.segmentation_loss()
+    schedule = dataclasses.replace(cfg.train, total_iters=steps)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+        param_groups(model.named_parameters(), cfg.train),
+        lr=cfg.train.lr,
+        weight_decay=cfg.train.weight_decay,
     )
     stream = BatchStream(
         train, batch_size=cfg.train.batch_size, seed=cfg.seed, num_classes=cfg.network.num_classes
@@ -192,13 +237,18 @@ def train_network(cfg: ExperimentConfig, train: PooledClips, steps: int) -> tupl
     seed_everything(cfg.seed, 47)
     model.train()
     started = time.perf_counter()
-    for _ in range(steps):
+    for step in range(steps):
+        set_lr_factor(optimizer, lr_factor(step, schedule))
         clips, masks, _ = stream.next_batch()  # [B, T, 3, H, W], [B, H, W]
         logits = model(blank_current_frame(clips))  # [B, K, H, W]
         loss = loss_fn(logits, masks)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        done = step + 1
+        if curve is not None and curve_every and done % curve_every == 0 and done < steps:
+            curve(done, model.eval())  # the final step is scored by the caller
+            model.train()
     stream.close()
     return model.eval(), time.perf_counter() - started
 
@@ -287,20 +337,49 @@ def data_oracles(cfg: ExperimentConfig) -> dict[str, float]:
 # -- the benchmark ------------------------------------------------------------------------------
 
 
-def run_seed(data_root: Path, seed: int, steps: int, arms: Sequence[str]) -> dict[str, dict]:
-    """Train and score the ``arms`` at one seed: arm -> {"dice", "train_s"}."""
-    temporal_cfg = experiment_config(data_root, seed, temporal=True)
+def run_seed(
+    data_root: Path,
+    seed: int,
+    steps: int,
+    arms: Sequence[str],
+    overrides: Sequence[str] = (),
+    curve_every: int = 0,
+) -> dict[str, dict]:
+    """Train and score the ``arms`` at one seed: arm -> {"dice", "train_s", "curve"}, where
+    ``curve`` lists [step, Dice %] every ``curve_every`` steps and at the last. ``overrides``:
+    Hydra overrides of every arm's experiment (e.g. ``network.temporal_variant=windowed``)."""
+    temporal_cfg = experiment_config(data_root, seed, True, overrides)
+    single_cfg = experiment_config(data_root, seed, False, overrides)
     train, tests = open_clips(temporal_cfg)  # 4-frame clips for every arm
     results: dict[str, dict] = {}
+
+    def trained(cfg: ExperimentConfig, arm: str, model: nn.Module | None = None) -> nn.Module:
+        curve: list[list[float]] = []
+        model, seconds = train_network(
+            cfg, train, steps, model, lambda step, m: curve.append([step, score(m, tests)]),
+            curve_every,
+        )  # fmt: skip
+        results[arm] = {"dice": score(model, tests), "train_s": seconds, "curve": curve}
+        results[arm]["curve"].append([steps, results[arm]["dice"]])
+        return model
+
     if "own_history" in arms or "other_history" in arms:
-        model, seconds = train_network(temporal_cfg, train, steps)
-        for arm in ("own_history", "other_history"):
-            if arm in arms:
-                dice = score(model, tests, other_history=arm == "other_history")
-                results[arm] = {"dice": dice, "train_s": seconds}
+        model = trained(temporal_cfg, "own_history")
+        if "other_history" in arms:
+            own = results["own_history"]
+            results["other_history"] = {
+                "dice": score(model, tests, other_history=True),
+                "train_s": own["train_s"],
+                "curve": [],  # the own-history network, scored once on other videos' history
+            }
+        if "own_history" not in arms:
+            del results["own_history"]
     if "single_frame" in arms:
-        model, seconds = train_network(experiment_config(data_root, seed, False), train, steps)
-        results["single_frame"] = {"dice": score(model, tests), "train_s": seconds}
+        trained(single_cfg, "single_frame")
+    if "reference_reader" in arms:
+        seed_everything(seed, 58)
+        reader = HistoryConcatReader(method_of(single_cfg).build_model(), num_frames=4)
+        trained(single_cfg, "reference_reader", reader)
     return results
 
 
@@ -318,7 +397,7 @@ def cpu_model() -> str:
 def markdown(per_seed: dict[int, dict[str, dict]], oracles: dict[str, float] | None) -> str:
     """The arms x seeds table (Dice %, mean +- std) and the oracles."""
     seeds = sorted(per_seed)
-    arms = [a for a in ARMS if any(a in per_seed[s] for s in seeds)]
+    arms = [a for a in STUDY_ARMS if any(a in per_seed[s] for s in seeds)]
     lines = [
         "| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± std | train s (mean) |",
         "|---|" + "---:|" * (len(seeds) + 2),
@@ -346,6 +425,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--oracles-only", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("runs/temporal_control"))
+    parser.add_argument(
+        "--arms", nargs="+", choices=STUDY_ARMS, default=list(ARMS), help="arms to train"
+    )
+    parser.add_argument(
+        "--curve-every", type=int, default=150, help="score the arms every k steps (0: last only)"
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides of every arm, e.g. network.temporal_variant=windowed",
+    )
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
@@ -354,17 +444,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.oracles_only:
         print("\n".join(f"{name}: {value:.2f}" for name, value in oracles.items()))
         return 0
-    arms = ARMS
+    arms = [a for a in STUDY_ARMS if a in args.arms]
     per_seed = {}
     for seed in args.seeds:
-        per_seed[seed] = run_seed(args.data_root, seed, args.steps, arms)
+        per_seed[seed] = run_seed(
+            args.data_root, seed, args.steps, arms, args.overrides, args.curve_every
+        )
         print(
             f"seed {seed}: "
             + json.dumps({a: round(r["dice"], 2) for a, r in per_seed[seed].items()})
         )
     table = markdown(per_seed, oracles)
     means = {a: statistics.mean(per_seed[s][a]["dice"] for s in per_seed) for a in arms}
-    verdict = THRESHOLD.failures(means)
+    verdict = THRESHOLD.failures(means) if "own_history" in means else ["(a) not run"]
     report = {
         "per_seed": per_seed,
         "oracles": oracles,
@@ -372,6 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "passed": not verdict,
         "failures": verdict,
         "steps": args.steps,
+        "overrides": args.overrides,
         "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
         "wall_s": time.perf_counter() - started,

@@ -150,8 +150,15 @@ def experiment_from_dict(values: dict[str, Any]) -> ExperimentConfig:
     return build(ExperimentConfig, values, "experiment")
 
 
+PRE_ISSUE58_OPTIMIZER = {"temporal_lr_mult": 1.0, "norm_weight_decay": True}
+"""What a config.json written before issue 58 trained with: one AdamW lr, decay on every
+parameter (its temporal module is the "windowed" variant)."""
+
+
 def experiment_from_json(text: str) -> ExperimentConfig:
-    """A saved config.json; one written before ``data.generator_version`` existed was rendered by
+    """A saved config.json; one written before ``network.temporal_variant`` existed trained the
+    "windowed" temporal module with one lr and decay everywhere, and is read so; one written
+    before ``data.generator_version`` existed was rendered by
     version 1 of the procedural generator and is read as such (not as today's default); one
     written with ``train.amp`` (before ``train.amp_dtype``) reads true as "bf16", false as
     "none" (what each meant); one written before the ``pretraining`` group read its pre-training
@@ -172,6 +179,10 @@ def experiment_from_json(text: str) -> ExperimentConfig:
     data = values.get("data")
     if isinstance(data, dict) and data.get("procedural") and "generator_version" not in data:
         values = {**values, "data": {**data, "generator_version": 1}}
+    network = values.get("network")
+    if isinstance(network, dict) and "temporal_variant" not in network:
+        values = {**values, "network": {**network, "temporal_variant": "windowed"}}
+        values["train"] = {**values.get("train", {}), **PRE_ISSUE58_OPTIMIZER}
     train = values.get("train")
     if isinstance(train, dict) and "amp" in train:
         train = {k: v for k, v in train.items() if k != "amp"}

@@ -116,6 +116,10 @@ class MethodConfig:
             raise ConfigError("method.serq needs method.communicate=true (SERQ is a server step)")
 
 
+LR_SCHEDULES = ("constant", "warmup_poly")
+"""``train.lr_schedule`` values (fedst/methods/optimizer.py)."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     rounds: int = 300
@@ -195,6 +199,20 @@ class TrainConfig:
     per run, so it is measured once)."""
     max_grad_norm: float | None = None
     """Gradient clipping norm (None: off)."""
+    temporal_lr_mult: float = 10.0
+    """Learning-rate multiplier of the temporal module's parameters (``temporal.*``). CFFM, whose
+    r, p, window, optimizer and batch the paper takes, trains its whole decode head (its
+    cross-frame block included) at 10x the base lr (``paramwise_cfg``, ``'head': lr_mult=10``):
+    6e-4 beside the paper's 6e-5 (fedst/methods/optimizer.py; docs/design-notes.md). 1: one lr."""
+    norm_weight_decay: bool = False
+    """Apply AdamW's weight decay to parameters whose name contains ``norm`` too. False, as CFFM's
+    ``'norm': decay_mult=0``; true: decay on every parameter (the runs of issues 1-47)."""
+    lr_schedule: str = "constant"
+    """constant | warmup_poly (CFFM's: linear warm-up over ``warmup_iters`` local iterations from
+    1e-6 x lr, then poly decay, power 1, to 0 at ``total_iters``). Constant by default: FedST's
+    text gives AdamW 6e-5 for every method and no schedule (fedst/methods/optimizer.py)."""
+    warmup_iters: int = 1500
+    """Warm-up length of ``lr_schedule=warmup_poly`` in local iterations (CFFM: 1500)."""
     deterministic: bool = False
     """CUDA only: deterministic algorithms (``torch.use_deterministic_algorithms(True,
     warn_only=True)``: an op without a deterministic kernel warns), cuDNN without autotuning
@@ -230,6 +248,12 @@ class TrainConfig:
         except ValueError as err:
             raise ConfigError(str(err)) from err
         require_positive("train.max_grad_norm", self.max_grad_norm, "or null for no clipping")
+        require_positive("train.temporal_lr_mult", self.temporal_lr_mult)
+        require_at_least("train.warmup_iters", self.warmup_iters, 0)
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(
+                f"train.lr_schedule={self.lr_schedule!r}; choose one of {LR_SCHEDULES}"
+            )
 
     @property
     def amp(self) -> bool:

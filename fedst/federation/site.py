@@ -48,6 +48,7 @@ from fedst.experiment import (
 from fedst.federation.snapshots import save_personal_snapshot
 from fedst.methods import LocalPhase, method_of
 from fedst.methods.base import BatchLoss
+from fedst.methods.optimizer import lr_factor, param_groups, set_lr_factor
 from fedst.methods.reply_keys import TRAIN_LOSS
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
@@ -169,7 +170,7 @@ class Site:
         self.indicators = self.method.indicators()
         self.indicator = self.indicators.get(name)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            param_groups(self.model.named_parameters(), cfg.train),  # fedst/methods/optimizer.py
             lr=cfg.train.lr,
             weight_decay=cfg.train.weight_decay,
             **fused_optimizer_options(device),
@@ -283,7 +284,10 @@ class Site:
             leave=False,
         )
         try:
-            for _ in iterations:
+            first_iteration = (server_round - 1) * self.cfg.train.local_iters
+            for step in iterations:
+                if self.cfg.train.lr_schedule != "constant":
+                    set_lr_factor(optimizer, lr_factor(first_iteration + step, self.cfg.train))
                 # on the device, normalised: [B, T, 3, H, W] float32, [B, H, W] int64
                 begin_step(self.cuda_graphs)
                 waited = time.perf_counter()

@@ -21,6 +21,7 @@ stream of a video's frames gives the clip dataset's predictions while encoding e
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,17 @@ from fedst.data.clips import FrameHistory
 from fedst.model.channel_selection import ChannelSelection, PromptBias, SiteChannelSelection
 from fedst.model.decoder import FPNDecoder
 from fedst.model.temporal import TemporalCrossAttention
+from fedst.model.temporal_cffm import ALIGNMENTS, POSITION_BIASES, CFFMTemporalBlock
 
-__all__ = ["FedSTNet", "NetworkConfig", "StreamingState", "build_network"]
+__all__ = [
+    "TEMPORAL_VARIANTS",
+    "FedSTNet",
+    "NetworkConfig",
+    "StreamingState",
+    "build_network",
+    "build_temporal_module",
+    "stage_map_size",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +49,10 @@ NUM_STAGES = 4
 CHANNEL_SELECTIONS = {"fedst": ChannelSelection, "feddp": SiteChannelSelection}
 """``NetworkConfig.channel_selection_kind`` -> the module built at each CS stage."""
 TEMPORAL_HEAD_DIM = 32
+TEMPORAL_VARIANTS = ("cffm", "windowed")
+"""``NetworkConfig.temporal_variant``: "cffm" = CFFM's block (fedst/model/temporal_cffm.py, the
+default since issue 58), "windowed" = the module of issues 1-47 (fedst/model/temporal.py: r and p
+on the raw grid, ``Linear(C p^2, C)`` pooling, one free bias table, no norm or MLP)."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +82,30 @@ class NetworkConfig:
     temporal_stages: tuple[int, ...] = (1,)
     # Window size s of the temporal module (Sec. III-B1).
     window_size: int = 7
-    # Receptive field r per frame, oldest first; its length is the clip length T.
+    # Receptive field r per frame, oldest first; its length is the clip length T. The "windowed"
+    # variant reads r and p as cells of the stage map; "cffm" as r = p x k (CFFM's 49, 17.5, 7).
     receptive_fields: tuple[int, ...] = (49, 20, 6, 7)
     # Pooling size p per frame, oldest first (Eq. 3).
     pool_sizes: tuple[int, ...] = (7, 4, 2, 1)
+    # Which temporal module: "cffm" (CFFM's cross-frame block, the paper's reference code) |
+    # "windowed" (the module of issues 1-47, kept so that earlier results stay comparable).
+    temporal_variant: str = "cffm"
+    # cffm: pooled tokens l per window side of each earlier frame, oldest first (CFFM: 1, 2, 3,
+    # i.e. p = 7, 3.5, 2.33 cells); one entry per earlier frame (len(receptive_fields) - 1).
+    temporal_tokens_per_window: tuple[int, ...] = (1, 2, 3)
+    # cffm: context tokens k per side of each earlier frame, oldest first (CFFM: 7, 5, 3; r = p k).
+    temporal_context_tokens: tuple[int, ...] = (7, 5, 3)
+    # cffm: which k tokens a window takes: "centred" on the window (ours; every cell of the window
+    # has its own t-1 token) | "reference" (CFFM's unfold: the last 2.33 cells of t-1 uncovered).
+    temporal_alignment: str = "centred"
+    # cffm: B as CFFM's relative tables ("reference") or one value per query cell and slot ("free").
+    temporal_position_bias: str = "reference"
+    # cffm: ring of the current frame's cells around each window (CFFM's expand_size 3; 0: none).
+    temporal_target_ring: int = 3
+    # cffm: window-pooled tokens of the current frame per side (CFFM's focal_window 5; 0: none).
+    temporal_target_pooled: int = 5
+    # cffm: MLP after the attention, hidden = ratio x C (CFFM: 4; 0: none).
+    temporal_mlp_ratio: float = 4.0
     # Table IV "Prompt": use the site indicator. Alone (channel_selection False) it adds a
     # per-channel bias Linear(xi) at cs_stages; with channel_selection it feeds the CS network.
     prompt: bool = True
@@ -115,6 +149,7 @@ class NetworkConfig:
             )
         if self.prompt and not self.cs_stages:
             raise ValueError("NetworkConfig: prompt/channel_selection is on but cs_stages is empty")
+        self._check_temporal_variant()
         if len(self.receptive_fields) != len(self.pool_sizes):
             raise ValueError(
                 f"NetworkConfig: receptive_fields {self.receptive_fields} and pool_sizes "
@@ -123,6 +158,33 @@ class NetworkConfig:
         if self.num_classes < 1 or self.decoder_dim < 1 or self.indicator_dim < 1:
             raise ValueError(
                 "NetworkConfig: num_classes, decoder_dim and indicator_dim must be positive"
+            )
+
+    def _check_temporal_variant(self) -> None:
+        if self.temporal_variant not in TEMPORAL_VARIANTS:
+            raise ValueError(
+                f"NetworkConfig.temporal_variant={self.temporal_variant!r}; choose one of "
+                f"{TEMPORAL_VARIANTS}"
+            )
+        if self.temporal_alignment not in ALIGNMENTS:
+            raise ValueError(
+                f"NetworkConfig.temporal_alignment={self.temporal_alignment!r}; choose one of "
+                f"{ALIGNMENTS}"
+            )
+        if self.temporal_position_bias not in POSITION_BIASES:
+            raise ValueError(
+                f"NetworkConfig.temporal_position_bias={self.temporal_position_bias!r}; choose "
+                f"one of {POSITION_BIASES}"
+            )
+        earlier = len(self.receptive_fields) - 1
+        if self.temporal_variant == "cffm" and not (
+            len(self.temporal_tokens_per_window) == len(self.temporal_context_tokens) == earlier
+        ):
+            raise ValueError(
+                "NetworkConfig: temporal_tokens_per_window "
+                f"{self.temporal_tokens_per_window} and temporal_context_tokens "
+                f"{self.temporal_context_tokens} need one entry per earlier frame ({earlier}: "
+                f"receptive_fields {self.receptive_fields} sets the clip length)"
             )
 
     @property
@@ -144,13 +206,7 @@ class FedSTNet(nn.Module):
         self.temporal = nn.ModuleDict()
         if cfg.temporal:
             for s in cfg.temporal_stages:
-                self.temporal[str(s)] = TemporalCrossAttention(
-                    dims[s],
-                    num_heads=max(1, dims[s] // TEMPORAL_HEAD_DIM),
-                    window_size=cfg.window_size,
-                    receptive_fields=cfg.receptive_fields,
-                    pool_sizes=cfg.pool_sizes,
-                )
+                self.temporal[str(s)] = build_temporal_module(cfg, dims[s])
         self.channel_selection = nn.ModuleDict()
         self.prompt = nn.ModuleDict()
         for s in cfg.cs_stages if cfg.prompt else ():
@@ -168,6 +224,13 @@ class FedSTNet(nn.Module):
         if self.cfg.encoder_grad_checkpointing:
             self.encoder.set_grad_checkpointing(mode)
         return self
+
+    def prepare_temporal(self, image_size: tuple[int, int]) -> None:
+        """Build the temporal modules' layouts for ``image_size`` [H, W] clips eagerly, so that
+        ``torch.compile`` of this model traces no index arithmetic (call before compiling)."""
+        for stage, module in self.temporal.items():
+            if isinstance(module, CFFMTemporalBlock):
+                module.prepare(*stage_map_size(image_size, int(stage)))
 
     @property
     def needs_indicator(self) -> bool:
@@ -403,6 +466,41 @@ class StreamingState:
         earlier = self._history.context(time)  # T-1 x ({stage: [B, C, h, w]} | None)
         self._history.append(time, {s: feats[s] for s in stages})
         return {s: [feats[s] if e is None else e[s] for e in earlier] + [feats[s]] for s in stages}
+
+
+def build_temporal_module(cfg: NetworkConfig, dim: int) -> nn.Module:
+    """The temporal module of ``cfg.temporal_variant`` for a stage of ``dim`` channels."""
+    heads = max(1, dim // TEMPORAL_HEAD_DIM)
+    if cfg.temporal_variant == "windowed":
+        return TemporalCrossAttention(
+            dim,
+            num_heads=heads,
+            window_size=cfg.window_size,
+            receptive_fields=cfg.receptive_fields,
+            pool_sizes=cfg.pool_sizes,
+        )
+    return CFFMTemporalBlock(
+        dim,
+        num_heads=heads,
+        window_size=cfg.window_size,
+        tokens_per_window=cfg.temporal_tokens_per_window,
+        context_tokens=cfg.temporal_context_tokens,
+        target_ring=cfg.temporal_target_ring,
+        target_pooled=cfg.temporal_target_pooled,
+        mlp_ratio=cfg.temporal_mlp_ratio,
+        alignment=cfg.temporal_alignment,
+        position_bias=cfg.temporal_position_bias,
+    )
+
+
+def stage_map_size(image_size: tuple[int, int], stage: int) -> tuple[int, int]:
+    """[H, W] input -> the PVTv2 encoder's map size at ``stage`` (0-based): its patch embeddings
+    are convolutions of stride 4 (kernel 7, padding 3) then 2 (kernel 3, padding 1), each giving
+    ``ceil(size / stride)``."""
+    height, width = image_size
+    for stride in (4, 2, 2, 2)[: stage + 1]:
+        height, width = math.ceil(height / stride), math.ceil(width / stride)
+    return height, width
 
 
 def build_network(cfg: NetworkConfig) -> FedSTNet:
