@@ -111,10 +111,13 @@ ENCODER_NORM = sum(
 )
 DECODER_QUERY = DECODER_ATTENTION_BLOCKS * linear(DECODER_DIM, DECODER_DIM)
 CHANNEL_SELECTION = linear(B0_DIMS[CS_STAGE] + INDICATOR_DIM, B0_DIMS[CS_STAGE])
-TEMPORAL = (
-    sum(linear(64 * p * p, 64) for p in (7, 4, 2))  # Eq. 3 pooling FCs (p = 1 has none)
+TEMPORAL = (  # CFFM's block at stage 1 (64 channels, 2 heads, s = 7; issue 58)
+    2 * 2 * 64  # norm1, norm2
     + 4 * linear(64, 64)  # q, k, v, proj
-    + 2 * 49 * (49 + 25 + 9 + 49)  # relative position bias [heads, s*s, context tokens]
+    + linear(64, 256) + linear(256, 64)  # MLP, ratio 4
+    + sum(linear(cells, 1) for cells in (49, 49, 9, 4))  # pooling: current per window; g = 7, 3, 2
+    + 2 * ((2 * 7 - 1) ** 2 + 49 * 132 + (7 + 5 - 1) ** 2)  # B: window, ring, pooled current
+    + 2 * sum((7 + k - 1) ** 2 for k in (7, 5, 3))  # B: one relative table per earlier frame
 )
 EXPECTED_COUNT = {  # personal scalars without channel selection; "all" is checked separately
     "none": 0,
@@ -164,7 +167,7 @@ def test_preset_personal_parameter_count_follows_the_b0_shapes(net, preset, pers
     assert count_parameters(net, part.shared) == scalars(net, float_keys(net)) - expected
 
 
-def test_the_temporal_module_has_the_eq_3_4_parameter_count(net):
+def test_the_temporal_module_has_cffm_s_parameter_count(net):
     assert sum(p.numel() for p in net.temporal.parameters()) == TEMPORAL
 
 

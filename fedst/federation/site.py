@@ -157,6 +157,7 @@ class Site:
         self.precision = resolve_precision(cfg.train.amp_dtype, device)
         self.cuda_graphs = uses_cuda_graphs(cfg.train.compile, device)
         """Whether the compiled step replays CUDA graphs (its outputs are then copied to keep)."""
+        self.model.prepare_temporal(tuple(cfg.clip.image_size))  # layouts outside any graph
         self._step_loss = maybe_compile(self._forward_loss, cfg.train.compile)
         """The training step's forward and loss (:meth:`_forward_loss`), compiled per
         ``train.compile``; the model itself stays eager (evaluation, export)."""
