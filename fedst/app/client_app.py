@@ -40,7 +40,7 @@ from fedst.federation import transport
 from fedst.federation.site import Site
 from fedst.methods import PERSONAL_KEY_SEPARATOR, method_of, privacy
 from fedst.scoring.evaluation import metrics_record
-from fedst.scoring.metrics import METRIC_NAMES
+from fedst.scoring.metrics import METRIC_NAMES, SUMMARY_METRIC_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ def evaluation_metrics(summary: dict) -> dict[str, int | float]:
     prediction in every evaluated frame) is left out, so it travels as absent, never as a number.
     """
     metrics: dict[str, int | float] = {keys.NUM_EXAMPLES: int(summary["num_frames"])}
-    metrics.update({k: float(summary[k]) for k in METRIC_NAMES if summary[k] is not None})
+    metrics.update({k: float(summary[k]) for k in SUMMARY_METRIC_NAMES if summary[k] is not None})
     for class_name, values in summary["per_class"].items():
         metrics[f"{class_name}/frames"] = int(values["frames"])
         metrics.update(
