@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from fedst import units
+from fedst.data.stats import format_statistics
 from fedst.errors import ArgumentParser
 from fedst.report.results import (
     AVERAGE_PANEL,
@@ -51,6 +53,7 @@ from fedst.report.results import (
     site_names,
     site_value,
 )
+from fedst.runs.layout import SITE_STATS_JSON
 from fedst.storage import require_output_folder
 
 __all__ = [
@@ -526,6 +529,14 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
                     )
                 )
     print((out / "tables.md").read_text())
+    for run in runs:  # the data each site reported before training (fedst/data/stats.py)
+        stats_file = Path(run["path"]) / SITE_STATS_JSON
+        if stats_file.is_file():
+            site_stats = json.loads(stats_file.read_text())
+            print(f"\nSite statistics before training, {run['path']}:")
+            print(format_statistics(site_stats["sites"]))
+            for line in site_stats["warnings"]:
+                print(f"WARNING {line}")
     for path in written:
         print(f"wrote {path}")
     return written
