@@ -223,7 +223,9 @@ def _write_summary(summary: dict, out: Path, run_dir: Path, suffix: str) -> None
     for site, values in summary.items():
         print(
             f"{site}: Dice {format_score(values['dice'])}  IoU {format_score(values['iou'])}  "
-            f"HD95 {format_score(values['hd95'], 1)}  ASSD {format_score(values['assd'], 1)}"
+            f"HD95 {format_score(values['hd95'], 1)}  ASSD {format_score(values['assd'], 1)}  "
+            f"challenge IoU {format_score(values['challenge_iou'])}  "
+            f"ISI IoU {format_score(values['isi_iou'])}  mcIoU {format_score(values['mciou'])}"
         )
     print(f"written: {out}")
     if suffix:

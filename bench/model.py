@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 
+from fedst.infer.latency import latency_percentiles
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import FedSTNet, NetworkConfig, build_network
 from fedst.model.partition import PRESETS, bytes_of, count_parameters, split_state
@@ -38,14 +39,13 @@ from fedst.units import format_size
 SIZES = {"demo": (128, 160), "paper": (512, 640)}
 
 
-def interleaved_ms(
+def interleaved_times(
     steps: dict[str, Callable[[], object]], repeats: int
-) -> dict[str, tuple[float, float]]:
-    """Per step: (min wall ms, min process-CPU ms) over ``repeats`` round-robin runs, 1 warm-up.
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Per step: (wall ms, process-CPU ms) of each of ``repeats`` round-robin runs after 1
+    warm-up run of every step.
 
-    Round-robin timing exposes every step to the same machine load; the minimum is the usual
-    estimator of the unloaded time (on a shared machine the median mostly measures other jobs).
-    """
+    Round-robin timing exposes every step to the same machine load."""
     for step in steps.values():
         step()
     wall: dict[str, list[float]] = {name: [] for name in steps}
@@ -56,7 +56,35 @@ def interleaved_ms(
             step()
             wall[name].append((time.perf_counter() - start_wall) * 1000.0)
             cpu[name].append((time.process_time() - start_cpu) * 1000.0)
-    return {name: (min(wall[name]), min(cpu[name])) for name in steps}
+    return {name: (wall[name], cpu[name]) for name in steps}
+
+
+def interleaved_ms(
+    steps: dict[str, Callable[[], object]], repeats: int
+) -> dict[str, tuple[float, float]]:
+    """Per step: (min wall ms, min process-CPU ms) of :func:`interleaved_times`: the minimum is
+    the usual estimator of the unloaded time (on a shared machine the median mostly measures
+    other jobs)."""
+    return best_of(interleaved_times(steps, repeats))
+
+
+def best_of(
+    times: dict[str, tuple[list[float], list[float]]],
+) -> dict[str, tuple[float, float]]:
+    """(min wall ms, min CPU ms) per step of :func:`interleaved_times`."""
+    return {name: (min(wall), min(cpu)) for name, (wall, cpu) in times.items()}
+
+
+def print_latency_percentiles(times: dict[str, tuple[list[float], list[float]]]) -> None:
+    """Per step, p50 / p90 / p99 / max wall ms of its timed runs (after the warm-up run; inputs
+    in memory, as fast as possible: no read, no write, not paced). With fewer than 100 runs
+    p99 interpolates between the largest two."""
+    runs = min(len(wall) for wall, _ in times.values())
+    print(f"  latency per frame over {runs} runs after 1 warm-up (input as fast as possible):")
+    width = max(map(len, times))
+    for name, (wall, _) in times.items():
+        values = "  ".join(f"{k} {v:.1f}" for k, v in latency_percentiles(wall).items())
+        print(f"    {name:{width}s}  {values} ms")
 
 
 def parameter_report(name: str, net: FedSTNet, preset: str, personalize_cs: bool) -> int:
@@ -103,7 +131,8 @@ def speed_report(
             steps[f"  of which channel selection, stage {stage}"] = lambda m=module, s=stage: m(
                 feats[int(s)], indicator
             )
-        inference = interleaved_ms(steps, repeats)
+        inference_times = interleaved_times(steps, repeats)
+        inference = best_of(inference_times)
     fedst.train()
     loss_fn = SegmentationLoss(num_classes=fedst.cfg.num_classes)
     optimizer = torch.optim.AdamW(fedst.parameters(), lr=6e-5)
@@ -119,6 +148,7 @@ def speed_report(
     print(f"{height}x{width} inference per frame, batch 1, best of {repeats} (wall / CPU ms, FPS):")
     for name, (wall, cpu) in inference.items():
         print(f"  {name:44s} {wall:8.1f} / {cpu:8.1f} ms  {1e3 / wall:6.2f} FPS")
+    print_latency_percentiles(inference_times)
     print(f"  FedST training step (batch 2, 4-frame clips): {train_wall:.0f} / {train_cpu:.0f} ms")
     single_wall, single_cpu = inference["single-frame network (no temporal, no CS)"]
     stream_wall, stream_cpu = inference["FedST streaming (cached earlier frames)"]

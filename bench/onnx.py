@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.model import interleaved_ms
+from bench.model import best_of, interleaved_ms, interleaved_times, print_latency_percentiles
 from fedst.accel import device_name
 from fedst.export import OnnxStreamer, SessionSettings, export_onnx
 from fedst.model.network import NetworkConfig, build_network
@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
                 "ONNX Runtime int8 single-frame network": _timed(streams["single_int8"], frames),
                 "ONNX Runtime int8 FedST streaming": _timed(streams["fedst_int8"], frames),
             }
-            times = interleaved_ms(rows, args.repeats)
+            samples = interleaved_times(rows, args.repeats)
+            times = best_of(samples)
             fp32_error, int8_parity = parity(
                 torch_stream, ort["fedst"], ort["fedst_int8"], frames[: args.parity_frames]
             )
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         for name, (wall, cpu) in times.items():
             print(f"  {name:48s} {wall:8.1f} ms wall / {cpu:8.1f} ms CPU  {1e3 / wall:6.2f} FPS")
+        print_latency_percentiles(samples)
         print_ratios({name: 1e3 / wall for name, (wall, _) in times.items()})
         if args.session_options:
             session_option_study(graphs, frames, args.threads, args.repeats)

@@ -125,6 +125,7 @@ def test_the_documentation_shows_every_entry_point():
         "eval_outfed.py",
         "fedst.report",
         "fedst.data.check",
+        "fedst.data.stats",
         "fedst.data.procedural",
         "fedst.data.preview",
         "fedst.weights",
@@ -156,6 +157,13 @@ def test_every_documented_command_is_accepted(source, prog, args, monkeypatch):
         config = check.load_data_config(values.get("data", "paper"))
         assert values.get("site", next(iter(config.sites))) in config.sites, context
         int(values.get("max_frames", 0))
+    elif prog == "fedst.data.stats":
+        from fedst.data import check, stats
+
+        values = stats.parse_arguments(args)
+        config = check.load_data_config(values.get("data", "paper"))
+        assert values.get("site", next(iter(config.sites))) in config.sites, context
+        int(values.get("sample_frames", 0))
     elif prog in ("fedst.infer", "fedst.export"):  # key=value into the command's typed config
         from fedst import export, infer
 

@@ -28,7 +28,7 @@ from fedst.data.generic import GenericLayoutSource
 from fedst.errors import UserError
 from fedst.export import OnnxStreamer
 from fedst.export import main as export_main
-from fedst.infer import InferConfig, draw_legend, load_site_model, run_inference
+from fedst.infer import InferConfig, InferenceError, draw_legend, load_site_model, run_inference
 from fedst.infer import main as infer_main
 from fedst.methods import method_of
 from fedst.model.network import NetworkConfig, build_network
@@ -195,6 +195,39 @@ def test_infer_writes_an_overlay_video_with_every_frame_at_the_input_size(run_di
         "total_ms",
     ]
     assert len(timing) == 13 and summary["frames"] == 12
+
+
+@pytest.mark.parametrize("realtime", [False, True], ids=["as-fast-as-possible", "paced"])
+def test_infer_reports_latency_percentiles_after_the_warm_up(run_dir, tmp_path, realtime):
+    write_video(tmp_path / "case.mp4", 12)
+    summary = run_inference(
+        InferConfig(
+            run=str(run_dir),
+            site="A",
+            input=str(tmp_path / "case.mp4"),
+            output=str(tmp_path / "out"),
+            progress=False,
+            realtime=realtime,
+            warmup_frames=2,
+        )
+    )
+    assert summary["realtime"] is realtime and summary["warmup_frames"] == 2
+    assert set(summary["latency_ms"]) == {"read", "network", "write", "total"}
+    for values in summary["latency_ms"].values():
+        assert list(values) == ["p50", "p90", "p99", "max"]
+        assert 0 <= values["p50"] <= values["p90"] <= values["p99"] <= values["max"]
+    rows = (tmp_path / "out" / "timing.csv").read_text().splitlines()[1:]
+    network_ms = sorted(float(row.split(",")[3]) for row in rows[2:])  # after the warm-up
+    assert summary["latency_ms"]["network"]["max"] == pytest.approx(network_ms[-1], abs=0.01)
+    if realtime:  # every frame of the file was either handed over or dropped
+        assert summary["frames"] + summary["dropped_frames"] == 12
+    else:
+        assert summary["frames"] == 12 and summary["dropped_frames"] is None
+
+
+def test_realtime_pacing_of_a_camera_is_refused(run_dir, tmp_path):
+    with pytest.raises(InferenceError, match="camera"):
+        run_inference(InferConfig(run=str(run_dir), site="A", input="0", realtime=True))
 
 
 def test_infer_label_maps_are_the_clip_forward_at_the_videos_own_frame_rate(run_dir, tmp_path):

@@ -100,15 +100,18 @@ def test_class_absent_from_prediction_and_target_is_skipped_not_scored_one():
 
 
 @pytest.mark.parametrize(
-    ("pred_pixels", "gt_pixels"),
-    [({}, {2: [(1, 1)]}), ({2: [(1, 1)]}, {})],
+    ("pred_pixels", "gt_pixels", "gt_present"),
+    [({}, {2: [(1, 1)]}, 1.0), ({2: [(1, 1)]}, {}, 0.0)],
     ids=["missed", "false-alarm"],
 )
-def test_one_sided_class_scores_zero_overlap_and_the_image_diagonal(pred_pixels, gt_pixels):
+def test_one_sided_class_scores_zero_overlap_and_the_image_diagonal(
+    pred_pixels, gt_pixels, gt_present
+):
     scores = frame_metrics(label_map(4, 6, pred_pixels), label_map(4, 6, gt_pixels))
     assert scores[2] == {
         "dice": 0.0,
         "iou": 0.0,
+        "gt_present": gt_present,
         "hd95": pytest.approx(math.sqrt(4**2 + 6**2)),
         "assd": pytest.approx(math.sqrt(4**2 + 6**2)),
     }

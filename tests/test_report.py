@@ -204,7 +204,11 @@ def test_directory_without_runs_is_an_error(tmp_path):
 def test_write_tables_writes_markdown_and_csv_per_table(multirun, tmp_path):
     paths = write_tables(load_runs([multirun]), tmp_path / "out")
     assert sorted(p.name for p in paths) == sorted(
-        [f"{n}.{ext}" for n in ("sites", "outfed", "comparison", "comm") for ext in ("md", "csv")]
+        [
+            f"{n}.{ext}"
+            for n in ("sites", "outfed", "comparison", "challenge", "comm")
+            for ext in ("md", "csv")
+        ]
         + ["tables.md"]
     )
     assert all(p.stat().st_size > 0 for p in paths)

@@ -30,6 +30,7 @@ from flwr.clientapp import ClientApp
 
 from fedst.accel import PhasePeaks, release_free_memory
 from fedst.app import keys
+from fedst.app.site_statistics import statistics_reply
 from fedst.experiment import (
     ExperimentConfig,
     SiteNodeConfig,
@@ -40,7 +41,7 @@ from fedst.federation import transport
 from fedst.federation.site import Site
 from fedst.methods import PERSONAL_KEY_SEPARATOR, method_of, privacy
 from fedst.scoring.evaluation import metrics_record
-from fedst.scoring.metrics import METRIC_NAMES
+from fedst.scoring.metrics import METRIC_NAMES, SUMMARY_METRIC_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ def evaluation_metrics(summary: dict) -> dict[str, int | float]:
     prediction in every evaluated frame) is left out, so it travels as absent, never as a number.
     """
     metrics: dict[str, int | float] = {keys.NUM_EXAMPLES: int(summary["num_frames"])}
-    metrics.update({k: float(summary[k]) for k in METRIC_NAMES if summary[k] is not None})
+    metrics.update({k: float(summary[k]) for k in SUMMARY_METRIC_NAMES if summary[k] is not None})
     for class_name, values in summary["per_class"].items():
         metrics[f"{class_name}/frames"] = int(values["frames"])
         metrics.update(
@@ -374,6 +375,17 @@ def final_stage(message: Message, context: Context) -> Message:
     )
 
 
+@app.query(keys.STATS_QUERY)
+def site_statistics(message: Message, context: Context) -> Message:
+    """Once, at the start of a run: this site's data statistics (fedst/app/site_statistics.py);
+    only numbers, read from the data without building the model."""
+    config = message.content[keys.CONFIG]
+    view = experiment_from_json(str(config[keys.EXPERIMENT]))
+    node = _node(context)
+    name = _site_name(view, node)
+    return statistics_reply(message, node.local_experiment(view, name).data.open(name), name)
+
+
 def make_client_app(local_nodes: list[dict], sites_per_actor: int | None = None) -> ClientApp:
     """The same handlers for Flower's Ray simulation, whose virtual nodes only carry
     ``partition-id``: each gets the node config of its site (``local_nodes[partition-id]``).
@@ -399,6 +411,7 @@ def make_client_app(local_nodes: list[dict], sites_per_actor: int | None = None)
     simulated.train()(with_node(train))
     simulated.evaluate()(with_node(evaluate))
     simulated.query(keys.PERSONAL_QUERY)(with_node(export_personal))
+    simulated.query(keys.STATS_QUERY)(with_node(site_statistics))
     simulated.query(keys.PERSONAL_EXCHANGE_QUERY)(with_node(exchange_personal))
     simulated.train(keys.FINAL_STAGE_TRAIN)(with_node(final_stage))
     return simulated

@@ -42,6 +42,8 @@ KEEP_ROUNDS = "keep-rounds"
 """Rounds whose state a site keeps (the server's checkpoint rounds: a resumed run restarts there)."""
 SPLIT = "split"
 """Of an evaluation: "test" (absent) or "val" (model selection)."""
+STATS_SAMPLE_FRAMES = "stats-sample-frames"
+"""Of the statistics query: labelled frames each site reads per split (fedst/data/stats.py)."""
 
 # -- inside "metrics" --------------------------------------------------------------------------
 # (and the scalars a method writes or weighs by, spelled below the methods: imported above)
@@ -64,6 +66,9 @@ PERSONAL_EXCHANGE_QUERY = "personal_exchange"
 """The query action of a final stage that exchanges rho_k between sites."""
 FINAL_STAGE_TRAIN = "final_stage"
 """The train action of a method's final stage."""
+STATS_QUERY = "site_stats"
+"""The query action of the statistics message at the start of a run (fedst/app/site_statistics.py)."""
 QUERY_PERSONAL = f"query.{PERSONAL_QUERY}"
+QUERY_SITE_STATS = f"query.{STATS_QUERY}"
 QUERY_PERSONAL_EXCHANGE = f"query.{PERSONAL_EXCHANGE_QUERY}"
 TRAIN_FINAL_STAGE = f"train.{FINAL_STAGE_TRAIN}"

@@ -17,7 +17,7 @@ from fedst.federation import transport
 from fedst.model.partition import COMPONENTS
 from fedst.runs.files import RunLog
 from fedst.scoring.evaluation import METRICS_RECORD, scored_site
-from fedst.scoring.metrics import METRIC_NAMES
+from fedst.scoring.metrics import METRIC_NAMES, SUMMARY_METRIC_NAMES
 
 
 def log_training_reply(
@@ -123,6 +123,6 @@ def metrics_row(
         "split": split,
         "model": "personal",
         "num_frames": int(metrics.pop(keys.NUM_EXAMPLES)),
-        **{m: float(metrics[m]) if m in metrics else None for m in METRIC_NAMES},
+        **{m: float(metrics[m]) if m in metrics else None for m in SUMMARY_METRIC_NAMES},
         "per_class": per_class,
     }

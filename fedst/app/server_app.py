@@ -40,6 +40,7 @@ from fedst.app import keys
 from fedst.app.after_rounds import collect_personal, run_final_stage
 from fedst.app.messaging import SiteGrid, site_of
 from fedst.app.reply_logs import log_training_reply, metrics_rows
+from fedst.app.site_statistics import collect_site_statistics
 from fedst.experiment import ExperimentConfig, RoundPolicy, run_device, site_view
 from fedst.federation import transport
 from fedst.federation.reply_checks import ReplyChecker
@@ -47,7 +48,7 @@ from fedst.federation.server import FederationServer
 from fedst.federation.snapshots import save_shared_snapshot
 from fedst.progress import progress_bar
 from fedst.runs.files import RunLog
-from fedst.runs.layout import SERVER_CHECKPOINT
+from fedst.runs.layout import SERVER_CHECKPOINT, SITE_STATS_JSON
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,8 @@ def run_federation(
     }
     last_shared: dict[str, dict] = {}  # site -> its latest gamma_k as received (the returned v_k)
     sites.connect(required=len(sites.federation))
+    if not (run_dir / SITE_STATS_JSON).exists():  # once per run, before any training
+        collect_site_statistics(sites, base_config, server.completed_round, run_dir)
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
     for server_round in progress_bar(
         rounds,

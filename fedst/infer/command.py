@@ -55,6 +55,13 @@ class InferConfig:
     <site>.int8.onnx; site=outfed: outfed_<prompt_site>)."""
     threads: int | None = None
     """CPU threads of the network (PyTorch or ONNX Runtime intra-op); default: the library's."""
+    realtime: bool = False
+    """Read a video file or frame folder at its frame rate, as a camera delivers it: a frame
+    that arrives while the pipeline is busy replaces the one waiting (counted as dropped), and
+    the end-to-end time runs from a frame's arrival. false: every frame, as fast as possible."""
+    warmup_frames: int = 5
+    """Frames left out of the latency percentiles (summary.json "latency_ms"): the first
+    passes allocate memory and pick kernels."""
     guard: str | None = None
     """dad: the model corrected by GEN-Guard's DAD (fedst/guard/, python -m fedst.guard) instead
     of the last round's: the site's corrected v_k, or for site=outfed the out-of-federation model

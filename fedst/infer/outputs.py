@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import shutil
 import time
@@ -17,8 +18,11 @@ import cv2
 import numpy as np
 
 from fedst.infer.command import InferConfig, InferenceError
+from fedst.infer.latency import LATENCY_STAGES, latency_report
 from fedst.infer.video import VideoInput
 from fedst.report.plots import PART_COLORS
+
+log = logging.getLogger("fedst.infer")
 
 VIDEO_FOURCC = "mp4v"
 OVERLAY, TIMING, SUMMARY, LABELS = "overlay.mp4", "timing.csv", "summary.json", "labels"
@@ -136,14 +140,28 @@ def write_summary(
     started: float,
     guard: dict[str, str] | None,
     network: dict[str, Any],
+    pacing: dict[str, Any],
 ) -> dict[str, Any]:
-    """Write timing.csv and summary.json (staged in ``outputs``) and return the summary."""
+    """Write timing.csv and summary.json (staged in ``outputs``) and return the summary.
+
+    ``rows``: per frame (index, time_s, read, network, write, total seconds); ``pacing``:
+    {"realtime", "dropped_frames"}. summary.json's "latency_ms" holds p50 / p90 / p99 / max per
+    stage over the frames after ``cfg.warmup_frames`` (null, with a warning, when none is left)."""
     with open(outputs.file(TIMING), "w", newline="") as handle:
         table = csv.writer(handle)
         table.writerow(TIMING_COLUMNS)
         for index, time_s, *seconds in rows:
             table.writerow([index, f"{time_s:.4f}", *(f"{s * 1e3:.2f}" for s in seconds)])
     network_s = np.array([r[3] for r in rows])
+    stage_ms = {stage: [r[2 + i] * 1e3 for r in rows] for i, stage in enumerate(LATENCY_STAGES)}
+    latency = latency_report(stage_ms, cfg.warmup_frames)
+    if latency is None:
+        log.warning(
+            "%d frame(s), none after the %d warm-up frame(s): no latency percentiles (lower "
+            "warmup_frames= or read more frames)",
+            len(rows),
+            cfg.warmup_frames,
+        )
     out_dir = outputs.out_dir
     summary = {
         "input": source.name,
@@ -156,6 +174,9 @@ def write_summary(
         "fps_overall": len(rows) / (time.perf_counter() - started),
         "fps_network_mean": float(1 / network_s.mean()),
         "network_ms_median": float(np.median(network_s) * 1e3),
+        **pacing,
+        "warmup_frames": cfg.warmup_frames,
+        "latency_ms": latency,
         "overlay": str(out_dir / OVERLAY),
         "labels": str(out_dir / LABELS) if cfg.labels else None,
         "timing": str(out_dir / TIMING),

@@ -17,6 +17,7 @@ from fedst.accel import resolve_device
 from fedst.data.clips import normalize_frames, resize_frame
 from fedst.experiment import ExperimentConfig
 from fedst.infer.command import InferConfig, InferenceError
+from fedst.infer.latency import PacedFrames
 from fedst.infer.outputs import (
     OVERLAY,
     StagedOutputs,
@@ -129,6 +130,13 @@ def run_inference(cfg: InferConfig) -> dict[str, Any]:
     The outputs appear together, once complete (:class:`StagedOutputs`): an error part-way
     leaves the output folder as it was; Ctrl-C keeps the frames so far."""
     run_dir = Path(cfg.run)
+    if cfg.realtime and cfg.input.isdigit():
+        raise InferenceError(
+            f"realtime=true paces a video file or frame folder at its frame rate; input="
+            f"{cfg.input} is a camera, which delivers frames in real time already: drop realtime="
+        )
+    if cfg.warmup_frames < 0:
+        raise InferenceError(f"warmup_frames={cfg.warmup_frames}: give 0 or more frames")
     if cfg.output:  # before any model or video is read
         require_output_folder(Path(cfg.output), "output")
     if cfg.runtime != "torch":
@@ -182,16 +190,20 @@ def run_inference(cfg: InferConfig) -> dict[str, Any]:
         total=min(known, default=None), unit="frame", desc="infer", enabled=cfg.progress
     )
     started = time.perf_counter()
-    frames = source.frames()
+    paced = PacedFrames(source.frames()) if cfg.realtime else None
+    frames = paced if paced is not None else source.frames()
     with StagedOutputs(out_dir, labels=cfg.labels) as outputs:
         try:
             index = 0
             while cfg.max_frames is None or index < cfg.max_frames:
-                t0 = time.perf_counter()
+                asked = time.perf_counter()
                 item = next(frames, None)
                 if item is None:
                     break
-                time_s, rgb = item
+                if paced is not None:  # from its arrival: the wait for a busy pipeline counts
+                    time_s, rgb, t0 = item.time_s, item.rgb, item.arrival
+                else:
+                    (time_s, rgb), t0 = item, asked
                 if frame_size is None:
                     frame_size = rgb.shape[:2]
                     writer = open_overlay_writer(outputs.file(OVERLAY), source.fps, frame_size)
@@ -215,7 +227,8 @@ def run_inference(cfg: InferConfig) -> dict[str, Any]:
                 if outputs.labels is not None:
                     cv2.imwrite(str(outputs.labels / f"{index:09d}.png"), label)
                 t3 = time.perf_counter()
-                rows.append((index, time_s, t1 - t0, t2 - t1, t3 - t2, t3 - t0))
+                # read: from the later of asking and arrival; total: end to end from t0
+                rows.append((index, time_s, t1 - max(asked, t0), t2 - t1, t3 - t2, t3 - t0))
                 index += 1
                 bar.update()
                 bar.set_postfix(fps=f"{index / (time.perf_counter() - started):.2f}", refresh=False)
@@ -228,7 +241,10 @@ def run_inference(cfg: InferConfig) -> dict[str, Any]:
                 writer.release()
         if not rows:
             raise InferenceError(f"no frame could be read from {source.name}")
-        summary = write_summary(cfg, source, outputs, rows, frame_size, started, guard, network)
+        pacing = {"realtime": cfg.realtime, "dropped_frames": paced.dropped if paced else None}
+        summary = write_summary(
+            cfg, source, outputs, rows, frame_size, started, guard, network, pacing
+        )
     return summary
 
 

@@ -49,8 +49,19 @@ METRIC_LABELS: dict[str, str] = {
     "iou": "IoU (%)",
     "hd95": "HD95 (px)",
     "assd": "ASSD (px)",
+    "challenge_iou": "challenge IoU (%)",
+    "isi_iou": "ISI IoU (%)",
+    "mciou": "mcIoU (%)",
 }
-HIGHER_IS_BETTER: dict[str, bool] = {"dice": True, "iou": True, "hd95": False, "assd": False}
+HIGHER_IS_BETTER: dict[str, bool] = {
+    "dice": True,
+    "iou": True,
+    "hd95": False,
+    "assd": False,
+    "challenge_iou": True,
+    "isi_iou": True,
+    "mciou": True,
+}
 DIGITS = 2
 
 

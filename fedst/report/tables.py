@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from fedst import units
+from fedst.data.stats import format_statistics
 from fedst.errors import ArgumentParser
 from fedst.report.results import (
     AVERAGE_PANEL,
@@ -51,9 +53,11 @@ from fedst.report.results import (
     site_names,
     site_value,
 )
+from fedst.runs.layout import SITE_STATS_JSON
 from fedst.storage import require_output_folder
 
 __all__ = [
+    "challenge_table",
     "comm_columns",
     "comm_table",
     "comparison_table",
@@ -120,12 +124,35 @@ def outfed_table(
 
 def comparison_table(runs: Sequence[dict]) -> Table:
     """One table: Dice and IoU per federated site, their mean, and each out-of-federation site."""
+    columns, values = _site_and_average_columns(runs, ("dice", "iou"))
+    title = f"Comparison: federated sites, their mean and out-of-federation sites, {_std_note()}"
+    return build_table("comparison", title, runs, columns, values)
+
+
+CHALLENGE_TABLE_METRICS = ("dice", "iou", "challenge_iou", "isi_iou", "mciou")
+"""The EndoVis literature's IoUs (fedst/scoring/challenge.py) beside the paper's Dice and IoU."""
+
+
+def challenge_table(runs: Sequence[dict]) -> Table:
+    """Per federated site, their mean and each out-of-federation site: Dice and IoU beside the
+    challenge IoU, ISI IoU and mcIoU (a run scored before these existed shows "n/a")."""
+    columns, values = _site_and_average_columns(runs, CHALLENGE_TABLE_METRICS)
+    title = (
+        f"EndoVis IoUs beside Dice / IoU: federated sites, their mean and out-of-federation "
+        f"sites (docs/model-selection.md, metric definitions), {_std_note()}"
+    )
+    return build_table("challenge", title, runs, columns, values)
+
+
+def _site_and_average_columns(runs: Sequence[dict], metrics: Sequence[str]) -> tuple[list, list]:
+    """Columns (and their value functions) of ``metrics`` for each federated site, their mean
+    ("Avg.") and each out-of-federation site, in that order."""
     sites = site_names(runs, "sites")
     outfed = site_names(runs, "out_of_federation")
     columns: list[Column] = []
     values: list = []
     for site in [*sites, "Avg.", *outfed]:
-        for metric in ("dice", "iou"):
+        for metric in metrics:
             key = "avg" if site == "Avg." else site
             columns.append(Column(f"{metric}_{key}", f"{site} {METRIC_LABELS[metric]}", metric))
             if site == "Avg.":
@@ -134,8 +161,7 @@ def comparison_table(runs: Sequence[dict]) -> Table:
                 values.append(lambda r, s=site, m=metric: site_value(r, "sites", s, m))
             else:
                 values.append(lambda r, s=site, m=metric: site_value(r, "out_of_federation", s, m))
-    title = f"Comparison: federated sites, their mean and out-of-federation sites, {_std_note()}"
-    return build_table("comparison", title, runs, columns, values)
+    return columns, values
 
 
 def class_value(run: dict, section: str, site: str, class_name: str, metric: str) -> float | None:
@@ -385,6 +411,7 @@ def write_tables(runs: Sequence[dict], out_dir: str | Path) -> list[Path]:
         sites_table(runs),
         outfed_table(runs),
         comparison_table(runs),
+        challenge_table(runs),
         per_class_table(runs),
         comm_table(runs),
         timing_table(runs),
@@ -502,6 +529,14 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
                     )
                 )
     print((out / "tables.md").read_text())
+    for run in runs:  # the data each site reported before training (fedst/data/stats.py)
+        stats_file = Path(run["path"]) / SITE_STATS_JSON
+        if stats_file.is_file():
+            site_stats = json.loads(stats_file.read_text())
+            print(f"\nSite statistics before training, {run['path']}:")
+            print(format_statistics(site_stats["sites"]))
+            for line in site_stats["warnings"]:
+                print(f"WARNING {line}")
     for path in written:
         print(f"wrote {path}")
     return written

@@ -32,6 +32,7 @@ from fedst.runs.model_selection import run_selection
 from fedst.runs.outfed import evaluate_out_of_federation
 from fedst.runs.run import Run
 from fedst.scoring.evaluation import evaluate_model
+from fedst.scoring.metrics import SUMMARY_METRIC_NAMES
 from fedst.scoring.site_data import open_site_data
 from fedst.storage import atomic_write_text, read_jsonl
 
@@ -39,7 +40,7 @@ ROUND_KIND = "round"
 """comm.jsonl ``kind`` of a federated round's rows (the default when absent); a method's final
 stage writes its own (e.g. FedDP's "uncertainty_tuning")."""
 
-SUMMARY_KEYS = ("dice", "iou", "hd95", "assd", "num_frames", "per_class")
+SUMMARY_KEYS = (*SUMMARY_METRIC_NAMES, "num_frames", "per_class")
 """What final.json keeps of a site's evaluation row."""
 
 

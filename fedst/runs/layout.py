@@ -23,6 +23,8 @@ train.jsonl                 per-round training rows (site, loss, seconds, loader
                             round where it computes on CUDA (absent on the CPU, never zero)
 device.jsonl                per start or resume of the server: the device, card, autocast dtype,
                             TF32, cudnn.benchmark, deterministic and compile it ran with
+site_stats.json             each site's data statistics, answered before training (frames, class
+                            shares, colours, sizes; fedst/data/stats.py), with encoding warnings
 comm.jsonl                  parameter bytes uploaded / downloaded per site per round
 participation.jsonl         per round: the sites whose training replies were aggregated, and the missing
 wire.jsonl                  (deploy.audit) record names, keys and shapes of every message
@@ -64,6 +66,8 @@ TRAIN_JSONL = "train.jsonl"
 COMM_JSONL = "comm.jsonl"
 DEVICE_JSONL = "device.jsonl"
 BENCHMARK_JSON = "benchmark.json"
+SITE_STATS_JSON = "site_stats.json"
+"""Each site's data statistics, sent before training (fedst/app/site_statistics.py)."""
 """Which procedural benchmark (seed, preset, generator version per site) the run used."""
 IID_PARTITION_JSON = "iid_partition.json"
 """The pooled-and-redistributed partition of an ``data.iid`` control run."""

@@ -64,7 +64,9 @@ from monai.metrics import compute_dice, compute_iou
 from monai.metrics.utils import get_edge_surface_distance
 
 from fedst.data.base import CLASS_NAMES, IGNORE_INDEX, NUM_CLASSES, check_label_values
+from fedst.scoring.challenge import CHALLENGE_METRIC_NAMES, challenge_summary
 from fedst.scoring.overlap import (
+    GT_PRESENT,
     FrameScores,
     as_class_map,
     check_map_pair,
@@ -74,7 +76,9 @@ from fedst.scoring.overlap import (
 
 __all__ = [
     "BINARY_CLASS_NAMES",
+    "CHALLENGE_METRIC_NAMES",
     "METRIC_NAMES",
+    "SUMMARY_METRIC_NAMES",
     "SegmentationMeter",
     "batch_metrics",
     "distance_metrics",
@@ -85,6 +89,8 @@ __all__ = [
 ]
 
 METRIC_NAMES: tuple[str, ...] = ("dice", "iou", "hd95", "assd")
+SUMMARY_METRIC_NAMES: tuple[str, ...] = METRIC_NAMES + CHALLENGE_METRIC_NAMES
+"""The overall values of a summary: the paper's four, then the EndoVis challenge IoUs (%)."""
 OVERLAP_METRICS: tuple[str, ...] = ("dice", "iou")
 BINARY_CLASS_NAMES: tuple[str, ...] = ("background", "instrument")
 HD_PERCENTILE = 95.0
@@ -176,7 +182,11 @@ def reference_batch_metrics(
             in_pred, in_target = bool(pred_present[b, c - 1]), bool(target_present[b, c - 1])
             if not (in_pred or in_target):
                 continue
-            scores[c] = {"dice": float(dice[b, c - 1]), "iou": float(iou[b, c - 1])}
+            scores[c] = {
+                "dice": float(dice[b, c - 1]),
+                "iou": float(iou[b, c - 1]),
+                GT_PRESENT: float(in_target),
+            }
             if not distances:
                 continue
             if in_pred and in_target:
@@ -372,7 +382,8 @@ class SegmentationMeter:
         self._frame_scores.extend(scores)
 
     def summary(self) -> dict:
-        """Overall "dice", "iou" (%), "hd95", "assd" (px), "num_frames" and "per_class".
+        """Overall "dice", "iou" (%), "hd95", "assd" (px), the EndoVis "challenge_iou",
+        "isi_iou" and "mciou" (%, fedst/scoring/challenge.py), "num_frames" and "per_class".
 
         ``per_class`` maps class name -> the four metrics and "frames" (frames where it was scored).
 
@@ -397,6 +408,7 @@ class SegmentationMeter:
             entry["frames"] = len(values)
             per_class[self.class_names[c]] = entry
         result: dict = {m: (float(np.mean(v)) if v else None) for m, v in class_means.items()}
+        result.update(challenge_summary(self._frame_scores))
         result["num_frames"] = self.num_frames
         result["per_class"] = per_class
         return result

@@ -15,6 +15,7 @@ import torch
 from fedst.data.base import IGNORE_INDEX, NUM_CLASSES
 
 __all__ = [
+    "GT_PRESENT",
     "VALUE_CODES",
     "FrameScores",
     "OverlapCounts",
@@ -25,6 +26,10 @@ __all__ = [
 ]
 
 FrameScores = dict[int, dict[str, float]]
+
+GT_PRESENT = "gt_present"
+"""Key of a frame's class scores: 1.0 when the class has ground-truth pixels in the frame, 0.0
+when it is only predicted there (the challenge IoU scores the former only)."""
 
 VALUE_CODES = 257
 """Codes of map values in :class:`OverlapCounts`: 0..255 stand for themselves (uint8 maps hold
@@ -210,7 +215,8 @@ def overlap_scores(
 
     Copies the counts to the host (the only transfer) and raises ValueError when a map held an
     out-of-range value, naming the values and the first such frame (``sample_ids``, if given).
-    A class absent from both maps of a frame is left out of that frame's dict.
+    A class absent from both maps of a frame is left out of that frame's dict; a scored class also
+    carries :data:`GT_PRESENT` (1.0 when the ground truth holds it, 0.0 when only predicted).
     """
     counts = counts.cpu()
     for row, what in ((0, "pred"), (1, "target")):
@@ -239,6 +245,9 @@ def overlap_scores(
             scores[c] = {
                 "dice": 2 * true_pos / (union + true_pos),
                 "iou": true_pos / union,
+                # ground-truth pixels of c in this frame (1.0) or a prediction only (0.0): the
+                # challenge IoU counts a frame's labelled classes only (fedst/scoring/challenge.py)
+                GT_PRESENT: float(true_pos + false_neg > 0),
             }
         frames.append(scores)
     return frames
