@@ -143,7 +143,9 @@ def export_onnx(
 
     The graph is traced on the CPU from a copy of ``net`` (:func:`cpu_copy`): the caller's model
     keeps its device and its training mode."""
-    step = StreamingStep(cpu_copy(net), indicator.cpu() if indicator is not None else None).eval()
+    traced = cpu_copy(net)
+    traced.prepare_temporal(image_size)  # the temporal layout as constants, not traced arithmetic
+    step = StreamingStep(traced, indicator.cpu() if indicator is not None else None).eval()
     inputs = step.example_inputs(image_size)
     context_names = [f"context_s{s}" for s in step.stages]
     feature_names = [f"features_s{s}" for s in step.stages]

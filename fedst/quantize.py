@@ -353,7 +353,7 @@ def quantize_step(
             extra_options={"OpTypesToExcludeOutputQuantization": list(options.float_outputs)},
         )
         model = onnx.load(str(staged))
-        exact = fp32_readers_read_fp32(model, options.op_types, set(kept))
+        exact = fp32_readers_read_fp32(model, options.op_types, set(kept), shaped_model)
         onnx.save(model, str(staged))
         quantized = quantized_op_counts(model)
         staged.replace(out_path)
@@ -396,7 +396,9 @@ def _reader(feeds: Iterator[dict[str, np.ndarray]]) -> Any:
     return StreamingCalibration()
 
 
-def fp32_readers_read_fp32(model: Any, op_types: Sequence[str], kept: set[str]) -> int:
+def fp32_readers_read_fp32(
+    model: Any, op_types: Sequence[str], kept: set[str], unquantized: Any | None = None
+) -> int:
     """Rewire a QDQ ``model`` (in place) so that quantization noise reaches only the ops that run
     in int8; return how many inputs and outputs were rewired.
 
@@ -407,6 +409,11 @@ def fp32_readers_read_fp32(model: Any, op_types: Sequence[str], kept: set[str]) 
     that is not an int8 op, and every graph output, reads the fp32 tensor again where it exists in
     fp32 (its producer is an fp32 op or a graph input). The outputs of int8 ops exist only
     quantized once ONNX Runtime fuses them (QLinearConv), so their readers are left as they are.
+
+    A weight is quantized in place (its initializer replaced by the 8- or 32-bit one): where an
+    fp32 op reads it too (the exporter shares one initializer among equal constants, e.g. the
+    zero bias of a Conv and of a LayerNorm), that reader gets the weight's fp32 values back from
+    ``unquantized`` (the model before quantization), added as an initializer ``<name>_fp32``.
     """
     nodes = list(model.graph.node)
     producer = {out: node for node in nodes for out in node.output}
@@ -426,6 +433,25 @@ def fp32_readers_read_fp32(model: Any, op_types: Sequence[str], kept: set[str]) 
         origin = producer.get(source)
         if source not in weights and (origin is None or not int8(origin)):
             fp32_of[node.output[0]] = source
+    if unquantized is not None:  # quantized weights read by fp32 ops: their fp32 values
+        import onnx
+
+        originals = {init.name: init for init in unquantized.graph.initializer}
+        present = {init.name for init in model.graph.initializer}
+        for node in nodes:
+            if node.op_type != "DequantizeLinear" or node.input[0] not in weights:
+                continue
+            original = node.input[0].removesuffix("_quantized")
+            if original == node.input[0] or original not in originals:
+                continue
+            restored = f"{original}_fp32"  # the DequantizeLinear's output holds the old name
+            fp32_of[node.output[0]] = restored
+            if restored not in present:
+                initializer = onnx.TensorProto()
+                initializer.CopyFrom(originals[original])
+                initializer.name = restored
+                model.graph.initializer.append(initializer)
+                present.add(restored)
     rewired = 0
     for node in nodes:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear") or int8(node):
