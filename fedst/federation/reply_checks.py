@@ -145,11 +145,15 @@ def inspect_update(
     state: Mapping[str, torch.Tensor],
     reference: Mapping[str, torch.Tensor],
     bound: float = math.inf,
+    reference_largest: Mapping[str, float] | None = None,
 ) -> tuple[tuple[str, str] | None, float | None]:
     """(problem, norm): (check, reason) when ``state`` is not ``reference``'s keys, shapes and
     dtypes with finite values of magnitude <= ``bound``, else None and the update norm
     ||state - reference||_2 over the floating-point tensors. One pass over the values: a NaN or
-    inf makes its tensor's norm non-finite (``reference``, the server's gamma_g, is finite)."""
+    inf makes its tensor's norm non-finite (``reference``, the server's gamma_g, is finite), and
+    per tensor max|state| <= max|reference| + ||state - reference||_2, so only a tensor where
+    that sum exceeds ``bound`` is read again for its exact largest value
+    (``reference_largest``: :func:`largest_values` of ``reference``, computed once per round)."""
     missing = [k for k in reference if k not in state]
     extra = [k for k in state if k not in reference]
     if missing or extra:
@@ -184,10 +188,26 @@ def inspect_update(
     if not bool(finite.all()):
         bad = [k for k, ok in zip(floats, finite.tolist(), strict=True) if not ok]
         return ("finite", f"{len(bad)} tensor(s) hold NaN or inf values, e.g. {bad[:3]}"), None
-    problem = magnitude_problem(state, bound, floats)
-    if problem is not None:
-        return ("magnitude", problem), None
+    if math.isfinite(bound):
+        largest = reference_largest or largest_values(reference)
+        norms = squares.sqrt().tolist()
+        near = [k for k, norm in zip(floats, norms, strict=True) if largest[k] + norm > bound]
+        problem = magnitude_problem(state, bound, near) if near else None
+        if problem is not None:
+            return ("magnitude", problem), None
     return None, math.sqrt(float(squares.sum()))
+
+
+def largest_values(state: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """max |value| of each non-empty floating-point tensor of ``state`` (NaN where it holds a
+    NaN, inf where an inf): one pass, one host sync."""
+    floats = [k for k, v in state.items() if v.is_floating_point() and v.numel()]
+    if not floats:
+        return {}
+    largest = torch.stack(  # (tensors,)
+        [torch.linalg.vector_norm(state[k], ord=math.inf).float() for k in floats]
+    )
+    return dict(zip(floats, largest.tolist(), strict=True))
 
 
 def magnitude_problem(
@@ -197,20 +217,14 @@ def magnitude_problem(
     ``bound`` in magnitude (:func:`magnitude_bound`), or None."""
     if math.isinf(bound):
         return None
-    keys = (
-        [k for k, v in state.items() if v.is_floating_point() and v.numel()]
-        if keys is None
-        else keys
-    )
-    if not keys:
+    largest = largest_values(state if keys is None else {k: state[k] for k in keys})
+    return _beyond(largest, bound)
+
+
+def _beyond(largest: Mapping[str, float], bound: float) -> str | None:
+    bad = [(k, m) for k, m in largest.items() if m > bound]
+    if not bad:
         return None
-    largest = torch.stack(  # (tensors,): max |value| per tensor
-        [torch.linalg.vector_norm(state[k], ord=math.inf).float() for k in keys]
-    )
-    over = (largest > bound).tolist()
-    if not any(over):
-        return None
-    bad = [(k, m) for k, m, o in zip(keys, largest.tolist(), over, strict=True) if o]
     return (
         f"{len(bad)} tensor(s) hold values beyond the bound |x| <= {bound:.3g} of the wire "
         f"precision, e.g. {bad[0][0]} up to {bad[0][1]:.3g}"
@@ -219,12 +233,12 @@ def magnitude_problem(
 
 def aggregate_problem(state: Mapping[str, torch.Tensor], bound: float) -> str | None:
     """Why the server's own aggregate (or its model after the server step) may not be stored or
-    sent: a NaN or inf value, or a value beyond ``bound``; None when it may."""
-    floats = [k for k, v in state.items() if v.is_floating_point() and v.numel()]
-    bad = [k for k in floats if not bool(torch.isfinite(state[k]).all())]
+    sent: a NaN or inf value, or a value beyond ``bound``; None when it may. One pass."""
+    largest = largest_values(state)
+    bad = [k for k, m in largest.items() if not math.isfinite(m)]
     if bad:
         return f"{len(bad)} tensor(s) hold NaN or inf values, e.g. {bad[:3]}"
-    return magnitude_problem(state, bound, floats)
+    return _beyond(largest, bound)
 
 
 def tensor_problem(
@@ -337,8 +351,9 @@ class ReplyChecker:
         tensors passed (against ``reference`` = gamma_g^t, what the sites were sent)."""
         refusals: dict[str, Refusal] = {}
         norms: dict[str, float] = {}
+        largest = largest_values(reference) if math.isfinite(self.bound) else None
         for site, update in updates.items():
-            problem, norm = inspect_update(update.state, reference, self.bound)
+            problem, norm = inspect_update(update.state, reference, self.bound, largest)
             if problem is not None:
                 refusals[site] = Refusal(site, *problem)
                 continue
