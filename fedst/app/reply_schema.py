@@ -53,6 +53,8 @@ class ReplySchema:
     metrics: RecordSchema = field(default_factory=RecordSchema)
     metrics_required: bool = True
     scored_records: bool = False
+    when_shared: tuple[str, ...] = ()
+    """Records required when the "site" record says ``shared: 1`` (rho_k was sent)."""
 
 
 def _whole(key: str, low: float = 0) -> ReplyField:
@@ -109,7 +111,8 @@ def reply_schemas(declared: Sequence[ReplyField] = ()) -> dict[str, ReplySchema]
     personal = ReplySchema(
         site=shared_flag,
         metrics=RecordSchema(required=(_whole(keys.NUM_EXAMPLES),)),
-        metrics_required=False,  # a site that declines sends none
+        metrics_required=False,  # a site that declines sends neither
+        when_shared=(keys.METRICS, keys.PERSONAL),
     )
     return {
         MessageType.TRAIN: ReplySchema(
@@ -187,6 +190,11 @@ def screen(reply: Message, schema: ReplySchema) -> Screened:
     dropped += [f"{name}:*" for name in content.metric_records if name not in metric_names]
     if schema.metrics_required and not metric_names:
         return Screened(f"it has no {keys.METRICS!r} record")
+    if site_fields.get(keys.SHARED) == 1:
+        present = {*metric_names, *content.array_records}
+        lacking = [name for name in schema.when_shared if name not in present]
+        if lacking:
+            return Screened(f"it says it shared rho_k but has no record {', '.join(lacking)}")
     for name in metric_names:
         problem, kept = _screen_record(name, content.metric_records[name], schema.metrics, dropped)
         if problem is not None:
