@@ -251,3 +251,62 @@ def test_the_reply_schema_table_of_the_deployment_guide_names_every_field():
         for rule in (*record.required, *record.optional, *(r for _, r in record.patterned))
     }
     assert fields - documented == set(), fields - documented
+
+
+# -- item 1: weights and the declared scalar, table-driven ----------------------------------------
+
+
+def test_the_server_computes_each_weight_from_what_it_checked():
+    from fedst.federation.reply_checks import ReplyChecker, Update
+    from fedst.methods.fedas import FedAS
+    from fedst.methods.reply_keys import NUM_EXAMPLES
+
+    reference = {"w": torch.zeros(2)}
+    fisher = FedAS.reply_scalars[0]  # "fisher-trace", > 0, within 1000 x the median
+
+    def update(n: int, trace: float) -> Update:
+        return Update({"w": torch.ones(2)}, n, n, declared={fisher.key: trace})
+
+    updates = {"A": update(1, 2.0), "B": update(3, 6.0), "C": update(2, 4.0)}
+    by_hand = {  # uniform 1/3; samples n_k / 6; fisher F_k / 12
+        None: {"A": 1 / 3, "B": 1 / 3, "C": 1 / 3},
+        NUM_EXAMPLES: {"A": 1 / 6, "B": 3 / 6, "C": 2 / 6},
+        fisher.key: {"A": 2 / 12, "B": 6 / 12, "C": 4 / 12},
+    }
+    for weight_by, expected in by_hand.items():
+        checker = ReplyChecker(weight_by=weight_by, declared=(fisher,))
+        refusals, _ = checker.check(updates, reference)
+        assert refusals == {}
+        assert checker.weights(updates) == pytest.approx(expected)
+    # traces 2, 6 and C's: beyond 1000 x the round's median either way is refused; C above 6
+    # makes the median 6 (limit 6000), C below 2 makes it 2 (limit 0.002)
+    for outlier, median, refused in ((6001.0, 6, True), (5999.0, 6, False), (0.0019, 2, True)):
+        checker = ReplyChecker(weight_by=fisher.key, declared=(fisher,))
+        refusals, _ = checker.check({**updates, "C": update(2, outlier)}, reference)
+        assert list(refusals) == (["C"] if refused else [])
+        if refused:
+            assert refusals["C"].check == "weight"
+            assert f"beyond 1000 x the round's median {median} " in refusals["C"].reason
+    assert fisher.problem(0.0) == "'fisher-trace' is 0, outside the rule: a finite number > 0, " + (
+        "within 1000 x the round's median either way"
+    )
+    assert "not a finite number" in fisher.problem(math.nan)
+
+
+def test_the_magnitude_bound_is_the_square_root_of_float32s_largest_or_the_wire_limit():
+    from fedst.federation.reply_checks import inspect_update, magnitude_bound
+
+    # sqrt((2 - 2^-23) x 2^127) = 2^64 (to 1e-7); fp16's largest finite value is 65504
+    assert magnitude_bound("fp32") == pytest.approx(2.0**64, rel=1e-6)
+    assert magnitude_bound("bf16") == pytest.approx(2.0**64, rel=1e-6)
+    assert magnitude_bound("fp16") == 65504
+    reference = {"w": torch.zeros(3), "b": torch.ones(2)}
+    for value, precision, refused in (
+        (1e19, "fp32", False),
+        (2e19, "fp32", True),
+        (65504.0, "fp16", False),
+        (7e4, "fp16", True),
+    ):
+        state = {"w": torch.tensor([0.0, value, 0.0]), "b": torch.ones(2)}
+        problem, _ = inspect_update(state, reference, magnitude_bound(precision))
+        assert (problem is not None and problem[0] == "magnitude") == refused, (value, problem)
