@@ -1,12 +1,15 @@
-"""Cost of the reply checks (issue 45) against a round, at the paper's size.
+"""Cost of the reply checks (issues 45 and 59) against a round, at the paper's size.
 
 The network of ``experiment=paper`` (PVTv2-b0, 512x640; random init with the same shapes, nothing
 downloaded) and FedST's shared parameters gamma. Timed, best of ``--repeats`` interleaved runs:
 
 * server: the checks of one round's ``--sites`` training replies (fedst.federation.reply_checks:
-  keys, shapes, finite values, sample counts, the update norms and the norm rule), each reply
-  gamma plus small noise, beside the update norms as the server computed them before the checks
-  (for its train.jsonl; the checks now compute them in the same pass as the finite check);
+  keys, shapes, dtypes, finite values, the magnitude bound, sample counts and data-size changes,
+  the update norms and the norm rule, the server's weights; the reply schema of
+  fedst/app/reply_schema.py on each reply's records; the check of the server's own aggregate),
+  each reply gamma plus small noise, beside the update norms as the server computed them before
+  the checks (for its train.jsonl; the checks now compute them in the same pass as the finite
+  check);
 * site: its own check of gamma_k after local training (Site.train_round) and the wire-value
   check of packing (transport.pack), beside a whole fp32 pack;
 * one local training step at 512x640 (batch 2, 4-frame clips, AdamW); a site's round is
@@ -16,7 +19,10 @@ downloaded) and FedST's shared parameters gamma. Timed, best of ``--repeats`` in
 Run from the repository root (one thread by default, like the project's CI):
 
     .venv/bin/python -m bench.reply_checks
-    .venv/bin/python -m bench.reply_checks --repeats 3 --sites 4
+    .venv/bin/python -m bench.reply_checks --repeats 3 --sites 4 --gpu-step-ms 122
+
+``--gpu-step-ms``: also compare with a round of that step time (docs/gpu_runs: 122-140 ms per
+iteration on an H200 at the paper's size).
 
 The last line is ``checks / site round: <server %> (server), <site %> (site)``: the checks
 against one site's round, the least a round takes.
@@ -26,13 +32,21 @@ from __future__ import annotations
 
 import argparse
 import time
+from types import SimpleNamespace
 
 import torch
+from flwr.app import ConfigRecord, MessageType, MetricRecord, RecordDict
 
 from bench.model import interleaved_ms
+from fedst.app.reply_schema import reply_schemas, screen
 from fedst.cli import compose_experiment
 from fedst.federation import transport
-from fedst.federation.reply_checks import ReplyChecker, Update
+from fedst.federation.reply_checks import (
+    ReplyChecker,
+    Update,
+    aggregate_problem,
+    magnitude_bound,
+)
 from fedst.methods import method_of
 from fedst.methods.privacy import update_l2_norm as update_norm
 from fedst.model.state import state_subset
@@ -54,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sites", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--gpu-step-ms", type=float, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -79,11 +94,35 @@ def main(argv: list[str] | None = None) -> None:
         )
         for k in range(args.sites)
     }
-    checker = ReplyChecker(max_update_ratio=10.0)
+    bound = magnitude_bound("fp32")
+    checker = ReplyChecker(max_update_ratio=10.0, max_data_change=2.0, bound=bound)
     one = replies["site0"].state
+    schema = reply_schemas()[MessageType.TRAIN]
+    records = [  # what the schema reads of a train reply: its records (the tensors: their checks)
+        SimpleNamespace(
+            content=RecordDict(
+                {
+                    **transport.pack(u.state, "fp32").records(),
+                    "metrics": MetricRecord(
+                        {"num-examples": 100, "train-loss": 0.5, "seconds": 12.0}
+                    ),
+                    "site": ConfigRecord({"site": site, "round": 2, "data-size": 100}),
+                }
+            )
+        )
+        for site, u in replies.items()
+    ]
+
+    def server_checks() -> None:
+        assert all(screen(r, schema).problem is None for r in records)
+        refusals, _ = checker.check(replies, gamma)
+        assert not refusals
+        checker.weights(replies)
+        assert aggregate_problem(gamma, bound) is None  # the aggregate: one more tensor set
+
     timed = interleaved_ms(
         {
-            "server checks": lambda: checker.check(replies, gamma),
+            "server checks": server_checks,
             "update norms": lambda: [update_norm(u.state, gamma) for u in replies.values()],
             "site check": lambda: site_check(one),
             "wire check": lambda: wire_check(one),
@@ -130,6 +169,12 @@ def main(argv: list[str] | None = None) -> None:
         f"checks / site round: {100 * server_ms / round_ms:.4f} % (server), "
         f"{100 * site_ms / round_ms:.4f} % (site)"
     )
+    if args.gpu_step_ms is not None:
+        gpu_round_ms = cfg.train.local_iters * args.gpu_step_ms
+        print(
+            f"checks / GPU site round ({cfg.train.local_iters} x {args.gpu_step_ms:g} ms): "
+            f"{100 * server_ms / gpu_round_ms:.4f} % (server)"
+        )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Specification of aggregation weights: FedST averages gamma uniformly (Algorithm 1, line 8),
-the FedAvg baseline by sample count, and every site reply carries what both need."""
+the FedAvg baseline by sample count; a site reply carries its sample count n_k and no weight of
+its own (the server computes every weight, issue 59)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ class _TinyModel(torch.nn.Module):
         return self.bias.expand(batch, 4, height, width)  # [B, 4, H, W]
 
 
-def test_a_site_train_reply_carries_both_weight_keys(
+def test_a_site_train_reply_carries_its_sample_count_and_no_weight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     write_generic_site(tmp_path, "A", videos={"v1": 3}, size=(32, 40))
@@ -108,5 +109,5 @@ def test_a_site_train_reply_carries_both_weight_keys(
     )
     assert not reply.has_error(), reply.error.reason
     metrics = reply.content["metrics"]
-    assert metrics["uniform-weight"] == 1
+    assert "uniform-weight" not in metrics  # the server computes every weight
     assert metrics["num-examples"] == 3  # the site's training frames

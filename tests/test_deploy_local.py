@@ -4,16 +4,22 @@
 * each local site process gets its own GPU (CUDA_VISIBLE_DEVICES) round-robin over the visible
   ones when there are several, respecting an existing CUDA_VISIBLE_DEVICES list;
 * a site validates its whole dataset before its SuperNode starts: a bad file is one line naming
-  the fix, and the time it took is logged.
+  the fix, and the time it took is logged;
+* nothing lost by default (issue 59): the work folder is kept under runs/ and named, and a run
+  leaves nothing in the temp folder.
 
-No process is started: fedst.deploy's ``start`` is replaced by a recorder.
+No deployment process is started: fedst.deploy's ``start`` is replaced by a recorder (one test
+runs train_fed.py's in-process engine in a process of its own).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,6 +33,7 @@ from fedst.experiment import DeployConfig
 from tests.test_federation import experiment
 
 local = importlib.import_module("fedst.deploy.local")  # the package exports the function
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -129,10 +136,12 @@ def test_local_sites_with_auto_workers_share_the_cores(tiny_root, tmp_path, monk
         assert [a for a in command if a.startswith("train.num_workers=")] == ["train.num_workers=3"]
 
 
-def test_local_removes_its_temporary_work_folder_and_keeps_a_named_one(
-    tiny_root, tmp_path, monkeypatch
+def test_local_keeps_its_run_under_the_runs_folder_by_default_and_says_where(
+    tiny_root, tmp_path, monkeypatch, capsys
 ):
-    """Issue 46: each run left its work folder (499 MB after a tiny run) in the temp folder."""
+    """Issue 59: the run was deleted unless --workdir was given (issue 46 had moved it to a
+    temporary folder removed at the end); now it is kept under runs/ and named, and nothing is
+    left in the temp folder."""
 
     class Finished:
         def wait(self) -> int:
@@ -140,7 +149,7 @@ def test_local_removes_its_temporary_work_folder_and_keeps_a_named_one(
 
     def record(command, log_path, env, new_group=True):
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.touch()
+        log_path.write_text("the server's last lines\n")
         return Finished()
 
     monkeypatch.setattr(local, "start", record)
@@ -148,11 +157,45 @@ def test_local_removes_its_temporary_work_folder_and_keeps_a_named_one(
     temp = tmp_path / "temp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
     overrides = ["experiment=tiny", f"data.root={tiny_root}"]
     assert local.local(["A", "B"], overrides) == 0
+    (kept,) = (project / "runs" / "deploy_local").iterdir()
+    assert (kept / "certs" / "ca.crt").is_file() and (kept / "server.out").is_file()
+    assert f"kept the work folder {kept}: the run is {kept / 'run'}" in capsys.readouterr().out
     assert list(temp.iterdir()) == []
-    assert local.local(["A", "B"], overrides, tmp_path / "kept") == 0
-    assert (tmp_path / "kept" / "certs" / "ca.crt").is_file() and list(temp.iterdir()) == []
+    assert local.local(["A", "B"], overrides, tmp_path / "named") == 0
+    assert (tmp_path / "named" / "certs" / "ca.crt").is_file() and list(temp.iterdir()) == []
+    assert len(list((project / "runs" / "deploy_local").iterdir())) == 1
+
+
+def test_a_run_leaves_nothing_in_the_temp_folder(tiny_root, tmp_path):
+    """Issue 59: importing torch made ``<temp>/torchinductor_<user>`` (its compile cache) in every
+    run; FedST points it to the user's cache folder. The real entry point, in a process of its
+    own whose temp folder is an empty folder."""
+    temp, cache = tmp_path / "temp", tmp_path / "cache"
+    temp.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_CACHE_DIR"}
+    env.update(TMPDIR=str(temp), XDG_CACHE_HOME=str(cache), OMP_NUM_THREADS="1")
+    env.pop("FEDST_CACHE_DIR", None)
+    command = [
+        sys.executable,
+        str(REPO / "train_fed.py"),
+        "experiment=tiny",
+        f"data.root={tiny_root}",
+        "method=fedavg",
+        "method.synthetic_pretraining=false",
+        "data.out_of_federation=[]",
+        "progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "run" / "final.json").is_file()
+    assert list(temp.iterdir()) == []
+    assert (cache / "fedst" / "torchinductor").is_dir()
 
 
 # -- data validated before connecting -------------------------------------------------------

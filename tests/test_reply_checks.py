@@ -79,7 +79,7 @@ def test_a_reply_that_is_not_the_servers_shared_parameters_with_finite_values_is
         (Update(state(), 1e9, 120), None, "n_k = 1e+09 samples, outside [1, its data size 120]"),
         (Update(state(), 0, 120), None, "outside [1"),
         (Update(state(), 2.5, 120), None, "outside [1"),
-        (Update(state(), 1e9, 10**9), 120, "data size of 1000000000, 120 in its first reply"),
+        (Update(state(), 1e9, 10**9), 120, "size of 1000000000, 120 in its previous accepted"),
         (Update(state(), 150, 150, data_changed=True), 120, None),
         (Update(state(), 1, None), None, "reports no data size"),
     ],
@@ -240,6 +240,14 @@ FAULTS = {  # fault -> (overrides, the reason's words in the log)
 
 def federate(root: Path, run_dir: Path, fault: str | None, policy: RoundPolicy, *overrides: str):
     """Two rounds of A, B, C (C faulty in round 2); returns gamma_g^0 (the round-1 download)."""
+    return federate_with(
+        root, run_dir, lambda shared: stand_in_sites(shared, fault), policy, *overrides
+    )
+
+
+def federate_with(root: Path, run_dir: Path, sites_of, policy: RoundPolicy, *overrides: str):
+    """The two rounds of FedAvg (uniform weights, no pre-training) of A, B, C, answered by the
+    ClientApp stand-in ``sites_of(shared keys)``; returns gamma_g^0 (the round-1 download)."""
     cfg = experiment(
         root,
         "method=fedavg",
@@ -258,7 +266,7 @@ def federate(root: Path, run_dir: Path, fault: str | None, policy: RoundPolicy, 
         if direction == "down" and not downloads:
             downloads.append(message)
 
-    grid = InProcessGrid(stand_in_sites(shared, fault), [{}, {}, {}], observer=keep_first_download)
+    grid = InProcessGrid(sites_of(shared), [{}, {}, {}], observer=keep_first_download)
     server_app.run_federation(grid, cfg, run_dir, progress=False, policy=policy)
     initial = transport.unpack(downloads[0].content)
     return {k: initial[k] for k in shared}
@@ -332,7 +340,7 @@ def test_a_second_answer_to_a_message_or_an_answer_to_no_message_is_refused(tmp_
                 {
                     **content,
                     "site": site_record(site, message, data_size=1),
-                    "metrics": MetricRecord({"num-examples": 1, "uniform-weight": 1}),
+                    "metrics": MetricRecord({"num-examples": 1, "train-loss": 0.5, "seconds": 0.0}),
                 }
             ),
             reply_to=message,

@@ -229,7 +229,6 @@ def _train(site: Site, received: dict, config: ConfigRecord) -> tuple[dict, Metr
     metrics = MetricRecord(
         {
             keys.NUM_EXAMPLES: result.num_examples,
-            keys.UNIFORM_WEIGHT: 1,
             keys.TRAIN_LOSS: result.mean_loss,
             keys.SECONDS: result.seconds,
             keys.LOADER_SECONDS: result.loader_seconds,

@@ -1,8 +1,11 @@
 """The ServerApp's side of the wire. :class:`SiteGrid` is the server's conversation with the
 sites: ``ask(kind, payload, config, round)`` sends one message kind to the connected nodes and
 returns the checked replies in federation order: every reply's round and site, and for a training
-step each update's tensors, sample count and norm (fedst/federation/reply_checks.py); a refused
-reply is a dropped site, logged (train.jsonl, wire.jsonl) with its check and reason. Beneath it:
+step each update's tensors, sample count and norm (fedst/federation/reply_checks.py), after the
+reply schema the server owns (fedst/app/reply_schema.py: every field's kind and range; a field it
+does not know is dropped and logged once per site); a refused reply is a dropped site, logged
+(train.jsonl, wire.jsonl) with its check and reason. The server computes each accepted training
+reply's aggregation weight itself (``Replies.weights``). Beneath it:
 :func:`broadcast` collects replies (a failure, a silent node or parameters that cannot be
 unpacked is returned, not raised), polling the SuperLink every ``deploy.reply_poll`` seconds; the
 wire audit (wire.jsonl); waiting for the nodes to connect; :func:`learn_sites`, which learns
@@ -21,6 +24,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedst.app import keys
+from fedst.app.reply_schema import ReplySchema, reply_schemas, screen
 from fedst.errors import UserError
 from fedst.experiment import RoundPolicy
 from fedst.federation import transport
@@ -50,6 +54,8 @@ class Replies:
         """Node -> the site its refused reply named (for the failure lines)."""
         self.states: dict[str, dict[str, torch.Tensor]] = {}
         self.norms: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        """Site -> the aggregation weight the server computed (summing to 1 over the step)."""
 
     def refuse(self, node: int | None, refusal: Refusal) -> None:
         """Record ``refusal``; with ``node`` (its reply was that node's answer) the node is left
@@ -162,8 +168,9 @@ def _wire_refusal(reply: Message) -> Refusal | None:
 
 def _claimed_site(reply: Message) -> str:
     """The site a reply says it comes from, else its node."""
-    if keys.SITE in reply.content and keys.SITE_NAME in reply.content[keys.SITE]:
-        return str(reply.content[keys.SITE][keys.SITE_NAME])
+    info = reply.content.config_records.get(keys.SITE)
+    if info is not None and isinstance(info.get(keys.SITE_NAME), str):
+        return info[keys.SITE_NAME]
     return f"node {reply.metadata.src_node_id}"
 
 
@@ -317,7 +324,10 @@ class SiteGrid:
         self.policy = policy
         self.audit = audit
         self.checker = checker or ReplyChecker()
+        self.schemas: dict[str, ReplySchema] = reply_schemas(self.checker.declared)
         self.runlog = runlog
+        self._dropped_noted: set[tuple[str, str, str]] = set()
+        """(site, kind, key) of the unknown reply fields already logged (once per site)."""
         self.min_sites = policy.min_sites or len(self.federation)
         if self.min_sites > len(self.federation):
             raise FederationError(
@@ -382,6 +392,7 @@ class SiteGrid:
             audit=self.audit,
             records=records,
         )
+        self._screen(replies, kind)
         self._check_identity(replies, int(config[keys.SERVER_ROUND]))
         if check:
             learn_sites(replies, self.sites_of, self.federation)
@@ -391,6 +402,35 @@ class SiteGrid:
         if check:
             require_sites(replies, self.sites_of, self.min_sites, what, server_round)
         return replies
+
+    def _screen(self, result: Replies, kind: str) -> None:
+        """The reply schema of ``kind`` (fedst/app/reply_schema.py) on every reply: a reply
+        outside it is refused (``schema`` check); the fields it does not know are dropped from
+        the reply, and logged once per site and kind."""
+        schema = self.schemas.get(kind)
+        if schema is None:  # a kind the server never sends
+            return
+        kept = []
+        for reply in result.replies:
+            node, claimed = reply.metadata.src_node_id, _claimed_site(reply)
+            screened = screen(reply, schema)
+            if screened.problem is not None:
+                site = self.sites_of.get(node, claimed)
+                result.refuse(node, Refusal(site, "schema", f"{screened.problem} ({kind} reply)"))
+                continue
+            reply.content = screened.content
+            for key in screened.dropped:
+                if (claimed, kind, key) not in self._dropped_noted:
+                    self._dropped_noted.add((claimed, kind, key))
+                    log.warning(
+                        "site %s: its %s replies carry %s, which the server's reply schema does "
+                        "not know: dropped (logged once per site)",
+                        claimed,
+                        kind,
+                        key,
+                    )
+            kept.append(reply)
+        result.replies = kept
 
     def _check_identity(self, result: Replies, expected_round: int) -> None:
         """Refuse the replies that do not answer ``expected_round`` as their node's site."""
@@ -427,12 +467,18 @@ class SiteGrid:
                 num_examples=float(reply.content[keys.METRICS][keys.NUM_EXAMPLES]),
                 data_size=int(info[keys.DATA_SIZE]) if keys.DATA_SIZE in info else None,
                 data_changed=bool(int(info.get(keys.DATA_CHANGED, 0))),
+                declared={
+                    scalar.key: float(reply.content[keys.METRICS][scalar.key])
+                    for scalar in self.checker.declared
+                },
             )
         refusals, result.norms = self.checker.check(updates, reference)
         for site, refusal in refusals.items():
             result.refuse(node_of[site], refusal)
         result.replies = [r for r in result.replies if site_of(r) not in {*refusals, *unreadable}]
-        result.states = {site: dict(u.state) for site, u in updates.items() if site not in refusals}
+        accepted = {site: u for site, u in updates.items() if site not in refusals}
+        result.states = {site: dict(u.state) for site, u in accepted.items()}
+        result.weights = self.checker.weights(accepted)
 
     def _log_refusals(self, result: Replies, server_round: int, what: str) -> None:
         """Each refusal: a warning, a train.jsonl row and (with the audit) a wire.jsonl row."""

@@ -9,11 +9,16 @@ record "arrays" carries parameters, packed as a few buffers with a manifest
 (fedst/federation/transport.py), and from the sites it only ever holds shared keys. The config in
 each message is the site view of the experiment (no path of any site or of the server).
 
-Every reply is checked before it is used (fedst/federation/reply_checks.py, through
-``SiteGrid.ask``: round, site, keys, shapes, finite values, sample count, optionally the update
-norm); a refused reply counts as a failed site. Sites that fail, are refused or time out are left
-out of the round as long as ``RoundPolicy.min_sites`` answered (participation.jsonl records who
-took part); they rejoin from their state on disk.
+Every reply is checked before it is used (the reply schema, fedst/app/reply_schema.py, then
+fedst/federation/reply_checks.py, through ``SiteGrid.ask``: round, site, keys, shapes, dtypes,
+finite values, magnitude, sample count, optionally the update norm); a refused reply counts as a
+failed site. The server computes every aggregation weight itself (uniform, validated n_k, or a
+scalar the method declares, bounded) and checks its own aggregate, and its model after the server
+step, before storing or sending it: an aggregate with NaN, inf or a value beyond the magnitude
+bound stops the run with one line naming the sites averaged (nothing of the round is kept).
+Sites that fail, are refused or time out are left out of the round as long as
+``RoundPolicy.min_sites`` answered (participation.jsonl records who took part); they rejoin from
+their state on disk.
 
 The deployed ServerApp of ``flwr run .`` and of ``train_fed.py site=server`` is ``app`` in
 fedst/deploy/server_app.py: it reads its run directory from the run config ([tool.flwr.app.config] in
@@ -32,18 +37,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedst.accel import PhasePeaks, memory_usage, release_free_memory
 from fedst.app import keys
 from fedst.app.after_rounds import collect_personal, run_final_stage
-from fedst.app.messaging import SiteGrid, site_of
+from fedst.app.messaging import FederationError, SiteGrid, site_of
 from fedst.app.reply_logs import log_training_reply, metrics_rows
 from fedst.app.site_statistics import collect_site_statistics
 from fedst.experiment import ExperimentConfig, RoundPolicy, run_device, site_view
 from fedst.federation import transport
-from fedst.federation.reply_checks import ReplyChecker
+from fedst.federation.reply_checks import ReplyChecker, aggregate_problem, magnitude_bound
 from fedst.federation.server import FederationServer
 from fedst.federation.snapshots import save_shared_snapshot
 from fedst.progress import progress_bar
@@ -92,15 +97,18 @@ def _newcomer_payloads(
     return dict.fromkeys(newcomers, full)
 
 
-def _with_arrays(reply: Message, state: dict) -> Message:
+def _with_arrays(reply: Message, state: dict, weight_key: str, weight: float) -> Message:
     """``reply`` as Flower's strategies take it: "arrays" with one Array per tensor (``state``,
-    unpacked in fp32), no manifest; the reply itself stays as it arrived."""
-    manifest = keys.ARRAYS + transport.MANIFEST_SUFFIX
+    unpacked in fp32), no manifest, and "metrics" holding only the aggregation weight the server
+    computed, under the key the strategy weighs by (``weight_key``): no site-sent value reaches
+    the averaging, and every reply's MetricRecord has the same key whatever else sites send.
+    The reply itself stays as it arrived."""
     view = copy.copy(reply)
     view.content = RecordDict(
         {
-            **{k: v for k, v in reply.content.items() if k not in (keys.ARRAYS, manifest)},
             keys.ARRAYS: ArrayRecord(state),
+            keys.METRICS: MetricRecord({weight_key: weight}),
+            keys.SITE: reply.content[keys.SITE],
         }
     )
     return view
@@ -123,7 +131,14 @@ def run_federation(
     method = server.method
     audit = RunLog(run_dir, tensorboard=False) if policy.audit else None
     # every reply is checked before it is used (fedst/federation/reply_checks.py)
-    checker = ReplyChecker(cfg.fed.max_update_ratio, resumed.get("data_sizes"))
+    checker = ReplyChecker(
+        cfg.fed.max_update_ratio,
+        resumed.get("data_sizes"),
+        max_data_change=cfg.fed.max_data_change,
+        bound=magnitude_bound(cfg.comm.precision),
+        weight_by=method.weight_source(),
+        declared=method.reply_scalars,
+    )
     # the upper bound's federation is its pool
     sites = SiteGrid(grid, method.training_sites(), policy, audit, checker, runlog)
     base_config = {
@@ -264,7 +279,8 @@ def _train(
         state = trained.states[site] if site in trained.states else up.unpack()
         norm = trained.norms.get(site)
         log_training_reply(runlog, reply, up, down_sizes, server_round, local_iters, norm)
-        unpacked.append(_with_arrays(reply, state))
+        weight = trained.weights.get(site, 1.0)  # none without communication: nothing averaged
+        unpacked.append(_with_arrays(reply, state, server.method.weight_key(), weight))
         last_shared[site] = {"round": server_round, "shared": state}
     participants = sorted(site_of(r) for r in trained.replies)
     missing = [s for s in sites.federation if s not in participants]
@@ -282,8 +298,13 @@ def _aggregate_and_step(
     step_started = time.perf_counter()
     aggregated = server.method.aggregate(server_round, replies, received)
     aggregation_seconds = time.perf_counter() - step_started
+    bound = magnitude_bound(server.cfg.comm.precision)
+    _refuse_own_model(aggregated, bound, "aggregate", replies, server_round)
     stats = server.server_step(aggregated, server_round)
     release_free_memory()  # the server step's freed activations (fedst/accel/memory.py)
+    if server.step is not None:
+        after = server.shared_payload()
+        _refuse_own_model(after, bound, "model after the server step", replies, server_round)
     return {
         "round": server_round,
         "site": "server",
@@ -291,6 +312,24 @@ def _aggregate_and_step(
         "seconds": time.perf_counter() - step_started,  # aggregation + server step
         **stats,
     }
+
+
+def _refuse_own_model(
+    state: dict, bound: float, what: str, replies: list[Message], server_round: int
+) -> None:
+    """Stop the run (FederationError, one line naming the sites averaged) when the server's own
+    ``state`` (its aggregate, or gamma_g after its server step) may not be stored or sent
+    (fedst/federation/reply_checks.aggregate_problem); the round is refused as a whole."""
+    problem = aggregate_problem(state, bound)
+    if problem is None:
+        return
+    sites = ", ".join(site_of(reply) for reply in replies)
+    raise FederationError(
+        f"round {server_round}: the server's {what} of sites {sites} is refused: {problem}; "
+        f"nothing of round {server_round} is stored or sent. The run keeps its last completed "
+        f"round: resume it with train_fed.py resume=<run dir> (fed.max_update_ratio or "
+        f"method.aggregation=fedmedian guard against an outlying site)"
+    )
 
 
 def _score(

@@ -35,6 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
+from fedst import user_cache_dir
 from fedst.data.base import (
     IGNORE_INDEX,
     NUM_CLASSES,
@@ -83,10 +84,7 @@ _TAIL_BYTES = 64
 
 def cache_dir() -> Path:
     """Where validation results are cached (see the module docstring)."""
-    if os.environ.get("FEDST_CACHE_DIR"):
-        return Path(os.environ["FEDST_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fedst"
+    return user_cache_dir()
 
 
 class ValidationCache:

@@ -29,7 +29,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=["A", "B", "C", "D"],
         help="the federated sites (default: A B C D); overrides may follow them",
     )
-    run_local.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
+    run_local.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the run, logs and site states are kept (default: a new runs/deploy_local/<time>)",
+    )
     run_local.add_argument("overrides", nargs="*", help="train_fed.py overrides (experiment=tiny)")
     certs_help = "a throw-away CA and server certificate"
     certs = commands.add_parser(

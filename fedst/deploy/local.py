@@ -1,15 +1,16 @@
 """A whole deployment on one machine (``python -m fedst.deploy local``): throw-away certificates
 and keys, the server and one process per site on 127.0.0.1, each site on its own GPU when several
-are visible, one federation, every process stopped at the end (also on Ctrl-C and on failure)."""
+are visible, one federation, every process stopped at the end (also on Ctrl-C and on failure).
+The work folder (the run, the logs, the sites' states) is kept under the runs folder
+(:func:`default_workdir`) unless ``--workdir`` names another."""
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,16 +50,31 @@ def site_gpus(sites: Sequence[str], gpus: Sequence[str]) -> dict[str, str]:
     return {site: gpus[index % len(gpus)] for index, site in enumerate(sites)}
 
 
+LOCAL_RUNS = Path("runs") / "deploy_local"
+"""Where ``deploy local`` keeps its work folders by default, beside train_fed.py's runs
+(``runs/<experiment>/...``, relative to the current folder like them)."""
+
+
+def default_workdir(now: float | None = None) -> Path:
+    """A new work folder ``runs/deploy_local/<YYYYmmdd-HHMMSS>`` (a suffix when taken)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    candidate, n = LOCAL_RUNS / stamp, 1
+    while candidate.exists():
+        n += 1
+        candidate = LOCAL_RUNS / f"{stamp}_{n}"
+    return candidate.resolve()
+
+
 def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None = None) -> int:
     """Throw-away certificates and keys, the server and one process per site on 127.0.0.1 (each
     site on its own GPU when several are visible: :func:`site_gpus`), one federation, every
     process stopped at the end (also on Ctrl-C and on failure).
 
-    The work folder (certificates, keys, logs, the run and the sites' states) is a new
-    temporary folder, removed when the command ends, whatever the outcome; ``workdir`` names
-    one to keep instead. The config is checked before any folder is made, so a mistake leaves
-    nothing: ``engine`` is refused (this is Flower's deployment engine, not train_fed.py's
-    in-process or Ray one), and ``workdir`` must be a folder."""
+    The work folder (certificates, keys, logs, the run in ``run/`` and the sites' states) is
+    kept: ``workdir``, else a new folder under ``runs/deploy_local/`` (:func:`default_workdir`),
+    named when the command starts and ends. The config is checked before any folder is made, so
+    a mistake leaves nothing: ``engine`` is refused (this is Flower's deployment engine, not
+    train_fed.py's in-process or Ray one), and ``workdir`` must be a folder."""
     from fedst.cli import compose_experiment
     from fedst.training import prepare_data
 
@@ -73,14 +89,12 @@ def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None =
         require_output_folder(workdir, "--workdir")
     cfg, _ = compose_experiment([f"data.federation=[{','.join(sites)}]", *overrides])
     prepare_data(cfg)  # once, before the processes that would each generate it
-    if workdir is not None:
-        return _federation(workdir, sites, overrides, cfg.train.num_workers)
-    work = Path(tempfile.mkdtemp(prefix="fedst_local_"))
+    work = (workdir or default_workdir()).resolve()
+    print(f"work folder: {work} (the run in {work / 'run'}, the logs beside it)")
     try:
         return _federation(work, sites, overrides, cfg.train.num_workers)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-        print(f"removed the work folder {work} (--workdir DIR keeps the run and its logs)")
+        print(f"kept the work folder {work}: the run is {work / 'run'}")
 
 
 def _federation(

@@ -383,6 +383,13 @@ class FedConfig:
     the round). null: off. Needs 3 or more sites to refuse anything (with two, no norm exceeds
     2 x their median); R = 10 leaves a healthy round's spread alone (train.jsonl
     ``update_norm`` shows it)."""
+    max_data_change: float = 2.0
+    """F of the data-size rule: a site that says its data changed may report a training-data
+    size within [previous / F, previous x F] of its previous accepted reply; beyond it the reply
+    is refused (``samples`` check). 2: a site may double or halve its data per round, which a
+    real hospital adding or retiring videos rarely exceeds, while under sample weights a site
+    holding a share s of the data reaches at most 2s / (1 + s) in one round (1/4 -> 2/5) instead
+    of the whole average."""
     trim_fraction: float = 0.25
     """``method.aggregation=trimmed_mean``: the fraction of sites cut at each end of every
     coordinate (Flower's ``beta``; floor(fraction x K) values each end). 0.25 cuts one of 4 sites
@@ -393,6 +400,11 @@ class FedConfig:
             raise ConfigError(
                 f"fed.max_update_ratio={self.max_update_ratio}: must be > 1 (a multiple of the "
                 f"round's median update norm) or null (off)"
+            )
+        if not self.max_data_change > 1:
+            raise ConfigError(
+                f"fed.max_data_change={self.max_data_change}: must be > 1 (the factor a site's "
+                f"data size may change by per round)"
             )
         if not 0 <= self.trim_fraction < 0.5:
             raise ConfigError(f"fed.trim_fraction={self.trim_fraction}: must be in [0, 0.5)")

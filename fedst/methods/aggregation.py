@@ -14,9 +14,11 @@
 
 Every reply reaching these strategies passed the server's checks (fedst/federation/reply_checks.py).
 
-Flower's FedAvg weights each reply by one key of its MetricRecord (``weighted_by_key``): every
-site reply carries :data:`SAMPLES_WEIGHT_KEY` (n_k) and :data:`UNIFORM_WEIGHT_KEY` = 1, so both weightings are
-Flower's own arithmetic.
+Flower's FedAvg weights each reply by one key of its MetricRecord (``weighted_by_key``): the
+server computes every weight itself (fedst/federation/reply_checks.server_weights: 1/K, validated
+n_k, or a scalar the method declares, bounded) and hands the strategy a view of each reply whose
+MetricRecord holds only that weight under :data:`WEIGHT_KEYS` of the weighting
+(fedst/app/server_app.py); no weight a site sends is read.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Strategy
 from fedst.methods.reply_keys import NUM_EXAMPLES, UNIFORM_WEIGHT
 
 UNIFORM_WEIGHT_KEY = UNIFORM_WEIGHT
-"""MetricRecord key of a site's weight under uniform aggregation (always 1)."""
+"""MetricRecord key of a reply's uniform weight (1/K), written by the server."""
 SAMPLES_WEIGHT_KEY = NUM_EXAMPLES
 """MetricRecord key of a site's training-sample count n_k."""
 FISHER_WEIGHT_KEY = "fisher-trace"

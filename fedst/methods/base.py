@@ -50,6 +50,7 @@ from fedst.methods.aggregation import (
     WEIGHT_KEYS,
     make_strategy,
 )
+from fedst.methods.reply_fields import ReplyField
 from fedst.methods.server_step import ServerContext, ServerStep
 from fedst.model.losses import SegmentationLoss
 from fedst.model.network import FedSTNet, NetworkConfig, build_network
@@ -140,20 +141,23 @@ class Method:
     Options: ClassVar[type] = NoOptions
     """Dataclass of ``method.options`` (built strictly: unknown keys are errors)."""
 
-    reply_weight_keys: ClassVar[tuple[str, ...]] = (UNIFORM_WEIGHT_KEY, SAMPLES_WEIGHT_KEY)
-    """MetricRecord keys of every train reply that ``method.aggregation_weights`` may weight by
-    (a subclass whose :meth:`reply_metrics` adds one, e.g. FedAS's Fisher trace, extends it)."""
+    reply_scalars: ClassVar[tuple[ReplyField, ...]] = ()
+    """Scalars of the method's own in every train reply (:meth:`reply_metrics`), declared with
+    their kind and range: the server checks them (fedst/app/reply_schema.py) before it reads one,
+    e.g. FedAS's Fisher trace, the only site-reported value a weight is computed from. Uniform
+    weights and n_k need no declaration: the server knows or validates them itself."""
 
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
         self.config = cfg.method
         self.options = build(self.Options, cfg.method.options, "method.options")
         weight_key = WEIGHT_KEYS[self.config.aggregation_weights]
-        if weight_key not in self.reply_weight_keys:
+        declared = tuple(scalar.key for scalar in self.reply_scalars)
+        if weight_key not in (UNIFORM_WEIGHT_KEY, SAMPLES_WEIGHT_KEY, *declared):
             raise ConfigError(
                 f"method.aggregation_weights={self.config.aggregation_weights!r} weights each "
                 f"reply by its {weight_key!r}, which the replies of method.algorithm="
-                f"{self.config.algorithm!r} do not carry (they carry {self.reply_weight_keys}); "
+                f"{self.config.algorithm!r} do not carry (they declare {declared or 'none'}); "
                 f"choose uniform or samples"
             )
         privacy.check_privacy(cfg)
@@ -364,6 +368,17 @@ class Method:
             sites = len(self.cfg.data.federation)
             self._strategy = privacy.with_privacy(inner, self.cfg.privacy, sites)
         return self._strategy
+
+    def weight_key(self) -> str:
+        """The MetricRecord key the strategy weighs by; the server writes the weight it computed
+        there (fedst/app/server_app.py), never a value a site sent."""
+        return WEIGHT_KEYS[self.config.aggregation_weights]
+
+    def weight_source(self) -> str | None:
+        """What the server computes each reply's weight from: None (uniform: 1/K), the validated
+        sample count n_k (``samples``) or the key of a scalar in :attr:`reply_scalars`."""
+        mode = self.config.aggregation_weights
+        return None if mode == "uniform" else WEIGHT_KEYS[mode]
 
     def instruction_config(self, server_round: int) -> dict[str, float]:
         """Values a train instruction carries besides the experiment (client-side DP: the bound)."""

@@ -45,6 +45,7 @@ from fedst.experiment import ExperimentConfig
 from fedst.methods.aggregation import FISHER_WEIGHT_KEY
 from fedst.methods.base import Method, TrainingSite
 from fedst.methods.head import head_input, is_head, with_private_head
+from fedst.methods.reply_fields import ReplyField
 from fedst.model.partition import Partition
 from fedst.model.state import load_subset, state_subset
 from fedst.seeding import seed_everything
@@ -53,6 +54,13 @@ log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 """clips [B, T, 3, H, W], masks [B, H, W]."""
+
+FISHER_SPREAD = 1e3
+"""The server refuses a Fisher trace beyond 1000 x, or below 1/1000 x, the round's median: the
+traces of one network on one task differ by the sites' data sizes and loss levels (a few x to
+tens of x in our runs), while a site that claims 10^6 x the others would take the whole average
+under Fisher weighting; 1000 x leaves honest spreads alone, and with the other K - 1 sites at the
+median one site's weight is at most 1000 / (1000 + K - 1)."""
 
 PROTOTYPE_DATA, ALIGN_DATA, FISHER_DATA = 1, 2, 3
 """Which of a round's extra batch streams (each seeded by seed, site, round and this number)."""
@@ -188,7 +196,9 @@ class FedAS(Method):
     """Head private; alignment of the received base before adoption; Fisher-trace weights."""
 
     Options = FedASOptions
-    reply_weight_keys = (*Method.reply_weight_keys, FISHER_WEIGHT_KEY)
+    reply_scalars = (
+        ReplyField(FISHER_WEIGHT_KEY, "float", low=0, low_open=True, median_factor=FISHER_SPREAD),
+    )
 
     def __init__(self, cfg: ExperimentConfig) -> None:
         super().__init__(cfg)

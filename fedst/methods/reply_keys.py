@@ -6,7 +6,9 @@ message vocabulary."""
 NUM_EXAMPLES = "num-examples"
 """The site's training-sample count n_k (FedAvg's weight under ``aggregation_weights=samples``)."""
 UNIFORM_WEIGHT = "uniform-weight"
-"""A site's weight under uniform aggregation: always 1 (FedST's 1/K of Algorithm 1, line 8)."""
+"""The key of a reply's weight under uniform aggregation (FedST's 1/K of Algorithm 1, line 8),
+written by the server into the view its strategy averages; sites before issue 59 sent 1 under it
+(now dropped as unknown: no weight a site sends is read)."""
 TRAIN_LOSS = "train-loss"
 """The mean training loss of the site's round."""
 ITERATIONS = "iterations"
