@@ -310,3 +310,35 @@ def test_the_magnitude_bound_is_the_square_root_of_float32s_largest_or_the_wire_
         state = {"w": torch.tensor([0.0, value, 0.0]), "b": torch.ones(2)}
         problem, _ = inspect_update(state, reference, magnitude_bound(precision))
         assert (problem is not None and problem[0] == "magnitude") == refused, (value, problem)
+
+
+def test_an_evaluate_reply_carries_its_scores_in_percent_and_the_schema_takes_them(monkeypatch):
+    """A site's evaluate metrics come from SegmentationMeter.summary, in percent: a perfect
+    prediction scores 100 on every overlap metric (Dice, IoU and the EndoVis IoUs) and the
+    server's schema accepts it; a score above 100 is refused. (The schema first bounded Dice and
+    IoU by 1: the first trained site above 1 % Dice was refused and the tiny run stopped.)"""
+    from fedst.app.client_app import evaluation_metrics
+    from fedst.app.reply_schema import reply_schemas, screen
+    from fedst.scoring.metrics import SegmentationMeter
+
+    truth = torch.zeros(2, 8, 8, dtype=torch.long)
+    truth[:, 2:5, 2:6] = 1
+    truth[:, 5:7, 1:3] = 3
+    meter = SegmentationMeter(distances=False)
+    meter.update(truth.clone(), truth)
+    metrics = evaluation_metrics(meter.summary())
+    for name in ("dice", "iou", "challenge_iou", "isi_iou", "mciou"):
+        assert metrics[name] == pytest.approx(100.0)
+    schema = reply_schemas()[MessageType.EVALUATE]
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # a Message outside a run needs these
+    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+    def reply(scores: dict) -> Message:  # screen() reads the content only
+        content = {"site": ConfigRecord({"site": "A", "round": 1}), "metrics": MetricRecord(scores)}
+        return Message(RecordDict(content), dst_node_id=1, message_type=MessageType.EVALUATE)
+
+    assert screen(reply(metrics), schema).problem is None
+    assert "dice" in (screen(reply({**metrics, "dice": 100.5}), schema).problem or "")

@@ -99,7 +99,7 @@ def valid_content(kind: str, site: str, server_round: int) -> dict[str, Any]:
             "metrics": {"num-examples": 3, "train-loss": 0.5, "seconds": 0.1},
             "tensors": {"w": torch.full((2, 3), 0.5), "b": torch.full((3,), -0.5)},
         }
-    metrics = {"num-examples": 4, "dice": 0.5, "iou": 0.4, "hd95": 3.0, "assd": 1.0}
+    metrics = {"num-examples": 4, "dice": 50.0, "iou": 40.0, "hd95": 3.0, "assd": 1.0}
     return {"site": record, "metrics": {**metrics, "shaft/dice": 0.4, "shaft/frames": 3}}
 
 

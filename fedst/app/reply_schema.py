@@ -21,7 +21,7 @@ from fedst.accel import REPLY_MEMORY_KEYS
 from fedst.app import keys
 from fedst.methods.reply_fields import ReplyField
 from fedst.scoring.evaluation import METRICS_RECORD
-from fedst.scoring.metrics import METRIC_NAMES
+from fedst.scoring.metrics import CHALLENGE_METRIC_NAMES, SUMMARY_METRIC_NAMES
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,11 @@ TRAIN_METRICS_OPTIONAL = (
 """Sites before issue 59 also sent "uniform-weight": 1; unknown now, it is dropped like any other
 key the schema does not list (the server computes every weight)."""
 
+PERCENT_SCORES = ("dice", "iou", *CHALLENGE_METRIC_NAMES)
+"""Scores that travel in percent (fedst/scoring/metrics.py SegmentationMeter.summary)."""
 SCORE_FIELDS = tuple(
-    ReplyField(name, "float", low=0, high=1 if name in ("dice", "iou") else None)
-    for name in METRIC_NAMES
+    ReplyField(name, "float", low=0, high=100 if name in PERCENT_SCORES else None)
+    for name in SUMMARY_METRIC_NAMES
 )
 EVALUATE_METRICS = RecordSchema(
     required=(_whole(keys.NUM_EXAMPLES),),
