@@ -193,19 +193,25 @@ class HistoryConcatReader(nn.Module):
     then the network's decoder. ``net`` is the single-frame network (no temporal module); its
     encoder reads every frame with gradient. clips [B, T, 3, H, W] -> logits [B, K, H, W]."""
 
-    def __init__(self, net: FedSTNet, num_frames: int):
+    def __init__(self, net: FedSTNet, num_frames: int, stages: Sequence[int] = (0, 1, 2, 3)):
         super().__init__()
         self.net = net
+        self.stages = tuple(stages)
         dims = tuple(net.encoder.embed_dims)
-        self.history_fusion = nn.ModuleList(nn.Conv2d(num_frames * c, c, 1) for c in dims)
+        self.history_fusion = nn.ModuleDict(
+            {str(s): nn.Conv2d(num_frames * dims[s], dims[s], 1) for s in self.stages}
+        )
 
     def forward(self, clips: torch.Tensor) -> torch.Tensor:
         batch, num_frames = clips.shape[:2]
         feats = self.net.encoder(clips.flatten(0, 1))  # 4 x [B*T, C, h, w]
         fused = []
-        for feat, fuse in zip(feats, self.history_fusion, strict=True):
+        for stage, feat in enumerate(feats):
             frames = feat.unflatten(0, (batch, num_frames))  # [B, T, C, h, w]
-            fused.append(frames[:, -1] + fuse(frames.flatten(1, 2)))  # [B, C, h, w]
+            current = frames[:, -1]  # [B, C, h, w]
+            if stage in self.stages:
+                current = current + self.history_fusion[str(stage)](frames.flatten(1, 2))
+            fused.append(current)
         return self.net._decode(fused, {}, None, (clips.shape[3], clips.shape[4]))
 
 
@@ -344,6 +350,7 @@ def run_seed(
     arms: Sequence[str],
     overrides: Sequence[str] = (),
     curve_every: int = 0,
+    reader_stages: Sequence[int] = (0, 1, 2, 3),
 ) -> dict[str, dict]:
     """Train and score the ``arms`` at one seed: arm -> {"dice", "train_s", "curve"}, where
     ``curve`` lists [step, Dice %] every ``curve_every`` steps and at the last. ``overrides``:
@@ -378,7 +385,7 @@ def run_seed(
         trained(single_cfg, "single_frame")
     if "reference_reader" in arms:
         seed_everything(seed, 58)
-        reader = HistoryConcatReader(method_of(single_cfg).build_model(), num_frames=4)
+        reader = HistoryConcatReader(method_of(single_cfg).build_model(), 4, reader_stages)
         trained(single_cfg, "reference_reader", reader)
     return results
 
@@ -432,6 +439,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--curve-every", type=int, default=150, help="score the arms every k steps (0: last only)"
     )
     parser.add_argument(
+        "--reader-stages",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2, 3],
+        help="encoder stages where the reference reader fuses the history (default: all)",
+    )
+    parser.add_argument(
         "overrides",
         nargs="*",
         help="Hydra overrides of every arm, e.g. network.temporal_variant=windowed",
@@ -448,7 +462,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_seed = {}
     for seed in args.seeds:
         per_seed[seed] = run_seed(
-            args.data_root, seed, args.steps, arms, args.overrides, args.curve_every
+            args.data_root,
+            seed,
+            args.steps,
+            arms,
+            args.overrides,
+            args.curve_every,
+            args.reader_stages,
         )
         print(
             f"seed {seed}: "
@@ -465,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "failures": verdict,
         "steps": args.steps,
         "overrides": args.overrides,
+        "reader_stages": args.reader_stages,
         "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
         "wall_s": time.perf_counter() - started,
