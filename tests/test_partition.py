@@ -114,7 +114,8 @@ CHANNEL_SELECTION = linear(B0_DIMS[CS_STAGE] + INDICATOR_DIM, B0_DIMS[CS_STAGE])
 TEMPORAL = (  # CFFM's block at stage 1 (64 channels, 2 heads, s = 7; issue 58)
     2 * 2 * 64  # norm1, norm2
     + 4 * linear(64, 64)  # q, k, v, proj
-    + linear(64, 256) + linear(256, 64)  # MLP, ratio 4
+    + linear(64, 256)
+    + linear(256, 64)  # MLP, ratio 4
     + sum(linear(cells, 1) for cells in (49, 49, 9, 4))  # pooling: current per window; g = 7, 3, 2
     + 2 * ((2 * 7 - 1) ** 2 + 49 * 132 + (7 + 5 - 1) ** 2)  # B: window, ring, pooled current
     + 2 * sum((7 + k - 1) ** 2 for k in (7, 5, 3))  # B: one relative table per earlier frame

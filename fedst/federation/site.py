@@ -50,6 +50,7 @@ from fedst.methods import LocalPhase, method_of
 from fedst.methods.base import BatchLoss
 from fedst.methods.optimizer import lr_factor, param_groups, set_lr_factor
 from fedst.methods.reply_keys import TRAIN_LOSS
+from fedst.model.network import FedSTNet
 from fedst.model.state import load_subset, state_subset
 from fedst.progress import progress_bar
 from fedst.runs.layout import STATE_FINGERPRINT, saved_rounds, site_state_file
@@ -157,7 +158,8 @@ class Site:
         self.precision = resolve_precision(cfg.train.amp_dtype, device)
         self.cuda_graphs = uses_cuda_graphs(cfg.train.compile, device)
         """Whether the compiled step replays CUDA graphs (its outputs are then copied to keep)."""
-        self.model.prepare_temporal(tuple(cfg.clip.image_size))  # layouts outside any graph
+        if isinstance(self.model, FedSTNet):  # its temporal layouts, built outside any graph
+            self.model.prepare_temporal(tuple(cfg.clip.image_size))
         self._step_loss = maybe_compile(self._forward_loss, cfg.train.compile)
         """The training step's forward and loss (:meth:`_forward_loss`), compiled per
         ``train.compile``; the model itself stays eager (evaluation, export)."""
