@@ -39,6 +39,7 @@ from fedst.data.clips import resolve_num_workers, usable_cpu_count
 from fedst.data.procedural import SITES, generate
 from fedst.data.site_checks import validate_experiment_data
 from fedst.experiment import ExperimentConfig, RayConfig, run_device
+from fedst.federation.state_writer import wait_for_state_writes
 from fedst.report import plots, results, tables
 from fedst.runs import Run
 from fedst.runs.files import unfinished
@@ -227,6 +228,7 @@ def run_training(
             )
         finally:
             release_sites()  # the sites' models, optimizers and data of this run
+            wait_for_state_writes()  # the sites' last states are on disk before anyone reads
     else:  # ray
         from flwr.simulation import run_simulation
 

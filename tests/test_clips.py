@@ -315,3 +315,36 @@ def test_a_batch_stream_given_the_class_count_rejects_other_labels_before_the_co
         ValueError, match=r"labels must be in \[0, 3\) or 255; got value\(s\) \[3\]"
     ):
         BatchStream(dataset, batch_size=2, seed=0, num_classes=3).next_batch()
+
+
+def test_a_batch_streams_label_check_runs_in_its_workers_with_the_same_message(
+    write_site, monkeypatch
+):
+    """With loader workers the training thread checks no labels (the collate function does,
+    in the worker: forkserver workers import the loaders module afresh, so the counter patched
+    here sees only this process's checks), and the worker's error keeps its message."""
+    from fedst.data.clips import loaders
+
+    site = write_site("D", videos={"v1": 3}, size=(16, 20))
+    dataset = ClipDataset(
+        GenericLayoutSource(site.root, "D"), "train", ClipConfig(num_frames=1, image_size=(16, 20))
+    )
+    checks_here = []
+    check = loaders.check_label_values
+
+    def counted(*args, **kwargs):
+        checks_here.append(args[3])
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(loaders, "check_label_values", counted)
+    bad_labels = r"batch \[.*\]: labels must be in \[0, 3\) or 255; got value\(s\) \[3\]"
+    stream = BatchStream(dataset, batch_size=2, seed=0, num_workers=1, num_classes=3)
+    try:
+        with pytest.raises(ValueError, match=bad_labels):
+            stream.next_batch()
+    finally:
+        stream.close()
+    assert checks_here == []
+    with pytest.raises(ValueError, match=bad_labels):  # no workers: the same check, here
+        BatchStream(dataset, batch_size=2, seed=0, num_workers=0, num_classes=3).next_batch()
+    assert len(checks_here) == 1

@@ -28,6 +28,7 @@ from fedst.federation import site as site_module
 from fedst.federation import transport
 from fedst.federation.server import FederationServer
 from fedst.federation.site import Site
+from fedst.federation.state_writer import wait_for_state_writes
 from fedst.methods import Method, method_of
 from fedst.methods.feature_bank import SERQ_BANK_SCRATCH
 from fedst.model.state import state_subset
@@ -334,6 +335,7 @@ def test_the_server_step_never_reaches_a_sites_private_parameters(serq_server, t
     shared, personal = server.partition.shared, server.partition.personal
     site_dir = tmp_path / "sites" / "A"
     gamma_a = Site("A", cfg, site_dir, cpu).train_round(server.initial_payload(), 1, 1).shared
+    wait_for_state_writes(site_dir)  # the state file is written behind the round
     rho_a = torch.load(site_dir / "state_r0001.pt", weights_only=False)["personal"]
     rho_g = state_subset(server.global_model, personal)
 

@@ -11,7 +11,8 @@ run's ``device.jsonl``; :class:`PhasePeaks` and :func:`memory_usage` report resi
 
 The modules: precision.py (``train.amp_dtype`` -> :class:`Precision`), device.py (the device, its
 CUDA settings and :class:`DeviceFacts`), steps.py (optimizers, compile, channels-last, the
-optimizer step, :class:`LossLog`), memory.py (resident and GPU memory for the run log). Every
+optimizer step, :class:`LossLog`), transfer.py (a state's tensors to the host in one copy per
+device, :func:`bulk_to_host`), memory.py (resident and GPU memory for the run log). Every
 name is imported from ``fedst.accel``.
 
 Layer: the root; imports fedst.config (ConfigError) and nothing else of fedst.
@@ -66,6 +67,7 @@ from fedst.accel.steps import (
     use_channels_last,
     uses_cuda_graphs,
 )
+from fedst.accel.transfer import HostCopy, bulk_to_host, standalone
 
 __all__ = [
     "AMP_DTYPES",
@@ -75,10 +77,12 @@ __all__ = [
     "NATIVE_BF16_CAPABILITY",
     "REPLY_MEMORY_KEYS",
     "DeviceFacts",
+    "HostCopy",
     "LossLog",
     "PhasePeaks",
     "Precision",
     "begin_step",
+    "bulk_to_host",
     "clips_channels_last",
     "compile_mode",
     "configure_device",
@@ -97,6 +101,7 @@ __all__ = [
     "resolve_device",
     "resolve_precision",
     "set_tf32",
+    "standalone",
     "use_channels_last",
     "uses_cuda_graphs",
 ]

@@ -23,6 +23,7 @@ import torch
 from fedst.accel import (
     LossLog,
     begin_step,
+    bulk_to_host,
     clips_channels_last,
     configure_device,
     device_facts,
@@ -33,6 +34,7 @@ from fedst.accel import (
     maybe_compile,
     optimizer_step,
     resolve_precision,
+    standalone,
     use_channels_last,
     uses_cuda_graphs,
 )
@@ -46,6 +48,7 @@ from fedst.experiment import (
     state_fingerprint,
 )
 from fedst.federation.snapshots import save_personal_snapshot
+from fedst.federation.state_writer import wait_for_state_writes, write_in_background
 from fedst.methods import LocalPhase, method_of
 from fedst.methods.base import BatchLoss
 from fedst.methods.optimizer import lr_factor, param_groups, set_lr_factor
@@ -207,6 +210,7 @@ class Site:
         self.data_changed = False
         """Its training data differ in size from those of its last restored state (the train
         reply says so, so the server accepts the new size, fedst/federation/reply_checks.py)."""
+        wait_for_state_writes(state_dir)  # a Site of this folder dropped from this process
         remove_stale_tmp(state_dir)  # left by a site killed while saving
         self.fingerprint = claim_state_dir(state_dir, name, cfg)
 
@@ -236,9 +240,9 @@ class Site:
         self.loader_seconds = 0.0
         for phase in self.method.local_phases(local_iters):
             losses += self.train_phase(phase, server_round)
-        shared = state_subset(self.model, self.partition.shared)
+        shared = bulk_to_host(self._device_state(self.partition.shared)).wait()  # one copy
         floats = {k: v for k, v in shared.items() if v.is_floating_point()}
-        finite = [v.isfinite().all() for v in floats.values()]  # on the device: one sync below
+        finite = [v.isfinite().all() for v in floats.values()]  # on the host copies
         if finite and not bool(torch.stack(finite).all()):
             bad = [k for k, ok in zip(floats, finite, strict=True) if not ok]
             raise NonFiniteUpdateError(
@@ -248,7 +252,7 @@ class Site:
                 f"train.max_grad_norm."
             )
         self.completed_round = server_round
-        self.save(server_round)
+        self.save(server_round, shared=shared)  # gamma_k's host copy: the reply's and the file's
         return LocalRoundResult(
             shared=shared,
             num_examples=self.num_examples,
@@ -419,9 +423,7 @@ class Site:
     def personal_state(self) -> dict[str, torch.Tensor]:
         """rho_k as CPU tensors (sent once, at the end, only when the site allows it); after a
         final stage every float tensor of the model (it is all the site's own)."""
-        if self.owns_whole_model:
-            return state_subset(self.model, [*self.partition.shared, *self.partition.personal])
-        return state_subset(self.model, self.partition.personal)
+        return state_subset(self.model, self._saved_personal_keys())
 
     def own_shared_state(self) -> dict[str, torch.Tensor]:
         """gamma_k as CPU tensors: the site's own shared parameters after its last local round
@@ -432,35 +434,59 @@ class Site:
     def state_path(self, server_round: int) -> Path:
         return site_state_file(self.state_dir, server_round)
 
-    def save(self, server_round: int) -> None:
+    def save(self, server_round: int, shared: dict[str, torch.Tensor] | None = None) -> None:
         """Persist rho_k, the own gamma_k, optimizer moments and data order after
         ``server_round``. Keeps this round's and the previous round's states and those of the
         server's checkpoint rounds (``keep_rounds``: a resumed run restarts after one of them);
         older ones are deleted. Called right after local training, so ``shared`` is gamma_k^t,
-        never gamma_g."""
-        atomic_torch_save(
-            {
-                "round": server_round,
-                "site": self.name,
-                "personal": self.personal_state(),
-                "shared": self.own_shared_state(),
-                "method": self.method.site_state(self),
-                "optimizer": self.optimizer.state_dict(),
-                **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
-                "stream": self.stream.state_dict(),
-                "num_examples": self.num_examples,
-                "whole_model": self.owns_whole_model,
-            },
-            self.state_path(server_round),
-        )
+        never gamma_g: its host copy when the caller has one (the reply's), else copied here.
+
+        The state's tensors reach the host in one copy per device (fedst.accel.bulk_to_host)
+        and the file is written by the process's state writer (fedst/federation/state_writer.py)
+        after this site's previous write, while the caller goes on."""
+        device_state = {
+            "round": server_round,
+            "site": self.name,
+            "personal": self._device_state(self._saved_personal_keys()),
+            "method": self.method.site_state(self),
+            "optimizer": self.optimizer.state_dict(),
+            **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
+            "stream": self.stream.state_dict(),
+            "num_examples": self.num_examples,
+            "whole_model": self.owns_whole_model,
+        }
+        if shared is None:
+            device_state["shared"] = self._device_state(self.partition.shared)
+        copy = bulk_to_host(device_state)  # one copy; the writer thread waits for it
+        path, state_dir = self.state_path(server_round), self.state_dir
         kept = {server_round, server_round - 1, *self.keep_rounds}
-        for stale in saved_rounds(self.state_dir):
-            if stale < server_round and stale not in kept:
-                self.state_path(stale).unlink(missing_ok=True)
+
+        def write() -> None:
+            state = copy.wait()
+            state = standalone({**state, **({"shared": shared} if shared is not None else {})})
+            atomic_torch_save(state, path)
+            for stale in saved_rounds(state_dir):
+                if stale < server_round and stale not in kept:
+                    site_state_file(state_dir, stale).unlink(missing_ok=True)
+
+        write_in_background(state_dir, write)
+
+    def _saved_personal_keys(self) -> list[str]:
+        """The state-dict keys saved as "personal": rho_k, or after a final stage every float
+        tensor of the model (:meth:`personal_state`'s)."""
+        if self.owns_whole_model:
+            return [*self.partition.shared, *self.partition.personal]
+        return list(self.partition.personal)
+
+    def _device_state(self, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+        """The model's state-dict entries ``keys``, detached, where they are (no copy)."""
+        state = self.model.state_dict()
+        return {key: state[key].detach() for key in keys}
 
     def restore(self, server_round: int) -> None:
         """Make the in-memory state that of the end of ``server_round`` (0: fresh start), or of
         the site's last round before it when the site missed rounds (it dropped out)."""
+        wait_for_state_writes(self.state_dir)  # this site's last save is on disk
         if self.completed_round == server_round:
             return
         path = self.state_path(server_round)

@@ -300,9 +300,14 @@ class Method:
         )
 
     def segmentation_loss(self) -> SegmentationLoss:
-        """L_seg = CE + lambda_1 Dice (Eq. 9): the supervised loss of every method."""
+        """L_seg = CE + lambda_1 Dice (Eq. 9): the supervised loss of every method. Its batches
+        come from BatchStreams given ``network.num_classes`` (the site's, SERQ's, pre-training's),
+        which check every batch's labels in their loader workers, so the loss does not check them
+        again (a host read per step, fedst/model/losses.py)."""
         return SegmentationLoss(
-            lambda_dice=self.cfg.train.lambda_dice, num_classes=self.cfg.network.num_classes
+            lambda_dice=self.cfg.train.lambda_dice,
+            num_classes=self.cfg.network.num_classes,
+            check_labels=False,
         )
 
     # -- the site's round (Algorithm 1, lines 5-7) ----------------------------------------------

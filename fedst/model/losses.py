@@ -51,11 +51,14 @@ class SegmentationLoss(nn.Module):
     """L_seg = CE + lambda_dice * Dice (Eq. 9); logits [B, C, H, W], target [B, H, W] -> scalar.
 
     ``num_classes`` is the network's (``network.num_classes``); logits with another channel
-    count are an error. Labels are checked against it when they are on the CPU; on a GPU the
-    check would make the host wait for the device every step, so there they are trusted: data
-    validation checks every label file's values when a run starts (fedst/data/validation.py)
-    and :class:`fedst.data.clips.BatchStream` checks each batch on the CPU when given
-    ``num_classes``. No other host sync either: an all-ignored batch needs no branch.
+    count are an error. With ``check_labels`` (default) labels are checked against it when they
+    are on the CPU; on a GPU the check would make the host wait for the device every step, so
+    there they are trusted: data validation checks every label file's values when a run starts
+    (fedst/data/validation.py) and :class:`fedst.data.clips.BatchStream` checks each batch in its
+    loader workers when given ``num_classes``. A training step whose batches come from such a
+    stream passes ``check_labels=False`` (Method.segmentation_loss): the check is then a host
+    read per step on the CPU and a graph break under ``torch.compile``. No other host sync
+    either: an all-ignored batch needs no branch.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class SegmentationLoss(nn.Module):
         lambda_dice: float = 0.3,
         num_classes: int = NUM_CLASSES,
         ignore_index: int = IGNORE_INDEX,
+        check_labels: bool = True,
     ):
         super().__init__()
         if lambda_dice < 0:
@@ -72,6 +76,8 @@ class SegmentationLoss(nn.Module):
         self.lambda_dice = lambda_dice
         self.num_classes = num_classes
         self.ignore_index = ignore_index
+        self.check_labels = check_labels
+        """Check CPU labels in :meth:`forward` (False: the batches were checked at the loader)."""
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if logits.shape[1] != self.num_classes:
@@ -79,7 +85,7 @@ class SegmentationLoss(nn.Module):
                 f"SegmentationLoss: logits have {logits.shape[1]} channels, expected "
                 f"num_classes={self.num_classes}"
             )
-        if target.device.type == "cpu":
+        if self.check_labels and target.device.type == "cpu":
             check_label_values(target, self.num_classes, self.ignore_index, "SegmentationLoss")
         target = target.long()
         valid = target != self.ignore_index  # [B, H, W]

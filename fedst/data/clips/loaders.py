@@ -12,7 +12,8 @@ every core but one; an engine that runs several sites at once on one machine (Ra
 local``) passes how many. A :class:`BatchStream` keeps one DataLoader per dataset it reads, with
 persistent workers: the training stream, SERQ's augmented and canonical passes and a resumed
 position reuse the same worker processes, round after round (their sample order comes from the
-stream's plan, never from the workers' seeds). Batches are pinned when the stream's device is a
+stream's plan, never from the workers' seeds). A stream given ``num_classes`` checks each batch's
+labels in its workers (:class:`CheckedCollate`), not on the training thread. Batches are pinned when the stream's device is a
 CUDA device and copied with ``non_blocking=True``."""
 
 from __future__ import annotations
@@ -117,6 +118,21 @@ def collate_clips(samples: Sequence[tuple[torch.Tensor, torch.Tensor, str]]) -> 
     """Stack samples into ``(clips [B, T, 3, H, W], masks [B, H, W], sample_ids list[str])``."""
     clips, masks, sample_ids = zip(*samples, strict=True)
     return torch.stack(clips), torch.stack(masks), list(sample_ids)
+
+
+class CheckedCollate:
+    """:func:`collate_clips` that first checks the batch's labels (uint8 masks [B, H, W]) against
+    ``num_classes`` (``check_label_values``: a ValueError naming the batch's sample ids). A
+    DataLoader runs its collate function in its workers, so with workers the check costs the
+    training thread nothing (a worker's ValueError reaches the reader with its message)."""
+
+    def __init__(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+
+    def __call__(self, samples: Sequence[tuple[torch.Tensor, torch.Tensor, str]]) -> Batch:
+        clips, masks, sample_ids = collate_clips(samples)
+        check_label_values(masks, self.num_classes, IGNORE_INDEX, f"batch {sample_ids}")
+        return clips, masks, sample_ids
 
 
 def worker_context(num_workers: int) -> multiprocessing.context.BaseContext | None:
@@ -262,9 +278,9 @@ class BatchStream:
     ) -> None:
         """``num_workers``: a count or "auto" (:func:`resolve_num_workers`); ``device``: where
         batches are normalised and returned (None: the CPU); ``num_classes``: the network's,
-        against which every batch's labels are checked on the CPU, before the copy (None: not
-        checked here; the loss then checks labels that are on the CPU); ``prefetch_factor``:
-        batches each worker loads ahead."""
+        against which every batch's labels are checked on the CPU, before the copy, in the
+        loader workers (:class:`CheckedCollate`; None: not checked here, and a loss given these
+        batches must check them); ``prefetch_factor``: batches each worker loads ahead."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if prefetch_factor < 1:
@@ -332,7 +348,9 @@ class BatchStream:
             batch_sampler=source,
             num_workers=workers,
             multiprocessing_context=worker_context(workers),
-            collate_fn=collate_clips,
+            collate_fn=collate_clips
+            if self.num_classes is None
+            else CheckedCollate(self.num_classes),
             pin_memory=self.device.type == "cuda",
             worker_init_fn=seed_worker,
             generator=torch.Generator().manual_seed(self.seed),
@@ -358,10 +376,8 @@ class BatchStream:
         self.position = consumed % len(self.dataset)
 
     def _to_device(self, clips: torch.Tensor, masks: torch.Tensor, sample_ids: list[str]) -> Batch:
-        """A loader's uint8 batch -> :meth:`next_batch`'s: labels checked on the CPU, then copied
-        to the device (from pinned memory on CUDA: no host wait) and normalised there."""
-        if self.num_classes is not None:
-            check_label_values(masks, self.num_classes, IGNORE_INDEX, f"batch {sample_ids}")
+        """A loader's uint8 batch (labels checked by its collate function) -> :meth:`next_batch`'s:
+        copied to the device (from pinned memory on CUDA: no host wait) and normalised there."""
         clips = clips.to(self.device, non_blocking=True)
         masks = masks.to(self.device, non_blocking=True)
         return normalize_clips(clips), masks.long(), sample_ids
