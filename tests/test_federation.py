@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 
 from fedst.app import server_app
 from fedst.app.inprocess import InProcessGrid
+from fedst.app.keys import QUERY_SITE_STATS
 from fedst.app.messaging import FederationError
 from fedst.cli import register_resolvers, split_config
 from fedst.data.procedural import generate
@@ -183,6 +184,8 @@ def test_only_shared_parameters_ever_leave_a_site(fedst_run):
         keys = sent_keys(message)
         if message.metadata.group_id == "1" and message.metadata.message_type == "train":
             assert keys == shared | personal  # the server's own initial model v_g^0, once
+        elif message.metadata.message_type == QUERY_SITE_STATS:
+            assert keys == set()  # the statistics query carries no parameter
         else:
             assert keys == shared
 

@@ -263,7 +263,7 @@ def federate_with(root: Path, run_dir: Path, sites_of, policy: RoundPolicy, *ove
     downloads: list[Message] = []
 
     def keep_first_download(direction: str, message: Message) -> None:
-        if direction == "down" and not downloads:
+        if direction == "down" and message.metadata.message_type == "train" and not downloads:
             downloads.append(message)
 
     grid = InProcessGrid(sites_of(shared), [{}, {}, {}], observer=keep_first_download)
