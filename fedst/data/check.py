@@ -390,8 +390,9 @@ def print_reports(reports: list[SiteReport], console: Console) -> None:
             print(f"[{r.name}] label files: {formats}; raw values: {', '.join(values)}")
 
 
-def parse_arguments(argv: Sequence[str]) -> dict[str, str]:
-    """``key=value`` (Hydra style, an optional leading + allowed) and ``--max-frames N``."""
+def parse_arguments(argv: Sequence[str], known: Sequence[str] = ARGUMENTS) -> dict[str, str]:
+    """``key=value`` (Hydra style, an optional leading + allowed) and ``--max-frames N`` for
+    the keys ``known`` (this command's; fedst.data.stats passes its own)."""
     values: dict[str, str] = {}
     items = list(argv)
     while items:
@@ -407,11 +408,10 @@ def parse_arguments(argv: Sequence[str]) -> dict[str, str]:
         elif "=" in item:
             key, value = item.lstrip("+").split("=", 1)
         else:
-            raise ConfigError(f"argument {item!r}: use key=value with keys {ARGUMENTS}")
-        if key not in ARGUMENTS:
+            raise ConfigError(f"argument {item!r}: use key=value with keys {known}")
+        if key not in known:
             raise ConfigError(
-                f"unknown argument {key!r}{did_you_mean(key, ARGUMENTS)}; known: "
-                f"{', '.join(ARGUMENTS)}"
+                f"unknown argument {key!r}{did_you_mean(key, known)}; known: {', '.join(known)}"
             )
         values[key] = value
     return values

@@ -309,30 +309,16 @@ def format_statistics(stats: Mapping[str, Mapping[str, Any]]) -> str:
 ARGUMENTS = ("data", "site", "sample_frames")
 
 
-def parse_arguments(argv: Sequence[str]) -> dict[str, str]:
-    """``key=value`` arguments of :data:`ARGUMENTS` (an optional leading + allowed)."""
-    args: dict[str, str] = {}
-    for item in argv:
-        key, sep, text = item.lstrip("+").partition("=")
-        if not sep or key not in ARGUMENTS:
-            raise ConfigError(
-                f"argument {item!r}: use data=NAME, site=NAME, sample_frames=N"
-                f"{did_you_mean(key, ARGUMENTS) if sep else ''}"
-            )
-        args[key] = text
-    return args
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the statistics of the configured sites and the encoding warnings."""
-    from fedst.data.check import DEFAULT_DATA, load_data_config
+    from fedst.data.check import DEFAULT_DATA, load_data_config, parse_arguments
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(item in ("-h", "--help") for item in argv):
         print(__doc__)
         return 0
-    args = parse_arguments(argv)
+    args = parse_arguments(argv, ARGUMENTS)
     config = load_data_config(args.get("data", DEFAULT_DATA))
     names = [args["site"]] if "site" in args else list(config.sites)
     for name in names:

@@ -470,19 +470,14 @@ class StreamingState:
 
 def build_temporal_module(cfg: NetworkConfig, dim: int) -> nn.Module:
     """The temporal module of ``cfg.temporal_variant`` for a stage of ``dim`` channels."""
-    heads = max(1, dim // TEMPORAL_HEAD_DIM)
+    shape = {"num_heads": max(1, dim // TEMPORAL_HEAD_DIM), "window_size": cfg.window_size}
     if cfg.temporal_variant == "windowed":
         return TemporalCrossAttention(
-            dim,
-            num_heads=heads,
-            window_size=cfg.window_size,
-            receptive_fields=cfg.receptive_fields,
-            pool_sizes=cfg.pool_sizes,
+            dim, **shape, receptive_fields=cfg.receptive_fields, pool_sizes=cfg.pool_sizes
         )
     return CFFMTemporalBlock(
         dim,
-        num_heads=heads,
-        window_size=cfg.window_size,
+        **shape,
         tokens_per_window=cfg.temporal_tokens_per_window,
         context_tokens=cfg.temporal_context_tokens,
         target_ring=cfg.temporal_target_ring,

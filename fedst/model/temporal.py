@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["TemporalCrossAttention", "context_token_start"]
+__all__ = ["TemporalCrossAttention", "check_window_attention", "context_token_start"]
 
 
 def context_token_start(
@@ -251,6 +251,15 @@ class TemporalCrossAttention(nn.Module):
                 )
 
 
+def check_window_attention(name: str, dim: int, num_heads: int, window_size: int) -> None:
+    """ValueError naming module ``name`` unless ``dim`` is a positive multiple of ``num_heads``
+    and ``window_size >= 1`` (both temporal modules' first checks)."""
+    if dim < 1 or num_heads < 1 or dim % num_heads:
+        raise ValueError(f"{name}: dim={dim} must be a positive multiple of num_heads={num_heads}")
+    if window_size < 1:
+        raise ValueError(f"{name}: window_size={window_size} must be >= 1")
+
+
 def _validate_arguments(
     dim: int,
     num_heads: int,
@@ -261,10 +270,7 @@ def _validate_arguments(
     proj_drop: float,
 ) -> None:
     name = "TemporalCrossAttention"
-    if dim < 1 or num_heads < 1 or dim % num_heads:
-        raise ValueError(f"{name}: dim={dim} must be a positive multiple of num_heads={num_heads}")
-    if window_size < 1:
-        raise ValueError(f"{name}: window_size={window_size} must be >= 1")
+    check_window_attention(name, dim, num_heads, window_size)
     if not receptive_fields or len(receptive_fields) != len(pool_sizes):
         raise ValueError(
             f"{name}: receptive_fields={receptive_fields} and pool_sizes={pool_sizes} need one "

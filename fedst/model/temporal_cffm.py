@@ -57,6 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedst.model.temporal import check_window_attention
+
 __all__ = [
     "ALIGNMENTS",
     "POSITION_BIASES",
@@ -463,10 +465,7 @@ def _validate(
     position_bias: str,
 ) -> None:
     name = "CFFMTemporalBlock"
-    if dim < 1 or num_heads < 1 or dim % num_heads:
-        raise ValueError(f"{name}: dim={dim} must be a positive multiple of num_heads={num_heads}")
-    if window_size < 1:
-        raise ValueError(f"{name}: window_size={window_size} must be >= 1")
+    check_window_attention(name, dim, num_heads, window_size)
     if not tokens_per_window or len(tokens_per_window) != len(context_tokens):
         raise ValueError(
             f"{name}: tokens_per_window={tokens_per_window} and context_tokens={context_tokens} "
