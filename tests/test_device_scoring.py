@@ -32,8 +32,8 @@ def test_counts_of_a_batch_stay_per_frame():
     counts = overlap_counts(pred, target, num_classes=2).counts
     assert counts.tolist() == [[[1, 0, 1]], [[0, 1, 0]], [[0, 0, 0]]]
     assert overlap_scores(overlap_counts(pred, target, num_classes=2)) == [
-        {1: {"dice": 2 / 3, "iou": 1 / 2}},
-        {1: {"dice": 0.0, "iou": 0.0}},
+        {1: {"dice": 2 / 3, "iou": 1 / 2, "gt_present": 1.0}},
+        {1: {"dice": 0.0, "iou": 0.0, "gt_present": 0.0}},  # predicted only (challenge IoU skips)
         {},  # absent from both: skipped
     ]
 

@@ -46,6 +46,7 @@ from fedst.federation.site import (
     Site,
     StateMismatchError,
 )
+from fedst.federation.state_writer import wait_for_state_writes
 from fedst.methods import method_of
 from fedst.runs import Run
 from fedst.training import finalize_run, prepare_run, run_training
@@ -149,6 +150,7 @@ def test_a_site_that_missed_rounds_continues_from_its_saved_private_state(tiny_r
     first = Site("A", cfg, tmp_path, torch.device("cpu"))
     full = {k: v.clone() for k, v in method_of(cfg).build_model().state_dict().items()}
     first.train_round(full, server_round=1, local_iters=1)
+    wait_for_state_writes(tmp_path)  # the state is written in the background
     saved = torch.load(tmp_path / "state_r0001.pt", weights_only=False)["personal"]
     restarted = Site("A", cfg, tmp_path, torch.device("cpu"))  # a new process after a crash
     received = {k: torch.zeros_like(v) for k, v in full.items()}  # newcomer payload: full model
@@ -158,6 +160,7 @@ def test_a_site_that_missed_rounds_continues_from_its_saved_private_state(tiny_r
         assert torch.equal(now[key], value), key  # its own rho_k, not the received one
     shared = set(restarted.partition.shared)
     assert all(torch.count_nonzero(now[k]) == 0 for k in shared)  # gamma_g was taken
+    wait_for_state_writes(tmp_path)
     assert (tmp_path / "state_r0003.pt").is_file()
 
 
@@ -218,6 +221,7 @@ def test_a_sites_grad_scaler_is_saved_and_restored_with_its_state(tiny_root, tmp
     first.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     full = {k: v.clone() for k, v in method_of(cfg).build_model().state_dict().items()}
     first.train_round(full, server_round=1, local_iters=1)
+    wait_for_state_writes(tmp_path)  # the state is written in the background
     saved = torch.load(tmp_path / "state_r0001.pt", weights_only=False)
     assert saved["scaler"]["scale"] == first.scaler.get_scale()
     restarted = Site("A", cfg, tmp_path, torch.device("cpu"))

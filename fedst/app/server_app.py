@@ -148,7 +148,10 @@ def run_federation(
     }
     last_shared: dict[str, dict] = {}  # site -> its latest gamma_k as received (the returned v_k)
     sites.connect(required=len(sites.federation))
-    if not (run_dir / SITE_STATS_JSON).exists():  # once per run, before any training
+    pools = [party for party in sites.federation if party not in cfg.data.sites]
+    if pools:  # the upper bound's pooled party: no site of its own to describe
+        log.info("site statistics: not asked (training parties %s pool several sites)", pools)
+    elif not (run_dir / SITE_STATS_JSON).exists():  # once per run, before any training
         collect_site_statistics(sites, base_config, server.completed_round, run_dir)
     rounds = range(server.completed_round + 1, cfg.train.rounds + 1)
     for server_round in progress_bar(
