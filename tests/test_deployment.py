@@ -478,11 +478,12 @@ def test_loopback_deployment_with_tls_and_auth_matches_the_in_process_engine(tin
     wall = time.monotonic() - started
     assert leftover_processes(str(tmp_path / "loop")) == []
 
-    # each site ran all its messages (2 train, evaluate, query.personal) in one ClientApp process
+    # each site ran all its messages (the statistics query, 2 train, evaluate, query.personal)
+    # in one ClientApp process
     for site in loop.sites:
         text = (loop.state_dir(site) / f"supernode_{site}.log").read_text(errors="replace")
         assert text.count("ClientApp executor (pid") == 1, site
-        assert text.count("message: pulled from the SuperNode") == 4, text[-2000:]
+        assert text.count("message: pulled from the SuperNode") == 5, text[-2000:]
 
     # the unregistered SuperNode was refused, with one line naming the fix
     errors = [line for line in loop.output("rogue").splitlines() if " ERROR " in line]
