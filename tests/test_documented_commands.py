@@ -160,7 +160,7 @@ def test_every_documented_command_is_accepted(source, prog, args, monkeypatch):
     elif prog == "fedst.data.stats":
         from fedst.data import check, stats
 
-        values = stats.parse_arguments(args)
+        values = check.parse_arguments(args, stats.ARGUMENTS)
         config = check.load_data_config(values.get("data", "paper"))
         assert values.get("site", next(iter(config.sites))) in config.sites, context
         int(values.get("sample_frames", 0))
