@@ -43,7 +43,7 @@ demo: venv
 
 bench: venv
 	$(BIN)/python -m bench.model
-	$(BIN)/python bench/demo.py
+	$(BIN)/python -m bench.demo
 
 # The wheels the GPU machine of `bash bench/gpu_check.sh` lacks (Python 3.12, manylinux x86-64),
 # pinned to this .venv's versions, into .whl/ (git-ignored); docs/paper-scale.md, "The GPU check".

@@ -14,6 +14,8 @@ FedRep figure 13.01 equals the PVTv2-b0 encoder in MiB, so its unit is most like
 
 from __future__ import annotations
 
+import argparse
+
 from fedst.cli import compose_experiment
 from fedst.federation import transport
 from fedst.methods import method_of
@@ -39,7 +41,8 @@ def upload(overrides: list[str], precision: str) -> tuple[int, int]:
     return packed.param_bytes, packed.wire_bytes
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # --help only
     baseline, _ = upload(READINGS["FedAvg"], "fp32")
     print("| reading | precision | MB | MiB | message bytes | / FedAvg fp32 |")
     print("|---|---|---:|---:|---:|---:|")

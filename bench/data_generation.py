@@ -1,6 +1,6 @@
 """Time the procedural benchmark generator (fedst/data/procedural/) per preset.
 
-``python bench/data_generation.py [--full] [--workers 2] [--seed 0] [--versions 1,2]`` generates
+``python -m bench.data_generation [--full] [--workers 2] [--seed 0] [--versions 1,2]`` generates
 every site of the tiny and demo presets (and full with ``--full``) into a temporary folder and
 prints one line per preset and generator version: wall-clock seconds, frames written, frames per
 second and, with several versions, the time relative to the first version measured in this run.
@@ -28,7 +28,7 @@ def time_preset(preset: str, seed: int, workers: int, version: int) -> tuple[flo
     return seconds, sum(c["frames"] for c in counts.values())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="also time the full preset (slow)")
     parser.add_argument("--workers", type=int, default=2, help="rendering processes")
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument(
         "--versions", default=str(GENERATOR_VERSION), help="generator versions, e.g. 1,2"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     presets = ["tiny", "demo"] + (["full"] if args.full else [])
     versions = [int(v) for v in args.versions.split(",")]
     for preset in presets:

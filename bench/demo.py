@@ -1,7 +1,7 @@
 """Time and peak memory of the demo (`make demo`'s job: generate, train FedST + FedAvg, evaluate).
 
-    .venv/bin/python bench/demo.py                 # fresh run directories under a temp folder
-    .venv/bin/python bench/demo.py --keep runs/bench_demo
+    .venv/bin/python -m bench.demo                 # fresh run directories under a temp folder
+    .venv/bin/python -m bench.demo --keep runs/bench_demo
 
 Runs `python -m fedst.demo` as a child process (same interpreter, in-process Flower engine, so the
 child is the whole job) and reports its wall time and peak resident memory (the child's
@@ -26,7 +26,7 @@ BUDGET_S = 15 * 60
 BUDGET_GB = 4.0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -37,7 +37,7 @@ def main() -> None:
         help="run directory root to keep (default: a temporary one, removed at the end)",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides passed to the demo")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with scratch_dir("fedst_bench_demo_", args.keep) as runs:
         env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
         command = [sys.executable, "-m", "fedst.demo", "--runs", str(runs), *args.overrides]

@@ -1,8 +1,8 @@
 """Per-round wall time of the deployment engine (SuperLink + one SuperNode per site, TLS and node
 authentication, all on 127.0.0.1) against the in-process engine, same experiment and seed.
 
-    .venv/bin/python bench/deploy_overhead.py                          # tiny preset, 4 sites
-    .venv/bin/python bench/deploy_overhead.py experiment=demo train.total_iters=40
+    .venv/bin/python -m bench.deploy_overhead                          # tiny preset, 4 sites
+    .venv/bin/python -m bench.deploy_overhead experiment=demo train.total_iters=40
 
 Both runs go through the real entry points as child processes (``train_fed.py`` and
 ``python -m fedst.deploy local``); the round times are the server's own "round N done in X s"
@@ -49,7 +49,7 @@ def site_message_times(work: Path) -> dict[str, list[tuple[float, float]]]:
     return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the runs here (default: removed)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     env = {**child_environment(), "OMP_NUM_THREADS": "1"}
     with scratch_dir("fedst_overhead_", args.keep) as work:
         federation = f"data.federation=[{','.join(args.sites)}]"

@@ -166,7 +166,7 @@ def _role(command: str, is_root: bool, engine: str) -> str:
     return "server and other"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -176,7 +176,7 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the runs here (default: removed)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not any(o.startswith("experiment=") for o in args.overrides):
         args.overrides.insert(0, "experiment=tiny")
     env = {**child_environment(), "OMP_NUM_THREADS": "1"}

@@ -15,11 +15,11 @@ import time
 import torch
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, default=4)
     parser.add_argument("--experiment", default="demo")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     from fedst.cli import compose_experiment

@@ -4,8 +4,8 @@ Default: two temporary generic-layout sites written by the test fixture writer
 (tests/conftest.py): 1280x1024 frames resized to 512x640, and 128x160 frames (the demo size).
 With --root/--site, the site's train split is measured at each --image-size instead.
 
-    .venv/bin/python bench/loader.py                       # both temporary sites, 0 and 2 workers
-    .venv/bin/python bench/loader.py --root data/proc --site D --image-size 128x160
+    .venv/bin/python -m bench.loader                       # both temporary sites, 0 and 2 workers
+    .venv/bin/python -m bench.loader --root data/proc --site D --image-size 128x160
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def measure(dataset: ClipDataset, num_workers: int, batches: int, seed: int) -> 
     return batches * BATCH_SIZE / elapsed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, help="generic-layout root (default: temporary sites)")
     parser.add_argument("--site", help="site folder under --root")
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--batches", type=int, default=20, help="timed batches per setting")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -87,12 +87,12 @@ def measure(root: Path, batches: int, workers: int, batch_size: int) -> float:
     return clips / (time.perf_counter() - start)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=30, help="timed batches")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     parser.add_argument("--batch-size", type=int, default=2, help="clips per batch")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     # OpenCV's thread pool in the parent + fork()ed DataLoader workers hung once here (workers idle
     # for 10 min); with no OpenCV threads in the parent the workers start cleanly.
     cv2.setNumThreads(0)

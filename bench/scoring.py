@@ -120,7 +120,7 @@ def time_interleaved(
     return times
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -128,7 +128,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="where the new path runs (cpu | cuda)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     pred, label = realistic_maps()

@@ -1,6 +1,6 @@
 """Disk cost of what model selection keeps per validation round (fedst/federation/snapshots.py).
 
-``python bench/selection_disk.py [overrides ...]`` (default: the demo experiment) builds the
+``python -m bench.selection_disk [overrides ...]`` (default: the demo experiment) builds the
 method's model, writes one shared snapshot and one personal snapshot per training site with the
 functions training uses, and prints their sizes and the total over the run's validation rounds
 (``train.val_every``, default 4 here, plus the last round). It also prints a site's full private
@@ -10,11 +10,9 @@ personal copy would cost this much per round and site. Nothing is trained.
 
 from __future__ import annotations
 
-import sys
+import argparse
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
 
 import torch
 
@@ -27,7 +25,12 @@ from fedst.runs.layout import personal_snapshot_path, shared_snapshot_path
 MB = 1e6
 
 
-def main(overrides: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra overrides of experiment=demo, e.g. method=fedavg"
+    )
+    overrides = parser.parse_args(argv).overrides
     if not any(o.startswith("train.val_every=") for o in overrides):
         overrides = [*overrides, "train.val_every=4"]
     cfg, _ = compose_experiment(["experiment=demo", *overrides])
@@ -60,4 +63,4 @@ def main(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

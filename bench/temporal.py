@@ -155,7 +155,7 @@ def parse_size(text: str) -> tuple[int, int]:
     return height, width
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--sizes",
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2, help="clips per batch (paper: 2)")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     costs = [
         measure_stage(size, stage, args.batch, args.repeats)

@@ -1,6 +1,6 @@
 """What the pre-training data validation costs (fedst/data/validation.py), for docs/data.md.
 
-    python bench/validation_cost.py --demo-root data/procedural/demo_v2
+    python -m bench.validation_cost --demo-root data/procedural/demo_v2
 
 1. The demo benchmark: every site train_fed.py validates for the demo experiment (A-D train and
    test, E and grasp test, the server's synthetic train split), first with an empty cache, then
@@ -67,11 +67,11 @@ def decode_cost(repeats: int) -> None:
         print(f"decode {width}x{height} {suffix} ({size:.1f} MB): {seconds * 1000:.1f} ms/frame")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--demo-root", type=Path, default=Path("data/procedural/demo_v2"))
     parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     demo_cost(args.demo_root)
     decode_cost(args.repeats)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.generator_v3 import data_report
 from fedst.data.procedural import generate
 from fedst.data.procedural.phenomena import BLUR_CHANGES
 from fedst.data.procedural.render import render_video_truth
 from fedst.data.procedural.sites import PHENOMENA
+from studies.temporal_claim.generator_v3 import data_report
 from tests.test_generator_v3 import _has_avx512, check_outfed_demo
 from tests.test_generator_versions import benchmark_digest
 

@@ -137,7 +137,7 @@ def _generate_tiny(root: str, barrier=None) -> None:
 
 
 def test_two_processes_generating_one_absent_benchmark_write_it_once(tmp_path: Path) -> None:
-    # Two runs started at once on a fresh machine (bench/outfed_floor.py --jobs 2, two runners).
+    # Two runs started at once on a fresh machine (studies/outfed_floor/outfed_floor.py --jobs 2, two runners).
     root = tmp_path / "tiny"
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)

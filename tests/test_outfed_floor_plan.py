@@ -1,4 +1,4 @@
-"""Specification of the E-floor diagnosis plan (bench/outfed_floor.py): every row is a valid
+"""Specification of the E-floor diagnosis plan (studies/outfed_floor/outfed_floor.py): every row is a valid
 train_fed.py config, every method gets the same budgets and the same variants, and the oracle
 trains on the oracle split alone."""
 
@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def floor():
-    spec = importlib.util.spec_from_file_location("outfed_floor", REPO / "bench/outfed_floor.py")
+    spec = importlib.util.spec_from_file_location(
+        "outfed_floor", REPO / "studies/outfed_floor/outfed_floor.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["outfed_floor"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)

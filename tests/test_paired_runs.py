@@ -1,4 +1,4 @@
-"""Specification of bench/paired_runs.py, the paired t rule the TS protocol (docs/results.md) reads
+"""Specification of studies/temporal_claim/paired_runs.py, the paired t rule the TS protocol (docs/results.md) reads
 its verdicts with: differences are paired by seed, a verdict needs three seeds, and "effect"
 means |mean d| above t(0.975, n - 1) * std / sqrt(n) (4.303 at two degrees of freedom, from a
 printed t table, not from the code under test)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.paired_runs import main, paired_verdict, seed_differences
+from studies.temporal_claim.paired_runs import main, paired_verdict, seed_differences
 
 T_975_2DF = 4.303  # Student's t, two-sided 5 %, 2 degrees of freedom (printed tables)
 

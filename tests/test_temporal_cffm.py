@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.temporal_toy import build_module, train_toy, window_constant_oracle
 from fedst.model.network import NetworkConfig, build_network, stage_map_size
 from fedst.model.temporal_cffm import (
     CFFMTemporalBlock,
@@ -21,6 +20,7 @@ from fedst.model.temporal_cffm import (
     ring_offsets,
     window_relative_index,
 )
+from studies.temporal_cffm.temporal_toy import build_module, train_toy, window_constant_oracle
 
 S = 7
 STAGE1_MAPS = {"tiny": (8, 10), "demo": (16, 20), "paper": (64, 80)}
@@ -158,7 +158,7 @@ def test_the_network_builds_the_configured_variant_and_its_map_sizes():
 
 
 def test_a_blank_current_frame_is_recovered_from_the_history():
-    """The feature-space test at unit size (bench/temporal_toy.py): an object of 5 x 5 cells,
+    """The feature-space test at unit size (studies/temporal_cffm/temporal_toy.py): an object of 5 x 5 cells,
     still, the current frame blank. 250 steps reach 83 Dice at seed 0 (the window-constant bound
     is 33; with B frozen the module scores 0.7, with its earlier-frame layout shifted by one
     window 11, and the issue-47 module 12, each measured at the same size)."""

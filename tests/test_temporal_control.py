@@ -1,4 +1,4 @@
-"""The temporal module's positive control (issue 47, bench/temporal_control.py) at CI size.
+"""The temporal module's positive control (issue 47, studies/temporal_control/temporal_control.py) at CI size.
 
 The current frame of every clip is blanked (its label kept, t-1..t-3 intact), so only the clip's
 own past says where the instruments are. At one seed and TEST_STEPS training steps per network,
@@ -21,7 +21,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.temporal_control import (
+from fedst.data.procedural import generate
+from fedst.training import BENCHMARK_SEED
+from studies.temporal_control.temporal_control import (
     ARMS,
     SITES,
     THRESHOLD,
@@ -29,8 +31,6 @@ from bench.temporal_control import (
     blank_current_frame,
     run_seed,
 )
-from fedst.data.procedural import generate
-from fedst.training import BENCHMARK_SEED
 
 TEST_STEPS = 300
 REGRESSION_GUARD = Threshold(own_history_min=0.0, margin=4.0)

@@ -57,7 +57,7 @@ frame (labelled frames in brackets); E and grasp are test only; synthetic holds 
   E, grasp 1x16; synthetic 3600 (SISVSE's count). The time and memory of a paper-size round
   (bench/paper_scale.py), not a benchmark to score.
 
-Generation time, measured with ``python bench/data_generation.py`` (2 worker processes, on the
+Generation time, measured with ``python -m bench.data_generation`` (2 worker processes, on the
 shared 2-core machine): tiny 0.7 s (180 frames/s) and demo 8.0 s (138 frames/s) at load average
 ~6; demo took 25 s at load ~8. Full (18440 frames) was not run; E + grasp of full (503 frames at
 256 x 320) took 11.9 s (42 frames/s), so full takes roughly 7-8 minutes.

@@ -1,9 +1,9 @@
 """Why does site E sit at the floor? The diagnosis table of issue 15: E Dice / IoU per configuration.
 
-    .venv/bin/python bench/outfed_floor.py --out runs/outfed_floor --dry-run   # the plan, commands
-    .venv/bin/python bench/outfed_floor.py --out runs/outfed_floor             # run it (hours)
-    .venv/bin/python bench/outfed_floor.py --out /tmp/floor_smoke --smoke      # tiny preset, minutes
-    .venv/bin/python bench/outfed_floor.py --out runs/outfed_floor data=demo_v1   # generator v1
+    .venv/bin/python -m studies.outfed_floor.outfed_floor --out runs/outfed_floor --dry-run   # the plan, commands
+    .venv/bin/python -m studies.outfed_floor.outfed_floor --out runs/outfed_floor             # run it (hours)
+    .venv/bin/python -m studies.outfed_floor.outfed_floor --out /tmp/floor_smoke --smoke      # tiny preset, minutes
+    .venv/bin/python -m studies.outfed_floor.outfed_floor --out runs/outfed_floor data=demo_v1   # generator v1
 
 Every row is one ``train_fed.py`` run with overrides in its own run directory ``<out>/<row>``; a row
 whose final.json exists is read back instead of run (an interrupted one is resumed from its last
@@ -41,13 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.environment import child_environment  # noqa: E402
-from fedst.cli import compose_experiment  # noqa: E402
-from fedst.data.procedural import generate_oracle_split, oracle_site_name  # noqa: E402
-from fedst.training import BENCHMARK_SEED  # noqa: E402
+from bench.environment import REPO, child_environment
+from fedst.cli import compose_experiment
+from fedst.data.procedural import generate_oracle_split, oracle_site_name
+from fedst.training import BENCHMARK_SEED
 
 PHOTOMETRIC = ("augment.color_jitter=0.4", "augment.hue=0.1", "augment.blur_sigma=1.0")
 """Photometric augmentation of the 'on' rows: brightness / contrast / saturation jitter 0.4 (the

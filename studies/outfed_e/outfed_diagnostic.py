@@ -1,6 +1,6 @@
 """Why does FedST's model fall behind on an unseen site? Inference-time probes of one run (issue 37).
 
-    python -m bench.outfed_diagnostic RUN [--fedavg FEDAVG_RUN] [--sites E grasp] [--out DIR]
+    python -m studies.outfed_e.outfed_diagnostic RUN [--fedavg FEDAVG_RUN] [--sites E grasp] [--out DIR]
 
 Every row changes one thing in the run's out-of-federation model (fedst/runs/outfed.py) and scores it
 on each out-of-federation site's test split: Dice (%, fedst.scoring.evaluation.evaluate_model,

@@ -1,8 +1,8 @@
 """A feature-space test of the temporal module (issue 58): can it copy an object from the history?
 
-    .venv/bin/python -m bench.temporal_toy                          # 2,400 steps, 3 seeds, 0 and 2
-    .venv/bin/python -m bench.temporal_toy --steps 400 --seeds 0 --speeds 0
-    .venv/bin/python -m bench.temporal_toy --position-bias free --alignment reference
+    .venv/bin/python -m studies.temporal_cffm.temporal_toy                          # 2,400 steps, 3 seeds, 0 and 2
+    .venv/bin/python -m studies.temporal_cffm.temporal_toy --steps 400 --seeds 0 --speeds 0
+    .venv/bin/python -m studies.temporal_cffm.temporal_toy --position-bias free --alignment reference
 
 No image and no encoder: each sample is four feature maps ``[C, h, w]`` (C = 32, 21 x 28 cells,
 3 x 4 windows of 7), oldest first. The background of a sample is one random vector plus cell

@@ -1,6 +1,6 @@
 """How far do the benchmark's instruments move over one clip? (issue 37, "benchmark realism of motion")
 
-    python -m bench.instrument_motion [--root data/procedural/demo_v2] [--sites A B C D E]
+    python -m studies.outfed_e.instrument_motion [--root data/procedural/demo_v2] [--sites A B C D E]
 
 A clip spans ``(num_frames - 1) * clip.interval_s`` = 0.6 s (current frame t and t-3 at 0.2 s).
 For every labelled frame t of every video whose frame t - 0.6 s exists, the instruments (label

@@ -1,9 +1,9 @@
 """Generator versions 3 and 4's criteria (issue 47, docs/benchmark.md "Generator version 3" and
 "Generator version 4"), measured.
 
-    python -m bench.generator_v3 data [--preset demo_outfed] [--seed 0]   # items 1 and 5
-    python -m bench.generator_v3 model RUN [--site E]                     # items 2 and 4
-    python -m bench.generator_v3 data --version 4 --preset demo_outfed30  # version 4's 1 and 5
+    python -m studies.temporal_claim.generator_v3 data [--preset demo_outfed] [--seed 0]   # items 1 and 5
+    python -m studies.temporal_claim.generator_v3 model RUN [--site E]                     # items 2 and 4
+    python -m studies.temporal_claim.generator_v3 data --version 4 --preset demo_outfed30  # version 4's 1 and 5
 
 ``data`` renders every video of the federated sites' train and test splits and of E's and GraSP's
 test splits in memory with their ground truth (:func:`render_video_truth`, nothing written; the

@@ -1,8 +1,8 @@
 """Positive control for the temporal module (issue 47, point 1): does TS read the clip's own past?
 
-    .venv/bin/python -m bench.temporal_control                      # 3 seeds, the protocol's size
-    .venv/bin/python -m bench.temporal_control --oracles-only       # the data oracles, no model
-    .venv/bin/python -m bench.temporal_control --seeds 0 --steps 200 --data-root /tmp/demo_v2
+    .venv/bin/python -m studies.temporal_control.temporal_control                      # 3 seeds, the protocol's size
+    .venv/bin/python -m studies.temporal_control.temporal_control --oracles-only       # the data oracles, no model
+    .venv/bin/python -m studies.temporal_control.temporal_control --seeds 0 --steps 200 --data-root /tmp/demo_v2
 
 Every clip's **current frame is made uninformative**: its pixels are replaced by the mean colour of
 the clip's earlier frames (:func:`blank_current_frame`; nothing of frame t is left), while its

@@ -1,6 +1,6 @@
 """Diagnose out-of-federation results: score every site's personalized model and the averaged model.
 
-    .venv/bin/python bench/outfed_sources.py RUN_DIR [RUN_DIR ...] [--sites E grasp]
+    .venv/bin/python -m studies.outfed_floor.outfed_sources RUN_DIR [RUN_DIR ...] [--sites E grasp]
 
 For each run and each out-of-federation site, prints Dice (%) and per-class Dice of
 (a) the out-of-federation model (sample-count-weighted average of all site models, as in
@@ -28,7 +28,7 @@ def _row(label: str, summary: dict) -> str:
     return f"  {label:<10} Dice {summary['dice']:6.2f}  IoU {summary['iou']:6.2f}  ({classes})"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument(
         "--sites", nargs="*", default=None, help="default: the run's out-of-federation sites"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for run_dir in args.runs:
         run = Run(run_dir)
         cfg = run.cfg
