@@ -4,7 +4,7 @@ deployment engine (TLS and node authentication on 127.0.0.1).
 
     .venv/bin/python -m bench.deploy_scale                         # 4, 8 and 16 sites, every engine
     .venv/bin/python -m bench.deploy_scale --sites 4 --engines inprocess
-    .venv/bin/python -m bench.deploy_scale --engines inprocess ray  # docs/results.md's Ray table
+    .venv/bin/python -m bench.deploy_scale --engines inprocess ray  # studies/ray_vs_inprocess/README.md
     .venv/bin/python -m bench.deploy_scale --sites 4 8 16 train.total_iters=6   # 3 rounds
 
 Sites beyond A-D read A-D's data again (``site_dir`` of the generic backend: S05 reads A, S06 B,

@@ -4,7 +4,7 @@
    unless already there;
 2. train FedST and FedAvg with configs/experiment/demo.yaml for its first ``--rounds`` rounds
    (default 8 of its 20: the laptop budget, 15 minutes on 2 cores; ``--rounds 20`` is the whole
-   protocol of docs/results.md), resuming an interrupted run and skipping a finished one;
+   protocol of studies/demo_protocol/README.md), resuming an interrupted run and skipping a finished one;
 3. evaluate out of federation (site E, GraSP) with the same code as eval_outfed.py;
 4. print one comparison table (sites A-D and their mean, E, GraSP; Dice and IoU) and the plots.
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=DEMO_ROUNDS,
         help=f"communication rounds of train.local_iters each (default {DEMO_ROUNDS}; "
-        "the protocol of docs/results.md: 20)",
+        "the protocol of studies/demo_protocol: 20)",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every method")
     args = parser.parse_args(argv)

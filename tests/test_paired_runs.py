@@ -1,4 +1,4 @@
-"""Specification of studies/temporal_claim/paired_runs.py, the paired t rule the TS protocol (docs/results.md) reads
+"""Specification of studies/temporal_claim/paired_runs.py, the paired t rule the TS protocol (studies/temporal_claim/README.md) reads
 its verdicts with: differences are paired by seed, a verdict needs three seeds, and "effect"
 means |mean d| above t(0.975, n - 1) * std / sqrt(n) (4.303 at two degrees of freedom, from a
 printed t table, not from the code under test)."""

@@ -5,7 +5,7 @@ own past says where the instruments are. At one seed and TEST_STEPS training ste
 the three arms are trained and scored once (module fixture), then checked twice:
 
 * REGRESSION_GUARD (an addendum, stated after the protocol's run and before its own,
-  docs/results.md): (a) own history at least 4 Dice points above both (b) the single-frame
+  studies/temporal_control/README.md): (a) own history at least 4 Dice points above both (b) the single-frame
   network and (c) the same network given another video's history. It passes with the temporal
   module intact and fails when the module is cut off from the earlier frames (shown there);
 * the rule stated before any run ("A positive control for the temporal module"): (a) >= 40 and
@@ -34,7 +34,7 @@ from studies.temporal_control.temporal_control import (
 
 TEST_STEPS = 300
 REGRESSION_GUARD = Threshold(own_history_min=0.0, margin=4.0)
-"""An addendum stated after the protocol's run and before its own (docs/results.md): (a) at least
+"""An addendum stated after the protocol's run and before its own (studies/temporal_control/README.md): (a) at least
 4 points above (b) and (c). Not the positive control's claim; a tripwire for a cut-off TS."""
 
 
@@ -76,7 +76,7 @@ def test_the_temporal_module_reads_the_clips_own_past_guard(control_dice):
 @pytest.mark.xfail(
     strict=True,
     reason="issues 47 and 58: the pre-stated rule is not met by the issue-47 module nor by CFFM's "
-    "block (15.78 against 40 over 3 seeds; docs/results.md, 'The temporal module as CFFM builds it')",
+    "block (15.78 against 40 over 3 seeds; studies/temporal_cffm/README.md)",
 )
 def test_the_temporal_module_reads_the_clips_own_past(control_dice):
     assert THRESHOLD.failures(control_dice) == [], control_dice

@@ -6,7 +6,7 @@ Every row changes one thing in the run's out-of-federation model (fedst/runs/out
 on each out-of-federation site's test split: Dice (%, fedst.scoring.evaluation.evaluate_model,
 the numbers the run reports) and the background-as-instrument rate (% of the site's true
 background pixels, at native resolution, predicted as any instrument part), from a second pass
-that counts the pixel confusion matrix. Rows (docs/results.md, "Why FedST falls behind on E"):
+that counts the pixel confusion matrix. Rows (studies/outfed_e/README.md):
 
 * ``average, rule own | fold | mean``: the averaged model under each ``indicator.unseen`` rule
   (own: the site's own indicator, e.g. E's one-hot column that no site trained);

@@ -10,7 +10,7 @@ metric (Dice: the federated sites' mean, E and GraSP, the model each run returns
 round, as final.json holds it). With n seeds, mean d, its standard deviation (n - 1) and the
 two-sided 5 % half-width t(0.975, n - 1) * std / sqrt(n) (4.303 * std / sqrt(3) at three seeds):
 "effect" when |mean d| is above it, "unresolved" otherwise; fewer than ``--min-seeds`` seeds give
-no verdict. ``--ts-protocol`` names the four pairs of the TS protocol in docs/results.md ("The TS
+no verdict. ``--ts-protocol`` names the four pairs of the TS protocol in studies/temporal_claim/README.md ("The TS
 claim on generator version 3", addendum 1).
 """
 

@@ -39,7 +39,7 @@ their sum reaches the threshold that maximises training Dice): what a network th
 site's mean colour can know.
 
 Writes ``<out>/temporal_control.json`` and ``.md`` (per arm and seed Dice, mean +- std, wall
-times, the CPU) and prints the table. docs/results.md ("A positive control for the temporal
+times, the CPU) and prints the table. studies/temporal_control/README.md ("A positive control for the temporal
 module") holds the protocol and the measured table.
 """
 
@@ -88,7 +88,7 @@ EVAL_BATCH = 8
 
 @dataclass(frozen=True)
 class Threshold:
-    """The pass rule stated before any run (docs/results.md): Dice in % of the part classes."""
+    """The pass rule stated before any run (studies/temporal_control/README.md): Dice in % of the part classes."""
 
     own_history_min: float = 40.0
     """(a) at least this."""
