@@ -5,7 +5,7 @@ deployment engine (TLS and node authentication on 127.0.0.1).
     .venv/bin/python -m bench.deploy_scale                         # 4, 8 and 16 sites, every engine
     .venv/bin/python -m bench.deploy_scale --sites 4 --engines inprocess
     .venv/bin/python -m bench.deploy_scale --engines inprocess ray  # studies/ray_vs_inprocess/README.md
-    .venv/bin/python -m bench.deploy_scale --sites 4 8 16 train.total_iters=6   # 3 rounds
+    .venv/bin/python -m bench.deploy_scale experiment=tiny train.total_iters=6 --sites 4 8 16  # 3 rounds
 
 Sites beyond A-D read A-D's data again (``site_dir`` of the generic backend: S05 reads A, S06 B,
 ...), so every added site costs what one of the first four costs. Each run goes through the real

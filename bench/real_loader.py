@@ -3,9 +3,9 @@
 Writes a synthetic dataset in the exact EndoVis2018 on-disk format (1280x1024 RGB PNG frames with
 textured content, RGBA colour labels, labels.json) to a temporary folder, then times batches of
 4-frame clips (batch 2, 2 workers, augmentation on, frames resized to 512x640) after one warm-up
-batch. Usage::
+batch. Usage, from the repository root::
 
-    python -m bench.real_loader [--batches 30] [--workers 2] [--batch-size 2]   (from the repo root)
+    python -m bench.real_loader [--batches 30] [--workers 2] [--batch-size 2]
 """
 
 from __future__ import annotations

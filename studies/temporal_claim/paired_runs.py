@@ -1,6 +1,6 @@
 """Paired differences between two settings over seeds, and the verdict of a paired t rule.
 
-    .venv/bin/python -m studies.temporal_claim.paired_runs --pair "row 2 - row 1" \\
+    .venv/bin/python -m studies.temporal_claim.paired_runs --pair 'row 2 - row 1' \\
         runs/issue47_v4/demo/table4_row2_ts runs/issue47_v4/demo/table4_row1_baseline [--seeds 0,1,2]
     .venv/bin/python -m studies.temporal_claim.paired_runs --ts-protocol runs/issue47_v4 runs/issue47_v4_controls
 
