@@ -1,3 +1,5 @@
+# Over 600 lines: the loopback deployment's scenarios share one module fixture (the tiny benchmark,
+# generated once) and the Loopback helper that starts and stops SuperLink and SuperNodes.
 """Loopback deployment: SuperLink and SuperNodes as separate processes on 127.0.0.1, with TLS and
 SuperNode authentication, through the real entry points (``train_fed.py site=server`` and
 ``train_fed.py site=<name>``).

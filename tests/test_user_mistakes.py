@@ -1,3 +1,5 @@
+# Over 600 lines: one table of a new user's mistakes (MISTAKES) and the checks that run its rows,
+# read together; its module fixtures build the runs the rows need once.
 """Specification (issue 36): every mistake a new user makes ends in one line and leaves nothing
 behind.
 

@@ -1,3 +1,6 @@
+# Over 600 lines: SERQ's server step is one algorithm (Eq. 10-12: EQ and SC over one round's plan, the
+# descriptor, the feature bank, their checkpoint state) whose parts share the Serq object's state;
+# the bank's storage is already its own module (feature_bank.py).
 """Synthesis-based Explicit Representation Quantification (SERQ, paper Sec. III-C, Eq. 10-12).
 
 Server-only, on synthetic images (no temporal module). State:
