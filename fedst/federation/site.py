@@ -36,7 +36,7 @@ from fedst.accel import (
     use_channels_last,
 )
 from fedst.config import ConfigError, to_dict
-from fedst.data.clips import BatchStream, ClipDataset
+from fedst.data.clips import BatchStream, ClipDataset, FrameLoaders
 from fedst.data.splits import validation_dataset
 from fedst.experiment import (
     ExperimentConfig,
@@ -202,6 +202,9 @@ class Site:
         self.keep_rounds: tuple[int, ...] = ()
         """Rounds of the server's checkpoints (its train message): states :meth:`save` keeps."""
         self._validation: dict[str, ClipDataset] | None = None
+        self.evaluation_loaders = FrameLoaders()
+        """The evaluation loaders of this site's test and validation sets, whose workers persist
+        for the run (:meth:`close_loaders`)."""
         self.owns_whole_model = False
         """True after a final stage (Method.final_stage): every float tensor is then the site's."""
         self.data_changed = False
@@ -404,10 +407,17 @@ class Site:
                 self.device,
                 keep_examples=keep_examples,
                 progress=self.progress,
+                loaders=self.evaluation_loaders,
                 **self.cfg.train.evaluation_options(server_round),
             )
             for site, dataset in datasets.items()
         }
+
+    def close_loaders(self) -> None:
+        """Stop the worker processes of the training stream and of the evaluation loaders (a
+        later batch or evaluation starts new ones)."""
+        self.stream.close()
+        self.evaluation_loaders.close()
 
     def validation_data(self) -> dict[str, ClipDataset]:
         """The validation clips of every site this model is scored on (data.val_split,
