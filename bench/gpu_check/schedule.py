@@ -349,12 +349,12 @@ def measure_serq(args: argparse.Namespace, mode: str, work: Path) -> dict[str, A
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Every part, in order, within the budget; the JSON rewritten after each."""
-    from fedst.data.procedural import generate
+    from fedst.training import prepare_benchmark
 
     budget = Budget(args.budget_s)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    generate(args.data_root, 0, "gpu_check", workers=2, progress=False)
+    prepare_benchmark(_config(args, "none"), progress=False)  # as train_fed.py generates it
     modes = args.modes if args.device == "cuda" else ["none"]
     report: dict[str, Any] = {
         "device": args.device,
