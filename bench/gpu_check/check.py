@@ -158,7 +158,10 @@ def _number(value: object) -> str:
 
 
 def _metrics_markdown(metrics: dict) -> list[str]:
-    """A step's figures: a table of its variants (step, stream), else one line per figure."""
+    """A step's figures: a table of its variants (step, stream), the schedule's table, else one
+    line per figure."""
+    if "round_iters" in metrics:  # the schedule step
+        return schedule.markdown(metrics)
     variants = metrics.get("variants")
     if isinstance(variants, dict):
         lines = [

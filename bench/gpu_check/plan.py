@@ -433,7 +433,7 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
 
 
 SCHEDULE_MEASURES = (
-    "per compile mode (none, default, reduce-overhead; from a cold model; the CPU: none only): "
+    "per compile mode (none, reduce-overhead, default; from a cold model; the CPU: none only): "
     "F_s and t_s, the fixed and per-iteration cost of a site round (Site.train_round) by least "
     "squares over rounds of 5, 20 and 60 iterations after a warm-up round of 3, and its excess "
     "over F + 3t (compile, autotuning, loader start); loader_wait_ms_per_call; "

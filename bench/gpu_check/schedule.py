@@ -411,6 +411,52 @@ def _schedule_of(entry: dict, eager: dict) -> dict[str, Any] | str:
     return {**hours, "serq_from": serq_from}
 
 
+def markdown(report: dict) -> list[str]:
+    """The schedule step's figures for gpu_check.md: one table row per mode, then each mode's
+    paper schedule term by term."""
+    lines = [
+        "| mode | F s | t s | max residual s | first round excess s | loader ms / call "
+        "| step ms (CUDA events, median) | busy | sync check | SERQ s / batch | eval s / frame |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    schedules = []
+    for mode, entry in report.get("modes", {}).items():
+        site, server = entry.get("site"), entry.get("server")
+        site = site if isinstance(site, dict) else {"F_s": site}
+        server = server if isinstance(server, dict) else {"serq_s_per_batch": server}
+        step = site.get("cuda_event_step_ms")
+        busy = site.get("busy")
+        cells = [
+            site.get("F_s"),
+            site.get("t_s"),
+            site.get("max_residual_s"),
+            site.get("first_round_excess_s"),
+            site.get("loader_wait_ms_per_call"),
+            step.get("median") if isinstance(step, dict) else step,
+            busy.get("busy_fraction") if isinstance(busy, dict) else busy,
+            site.get("sync_debug_error_mode"),
+            server.get("serq_s_per_batch"),
+            (site.get("evaluation") or {}).get("seconds_per_frame"),
+        ]
+        lines.append(f"| {mode} | " + " | ".join(_cell(c) for c in cells) + " |")
+        hours = entry.get("paper_schedule_h")
+        if isinstance(hours, dict):
+            terms = ", ".join(f"{k} {_cell(v)}" for k, v in hours.items())
+            schedules.append(f"* the paper's schedule, mode {mode}: {terms}")
+        else:
+            schedules.append(f"* the paper's schedule, mode {mode}: {hours}")
+    not_run = report.get("not_run") or {}
+    return [*lines, "", *schedules, *(f"* mode {m}: {why}" for m, why in not_run.items())]
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "/")[:120]
+
+
 def _write(path: Path, report: dict) -> None:
     path.write_text(json.dumps(report, indent=1, default=str))
 
