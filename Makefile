@@ -45,16 +45,16 @@ bench: venv
 	$(BIN)/python -m bench.model
 	$(BIN)/python -m bench.demo
 
-# The wheels the GPU machine of `bash bench/gpu_check.sh` lacks (Python 3.12, manylinux x86-64),
+# The wheels the GPU machine of `bash bench/gpu_check/gpu_check.sh` lacks (Python 3.12, manylinux x86-64),
 # pinned to this .venv's versions, into .whl/ (git-ignored); docs/paper-scale.md, "The GPU check".
 gpu-wheels: venv
 	$(BIN)/python -m bench.gpu_check wheels
 
 # The GPU check run here as the GPU machine runs it: a bare environment with that machine's packages,
-# the rest as wheels on PYTHONPATH only (bench/gpu_rehearsal.py; report in gpu_rehearsal_out/).
+# the rest as wheels on PYTHONPATH only (bench/gpu_check/rehearsal.py; report in gpu_rehearsal_out/).
 # About 10 minutes on 2 cores; `make test-slow` runs it (tests/test_gpu_check.py).
 gpu-rehearsal: venv
-	$(BIN)/python -m bench.gpu_rehearsal
+	$(BIN)/python -m bench.gpu_check.rehearsal
 
 clean-venv:
 	rm -rf $(VENV)

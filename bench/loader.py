@@ -4,8 +4,17 @@ Default: two temporary generic-layout sites written by the test fixture writer
 (tests/conftest.py): 1280x1024 frames resized to 512x640, and 128x160 frames (the demo size).
 With --root/--site, the site's train split is measured at each --image-size instead.
 
+``--schedule``: what the training loop waits for (issue 60, item 4), per setting and worker
+count: a :class:`BatchStream` (the site's loader) read between simulated steps of ``--step-ms``
+(the GPU's step; 45 ms: the H200's isolated bf16 step at 512x640): its first batch (worker start
+included), the steady wait per ``next_batch`` call and its ratio to the step (target <= 5 %), the
+first batch of a later round after ``--pause-s`` of other sites' work (target <= 20 ms); and an
+evaluation's kept frame loader (``FrameLoaders``, batch 8): its start at the first evaluation
+and at a later one (to the first batch; target <= 2 s) and its steady seconds per batch.
+
     .venv/bin/python -m bench.loader                       # both temporary sites, 0 and 2 workers
     .venv/bin/python -m bench.loader --root data/proc --site D --image-size 128x160
+    .venv/bin/python -m bench.loader --schedule --workers 2 4   # the loop's waits and the ratios
 """
 
 from __future__ import annotations
@@ -24,7 +33,14 @@ sys.path.insert(0, str(REPO / "tests"))  # the fixture writer lives in tests/con
 
 from conftest import write_generic_site  # noqa: E402
 
-from fedst.data.clips import AugmentConfig, ClipConfig, ClipDataset, make_loader  # noqa: E402
+from fedst.data.clips import (  # noqa: E402
+    AugmentConfig,
+    BatchStream,
+    ClipConfig,
+    ClipDataset,
+    FrameLoaders,
+    make_loader,
+)
 from fedst.data.generic import GenericLayoutSource  # noqa: E402
 
 BATCH_SIZE = 2
@@ -52,6 +68,72 @@ def measure(dataset: ClipDataset, num_workers: int, batches: int, seed: int) -> 
     return batches * BATCH_SIZE / elapsed
 
 
+def loop_waits(
+    dataset: ClipDataset, num_workers: int, batches: int, step_s: float, pause_s: float
+) -> dict[str, float]:
+    """Seconds the training loop waits for a :class:`BatchStream`'s batches: the first (worker
+    start), the mean of ``batches`` steady calls each after a step of ``step_s``, and the first
+    call of a later round after ``pause_s`` (the other sites' rounds)."""
+    stream = BatchStream(dataset, BATCH_SIZE, seed=0, num_workers=num_workers, num_classes=8)
+    try:
+        started = time.perf_counter()
+        stream.next_batch()
+        first = time.perf_counter() - started
+        waits = []
+        for _ in range(WARMUP_BATCHES + batches):
+            time.sleep(step_s)  # the device's step; the host is free meanwhile
+            waited = time.perf_counter()
+            stream.next_batch()
+            waits.append(time.perf_counter() - waited)
+        time.sleep(pause_s)
+        waited = time.perf_counter()
+        stream.next_batch()
+        next_round = time.perf_counter() - waited
+    finally:
+        stream.close()
+    return {"first": first, "steady": sum(waits[WARMUP_BATCHES:]) / batches, "round": next_round}
+
+
+def evaluation_waits(dataset: ClipDataset, num_workers: int, batches: int) -> dict[str, float]:
+    """A site's kept evaluation loader (:class:`FrameLoaders`, batch 8 frames): seconds to the
+    first batch of the first evaluation (worker start included) and of a later one (the kept
+    workers), and per later batch (mean of at most ``batches``)."""
+    plan = [
+        (v, p, True) for v, video in enumerate(dataset.videos) for p in range(len(video.frames))
+    ]
+    loaders = FrameLoaders()
+    try:
+        starts, per_batch, timed = [], 0.0, 0
+        for _ in range(2):  # two evaluations
+            started = time.perf_counter()
+            batches_of_pass = iter(loaders.loader(dataset, plan, 8, num_workers))
+            next(batches_of_pass)
+            starts.append(time.perf_counter() - started)
+            started, timed = time.perf_counter(), 0
+            for _ in itertools.islice(batches_of_pass, batches):
+                timed += 1
+            per_batch = (time.perf_counter() - started) / max(timed, 1)
+    finally:
+        loaders.close()
+    return {"start": starts[0], "restart": starts[1], "per_batch": per_batch, "batches": timed}
+
+
+def print_schedule(name: str, dataset: ClipDataset, args: argparse.Namespace) -> None:
+    step_s = args.step_ms / 1000
+    for num_workers in args.workers:
+        loop = loop_waits(dataset, num_workers, args.batches, step_s, args.pause_s)
+        evaluation = evaluation_waits(dataset, num_workers, args.batches)
+        print(
+            f"site {name}, workers {num_workers}, step {args.step_ms:.0f} ms: first batch "
+            f"{loop['first']:.2f} s; steady wait {1000 * loop['steady']:.1f} ms per call = "
+            f"{loop['steady'] / step_s:.3f} x the step (target <= 0.05); first batch of a later "
+            f"round {1000 * loop['round']:.1f} ms (target <= 20); evaluation loader start "
+            f"{evaluation['start']:.2f} s at the first evaluation, "
+            f"{evaluation['restart']:.2f} s at a later one (kept workers; target <= 2), then {1000 * evaluation['per_batch']:.0f} "
+            f"ms per batch of 8 frames ({evaluation['batches']} batches)"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, help="generic-layout root (default: temporary sites)")
@@ -62,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--batches", type=int, default=20, help="timed batches per setting")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--schedule", action="store_true", help="the loop's waits (docstring)")
+    parser.add_argument("--step-ms", type=float, default=45.0, help="--schedule: the step")
+    parser.add_argument("--pause-s", type=float, default=1.0, help="--schedule: between rounds")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -82,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
         for source, size in settings:
             dataset = ClipDataset(source, "train", ClipConfig(image_size=size), AugmentConfig())
             frame = source.read_frame(dataset.videos[0].frames[0])
+            if args.schedule:
+                print_schedule(f"{source.name} {size[0]}x{size[1]}", dataset, args)
+                continue
             for num_workers in args.workers:
                 rate = measure(dataset, num_workers, args.batches, args.seed)
                 print(

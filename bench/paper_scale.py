@@ -34,7 +34,7 @@ training steps at most 15 % of a round; checkpoint at most 100 MB per round; pea
 ``--tiny-data`` trains on the tiny preset (64x80 frames, generated in a second) with every clip
 resized to ``--image-size`` (default 512x640): the network, SERQ and the evaluation's forward
 passes cost what they cost at that size, while the loader decodes smaller frames and evaluation
-scores at the data's native 64x80 (bench/gpu_check.sh uses it: the paper_scale preset's 3600
+scores at the data's native 64x80 (bench/gpu_check/gpu_check.sh uses it: the paper_scale preset's 3600
 images take minutes to render). ``--json`` also writes the figures below (and the device facts:
 card, dtype, TF32, compile, channels_last) to a file. With nvidia-smi, the GPU's utilisation is
 sampled every 100 ms and its mean over the steady rounds' wall time is the GPU busy fraction

@@ -169,7 +169,7 @@ def write_site(tmp_path: Path) -> Callable[..., WrittenSite]:
 
 TEST_DEVICE_ENV = "FEDST_TEST_DEVICE"
 """Environment variable naming the device of the tests that take the ``test_device`` fixture
-(default cpu; ``bash bench/gpu_check.sh`` sets cuda on a GPU machine)."""
+(default cpu; ``bash bench/gpu_check/gpu_check.sh`` sets cuda on a GPU machine)."""
 
 
 @pytest.fixture(scope="session")

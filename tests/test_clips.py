@@ -15,6 +15,7 @@ from fedst.data.clips import (
     BatchStream,
     ClipConfig,
     ClipDataset,
+    FrameLoaders,
     clip_frame_positions,
     make_loader,
 )
@@ -348,3 +349,21 @@ def test_a_batch_streams_label_check_runs_in_its_workers_with_the_same_message(
     with pytest.raises(ValueError, match=bad_labels):  # no workers: the same check, here
         BatchStream(dataset, batch_size=2, seed=0, num_workers=0, num_classes=3).next_batch()
     assert len(checks_here) == 1
+
+
+def test_kept_evaluation_loaders_reuse_their_workers_across_evaluations(write_site):
+    """issue 60, item 4: a site's evaluation starts its loader workers once per run."""
+    site = write_site("D", videos={"v1": 4})
+    dataset = ClipDataset(GenericLayoutSource(site.root, "D"), "test", ClipConfig(), NO_AUGMENT)
+    frames = [(0, position, True) for position in range(4)]
+    loaders = FrameLoaders()
+    loader = loaders.loader(dataset, frames, 2, 1)
+    first = [indices for _, _, indices in loader]
+    workers = loader._iterator  # the persistent workers' iterator, made by the first pass
+    again = loaders.loader(dataset, frames, 2, 1)
+    assert again is loader and [indices for _, _, indices in again] == first == [[0, 1], [2, 3]]
+    assert again._iterator is workers and workers._workers_status == [True]  # not restarted
+    assert loaders.loader(dataset, frames[:2], 2, 1) is not loader  # another plan: its own
+    assert len(loaders) == 2
+    loaders.close()
+    assert len(loaders) == 0 and workers._workers_status == [False]

@@ -25,9 +25,8 @@ from hydra import compose, initialize_config_dir
 from fedst.cli import CONFIG_DIR, compose_experiment, register_resolvers
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_CHECK = ("bench.gpu_", "bench.check_runner")
-"""The GPU check's modules (becoming the package bench/gpu_check/ on another branch; added here
-after it merges)."""
+PACKAGE_DRIVERS = {"bench.gpu_check": "bench.gpu_check.check"}
+"""``python -m <package>`` -> the module whose ``main(argv)`` its ``__main__`` calls."""
 COMMAND = re.compile(
     r"python (?P<prog>train_fed\.py|eval_outfed\.py|-m (?:fedst|bench|studies)(?:\.\w+)+)"
     r"(?P<args>[^`\n#;\"]*)"
@@ -112,8 +111,6 @@ def documented_commands() -> list[tuple[str, str, list[str]]]:
             text = _join_code_spans(text)
         for match in COMMAND.finditer(text):
             prog = match["prog"].removeprefix("-m ")
-            if prog.startswith(GPU_CHECK):
-                continue
             args = _normalise(match["args"])
             found.setdefault((prog, tuple(args)), source)
     return [(source, prog, list(args)) for (prog, args), source in found.items()]
@@ -124,12 +121,16 @@ COMMANDS = documented_commands()
 
 def scripts() -> list[str]:
     """The dotted names of the scripts of bench/ and studies/ (a file that runs as ``__main__``)."""
-    files = sorted(REPO.glob("bench/*.py")) + sorted(REPO.glob("studies/*/*.py"))
+    files = [
+        *sorted(REPO.glob("bench/*.py")),
+        *sorted(REPO.glob("bench/gpu_check/*.py")),
+        *sorted(REPO.glob("studies/*/*.py")),
+    ]
     names = [".".join(f.relative_to(REPO).with_suffix("").parts) for f in files]
     return [
         name
         for name, path in zip(names, files, strict=True)
-        if 'if __name__ == "__main__"' in path.read_text() and not name.startswith(GPU_CHECK)
+        if 'if __name__ == "__main__"' in path.read_text()
     ]
 
 
@@ -149,7 +150,12 @@ def _hydra_overrides(args: list[str]) -> list[str]:
 
 
 def _check_argparse_module(module_name: str, args: list[str], monkeypatch) -> None:
-    module = importlib.import_module(module_name)
+    module = importlib.import_module(PACKAGE_DRIVERS.get(module_name, module_name))
+    if "--help" in args or "-h" in args:
+        with pytest.raises(SystemExit) as exited:
+            module.main(args)
+        assert exited.value.code == 0, module_name
+        return
     original = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, argv=None, namespace=None):

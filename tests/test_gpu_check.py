@@ -1,4 +1,4 @@
-"""Specification of the prepared GPU check (bench/gpu_check.py, bench/gpu_check.sh): the wheels it
+"""Specification of the prepared GPU check (bench/gpu_check/check.py, bench/gpu_check/gpu_check.sh): the wheels it
 carries, its report written after every step, its time limits, and the whole script on the CPU.
 The device tests compare ``test_device`` ($FEDST_TEST_DEVICE, cuda in the GPU check) with the CPU;
 on the CPU alone they are skipped."""
@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import check_runner, gpu_check, gpu_check_plan, gpu_timing, gpu_wheels
+from bench.gpu_check import check as gpu_check
+from bench.gpu_check import plan as gpu_check_plan
+from bench.gpu_check import runner as check_runner
+from bench.gpu_check import schedule as gpu_schedule
+from bench.gpu_check import timing as gpu_timing
+from bench.gpu_check import wheels as gpu_wheels
 from fedst import accel
 from fedst.experiment import TrainConfig
 from fedst.model.losses import SegmentationLoss
@@ -214,7 +219,7 @@ def test_an_option_this_checkout_lacks_makes_its_step_unsupported(tmp_path, monk
 def test_the_steps_run_by_value_and_their_limits_fit_the_gpu_budget_with_a_margin():
     steps = gpu_check_plan.plan_steps("cuda", gpu_check_plan.GPU_SIZES, Path("/nonexistent"))
     names = [s.name for s in steps]
-    assert names == ["facts", "federation", "paper_scale", "tests", "scoring", "step", "stream"]
+    assert names == ["facts", "federation", "schedule", "tests", "scoring", "step", "stream"]
     # every step gets its whole limit inside the budget, so none is "not run" for lack of time
     assert sum(s.timeout_s for s in steps) <= gpu_check_plan.GPU_SIZES.budget_s
     # the budget, the wheels and pre-flight inside the device call's limit (at most 600 s), and
@@ -241,7 +246,7 @@ def test_without_a_usable_gpu_the_check_stops_in_seconds_with_the_reason(tmp_pat
     # this machine has no GPU: the script itself must say so and exit 3 before any step
     env = {**os.environ, "OUT": str(tmp_path)}
     env.pop("FEDST_TEST_DEVICE", None)
-    done = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=REPO, env=env, capture_output=True,
+    done = subprocess.run(["bash", "bench/gpu_check/gpu_check.sh"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 3, done.stderr[-2000:]
     assert "no usable cuda device" in done.stderr
@@ -308,18 +313,43 @@ def test_the_requirement_report_names_an_unmet_requirement_on_pythonpath(tmp_pat
     assert "needs-future-numpy 1.0: needs surely-not-installed-pkg, not installed" in lines
 
 
+# -- the schedule's arithmetic (bench/gpu_check/schedule.py) -------------------------------------
+
+
+def test_the_round_fit_recovers_the_fixed_and_per_iteration_cost():
+    exact = gpu_schedule.fit_round_cost([(5, 0.7 + 5 * 0.12), (20, 0.7 + 20 * 0.12), (60, 7.9)])
+    assert exact["F_s"] == pytest.approx(0.7) and exact["t_s"] == pytest.approx(0.12)
+    assert exact["max_residual_s"] == pytest.approx(0.0, abs=1e-12)
+    # one round 0.3 s slow: the line through the others moves, and the residual says so
+    noisy = gpu_schedule.fit_round_cost([(5, 1.3 + 0.3), (20, 3.1), (60, 7.9)])
+    assert noisy["max_residual_s"] > 0.1
+    with pytest.raises(ValueError, match="two distinct"):
+        gpu_schedule.fit_round_cost([(20, 1.0), (20, 1.1)])
+
+
+def test_the_paper_schedule_lists_each_term_of_the_issue_s_formula():
+    hours = gpu_schedule.paper_schedule(1.0, 0.1, 0.2, 0.01, 0.05)
+    # by hand: 300 x 4 x (1 + 100 x 0.1) s; 300 x 100 x 0.2 s; 30 x 3718 x 0.01 s; 3000 x 0.05 s
+    assert hours["sites_h"] == pytest.approx(13200 / 3600)
+    assert hours["site_fixed_h"] == pytest.approx(1200 / 3600)
+    assert hours["serq_h"] == pytest.approx(6000 / 3600)
+    assert hours["evaluation_h"] == pytest.approx(1115.4 / 3600)
+    assert hours["pretraining_h"] == pytest.approx(150 / 3600)
+    assert hours["total_h"] == pytest.approx((13200 + 6000 + 1115.4 + 150) / 3600)
+
+
 # -- the whole script, as the GPU machine runs it --------------------------------------------------
 
 
 @pytest.mark.slow  # about 10 minutes on 2 cores: `pytest -m slow tests/test_gpu_check.py`
 def test_the_rehearsal_runs_every_step_ok_with_the_dependencies_on_pythonpath_only(tmp_path):
-    """bench/gpu_rehearsal.py: a bare environment with the GPU machine's packages, FedST's other
-    dependencies as wheels on PYTHONPATH alone, then ``bash bench/gpu_check.sh --cpu``."""
+    """bench/gpu_check/rehearsal.py: a bare environment with the GPU machine's packages, FedST's other
+    dependencies as wheels on PYTHONPATH alone, then ``bash bench/gpu_check/gpu_check.sh --cpu``."""
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("FEDST_TEST_DEVICE", None)
     done = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_rehearsal", "--out", str(out)],
+        [sys.executable, "-m", "bench.gpu_check.rehearsal", "--out", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -332,6 +362,7 @@ def test_the_rehearsal_runs_every_step_ok_with_the_dependencies_on_pythonpath_on
     expected = {
         "facts",
         "federation",
+        "schedule",
         "paper_scale",
         "tests",
         "scoring",
@@ -360,6 +391,15 @@ def test_the_rehearsal_runs_every_step_ok_with_the_dependencies_on_pythonpath_on
     assert paper_scale["gpu_busy_rounds"] == [2]  # 4 rounds: 1 warms up, 3 evaluates, 4 is last
     assert paper_scale["evaluation_rounds"] == [3]
     assert "after warm-up" in paper_scale["pretrain_measure"]
+    schedule = steps["schedule"]  # on the CPU: eager only, CUDA-only figures not faked
+    assert schedule["not_run"] == {m: gpu_schedule.NO_CUDA for m in ("default", "reduce-overhead")}
+    eager = schedule["modes"]["none"]
+    assert [r["iters"] for r in eager["site"]["rounds"]] == [3, 5, 20, 60]
+    assert eager["site"]["t_s"] > 0 and eager["site"]["evaluation"]["frames"] > 0
+    for figure in ("busy", "cuda_event_step_ms", "sync_debug_error_mode"):
+        assert eager["site"][figure] == gpu_schedule.NO_CUDA
+    assert eager["server"]["serq_s_per_batch"] > 0 and eager["server"]["pretrain_s_per_iter"] > 0
+    assert eager["paper_schedule_h"]["total_h"] > eager["paper_schedule_h"]["sites_h"] > 0
     assert steps["scoring"]["scores_equal"] is True
     assert (
         steps["step"]["variants"]["baseline: fp32, no TF32, eager, contiguous"]["ms_per_step"] > 0

@@ -11,7 +11,8 @@ run's ``device.jsonl``; :class:`PhasePeaks` and :func:`memory_usage` report resi
 
 The modules: precision.py (``train.amp_dtype`` -> :class:`Precision`), device.py (the device, its
 CUDA settings and :class:`DeviceFacts`), steps.py (optimizers, compile, channels-last, the
-optimizer step, :class:`LossLog`), transfer.py (a state's tensors to the host in one copy per
+optimizer step, :class:`LossLog`), compiled.py (a whole training iteration compiled, with static
+input buffers and CUDA graphs under ``reduce-overhead``: :class:`CompiledStep`), transfer.py (a state's tensors to the host in one copy per
 device, :func:`bulk_to_host`), memory.py (resident and GPU memory for the run log). Every
 name is imported from ``fedst.accel``.
 
@@ -33,6 +34,7 @@ A site step with these helpers (the shape of fedst/federation/site.py and serq.p
     values = losses.values()                 # one host sync per phase
 """
 
+from fedst.accel.compiled import FALLBACK_WINDOW, CompiledStep
 from fedst.accel.device import (
     CUBLAS_WORKSPACE,
     DeviceFacts,
@@ -55,6 +57,8 @@ from fedst.accel.steps import (
     COMPILE_MODES,
     CUDA_GRAPH_MODES,
     LossLog,
+    apply_gradients,
+    backward_pass,
     begin_step,
     clips_channels_last,
     compile_mode,
@@ -74,13 +78,17 @@ __all__ = [
     "COMPILE_MODES",
     "CUBLAS_WORKSPACE",
     "CUDA_GRAPH_MODES",
+    "FALLBACK_WINDOW",
     "NATIVE_BF16_CAPABILITY",
     "REPLY_MEMORY_KEYS",
+    "CompiledStep",
     "DeviceFacts",
     "HostCopy",
     "LossLog",
     "PhasePeaks",
     "Precision",
+    "apply_gradients",
+    "backward_pass",
     "begin_step",
     "bulk_to_host",
     "clips_channels_last",

@@ -139,13 +139,40 @@ def optimizer_step(
     SGD): each is zeroed, then stepped once in order after the one backward pass; one scaler
     serves them all and updates its scale once (PyTorch AMP, "multiple optimizers").
     """
-    optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
-    for each in optimizers:
+    backward_pass(loss, optimizer, scaler)
+    apply_gradients(optimizer, scaler, parameters, max_grad_norm)
+
+
+def _optimizers(
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+) -> list[torch.optim.Optimizer]:
+    return [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+
+
+def backward_pass(
+    loss: torch.Tensor,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+    scaler: torch.amp.GradScaler | None,
+) -> None:
+    """The first half of :func:`optimizer_step`: gradients set to None, then the backward pass
+    of ``loss`` (scaled by ``scaler`` in fp16)."""
+    for each in _optimizers(optimizer):
         each.zero_grad(set_to_none=True)
     if scaler is None:
         loss.backward()
     else:
         scaler.scale(loss).backward()
+
+
+def apply_gradients(
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+    scaler: torch.amp.GradScaler | None,
+    parameters: Iterable[torch.nn.Parameter],
+    max_grad_norm: float | None = None,
+) -> None:
+    """The second half of :func:`optimizer_step`: unscale and clip when asked, then each
+    optimizer's step (through the scaler in fp16) and the scaler's one update."""
+    optimizers = _optimizers(optimizer)
     if max_grad_norm is not None:
         if scaler is not None:
             for each in optimizers:

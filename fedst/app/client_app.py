@@ -84,8 +84,9 @@ def keep_live_sites(limit: int | None, pause_idle_loaders: bool = False) -> None
 
 
 def _close(site: Site) -> None:
-    """Stop ``site``'s loader workers now (its model and optimizer go with the last reference)."""
-    site.stream.close()
+    """Stop ``site``'s loader workers (training and evaluation) now (its model and optimizer go
+    with the last reference)."""
+    site.close_loaders()
 
 
 def _evict(keep: int | None) -> None:
@@ -106,7 +107,7 @@ def _pause_other_loaders(active: Site) -> None:
     set per site it holds."""
     for site in _SITES.values():
         if site is not active:
-            site.stream.close()
+            site.close_loaders()
 
 
 def _node(context: Context) -> SiteNodeConfig:

@@ -21,25 +21,22 @@ from pathlib import Path
 import torch
 
 from fedst.accel import (
+    CompiledStep,
     LossLog,
-    begin_step,
     bulk_to_host,
     clips_channels_last,
     configure_device,
     device_facts,
     first_non_finite,
     fused_optimizer_options,
-    kept,
     match_parameter_layouts,
-    maybe_compile,
     optimizer_step,
     resolve_precision,
     standalone,
     use_channels_last,
-    uses_cuda_graphs,
 )
 from fedst.config import ConfigError, to_dict
-from fedst.data.clips import BatchStream, ClipDataset
+from fedst.data.clips import BatchStream, ClipDataset, FrameLoaders
 from fedst.data.splits import validation_dataset
 from fedst.experiment import (
     ExperimentConfig,
@@ -159,13 +156,13 @@ class Site:
         self.channels_last = use_channels_last(self.model, device, cfg.train.channels_last)
         """Whether the model and its input clips are in channels_last order (CUDA only)."""
         self.precision = resolve_precision(cfg.train.amp_dtype, device)
-        self.cuda_graphs = uses_cuda_graphs(cfg.train.compile, device)
-        """Whether the compiled step replays CUDA graphs (its outputs are then copied to keep)."""
         if isinstance(self.model, FedSTNet):  # its temporal layouts, built outside any graph
             self.model.prepare_temporal(tuple(cfg.clip.image_size))
-        self._step_loss = maybe_compile(self._forward_loss, cfg.train.compile)
-        """The training step's forward and loss (:meth:`_forward_loss`), compiled per
-        ``train.compile``; the model itself stays eager (evaluation, export)."""
+        self.training_step = CompiledStep(self._forward_loss, cfg.train.compile, device)
+        """The training iteration (:meth:`_forward_loss`, its backward pass and AdamW's step),
+        compiled per ``train.compile`` from this cold model, with static input buffers and CUDA
+        graphs under reduce-overhead (fedst/accel/compiled.py); the model itself stays eager
+        (evaluation, export)."""
         facts = device_facts(device, self.precision, cfg.train.compile)
         log.info("site %s: %s", name, facts.line())  # what this site really computes with
         self.scaler = self.precision.grad_scaler()
@@ -205,6 +202,9 @@ class Site:
         self.keep_rounds: tuple[int, ...] = ()
         """Rounds of the server's checkpoints (its train message): states :meth:`save` keeps."""
         self._validation: dict[str, ClipDataset] | None = None
+        self.evaluation_loaders = FrameLoaders()
+        """The evaluation loaders of this site's test and validation sets, whose workers persist
+        for the run (:meth:`close_loaders`)."""
         self.owns_whole_model = False
         """True after a final stage (Method.final_stage): every float tensor is then the site's."""
         self.data_changed = False
@@ -296,27 +296,31 @@ class Site:
                 if self.cfg.train.lr_schedule != "constant":
                     set_lr_factor(optimizer, lr_factor(first_iteration + step, self.cfg.train))
                 # on the device, normalised: [B, T, 3, H, W] float32, [B, H, W] int64
-                begin_step(self.cuda_graphs)
                 waited = time.perf_counter()
                 clips, masks, _ = self.stream.next_batch()
                 self.loader_seconds += time.perf_counter() - waited
                 if self.channels_last:
                     clips = clips_channels_last(clips)
                 if loss_of is None:
-                    loss = self._step_loss(clips, indicator, masks)
+                    (loss,) = self.training_step.step(
+                        (clips, indicator, masks),
+                        optimizer,
+                        self.scaler,
+                        self.model.parameters(),
+                        self.cfg.train.max_grad_norm,
+                    )
                 else:  # a final stage's own loss: eager
                     with self.precision.autocast():
                         logits = self.model(clips, indicator)  # [B, C, H, W]
                         loss = loss_of(clips, logits.float(), masks)
-                optimizer_step(
-                    loss,
-                    optimizer,
-                    self.scaler,
-                    self.model.parameters(),
-                    self.cfg.train.max_grad_norm,
-                )
-                # stays on the device: no host sync per step
-                losses.append(kept(loss, self.cuda_graphs))
+                    optimizer_step(
+                        loss,
+                        optimizer,
+                        self.scaler,
+                        self.model.parameters(),
+                        self.cfg.train.max_grad_norm,
+                    )
+                losses.append(loss)  # stays on the device: no host sync per step
         finally:
             for parameter in frozen:
                 parameter.requires_grad_(True)
@@ -403,10 +407,17 @@ class Site:
                 self.device,
                 keep_examples=keep_examples,
                 progress=self.progress,
+                loaders=self.evaluation_loaders,
                 **self.cfg.train.evaluation_options(server_round),
             )
             for site, dataset in datasets.items()
         }
+
+    def close_loaders(self) -> None:
+        """Stop the worker processes of the training stream and of the evaluation loaders (a
+        later batch or evaluation starts new ones)."""
+        self.stream.close()
+        self.evaluation_loaders.close()
 
     def validation_data(self) -> dict[str, ClipDataset]:
         """The validation clips of every site this model is scored on (data.val_split,

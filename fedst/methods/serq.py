@@ -35,8 +35,10 @@ batch's bank entries are read at once (:func:`~fedst.methods.feature_bank.read_e
 pinned memory on CUDA) and copied to the device without a host wait; Eq. 10's update runs on the
 device, and the round's new entries stay there (a later batch of the round that draws the sample
 again reads them there) until one copy to the host and one batched write after the loop. The
-forward passes and losses of EQ, SC and the bank's F_g are the functions ``train.compile``
-compiles (fedst.accel.maybe_compile; CUDA graphs with reduce-overhead), and with
+forward passes and losses of EQ and SC, with their backward passes, are compiled per
+``train.compile`` as whole iterations with static input buffers (fedst.accel.CompiledStep; CUDA
+graphs with reduce-overhead, the fused optimizers beside them), the bank's F_g pass per
+``train.compile`` (fedst.accel.maybe_compile), and with
 ``train.channels_last`` the models and images are in channels_last order on CUDA.
 
 Server fine-tuning (``serq.mode=finetune``; the blue line of Fig. 5, Sec. IV-C5: "the
@@ -66,15 +68,14 @@ import torch
 from torch import nn
 
 from fedst.accel import (
+    CompiledStep,
     LossLog,
     Precision,
     begin_step,
     clips_channels_last,
     fused_optimizer_options,
-    kept,
     match_parameter_layouts,
     maybe_compile,
-    optimizer_step,
     use_channels_last,
     uses_cuda_graphs,
 )
@@ -161,9 +162,12 @@ class Serq:
         self.channels_last = use_channels_last(synthetic_model, device, channels_last)
         """Whether the models and images of SERQ's passes are in channels_last order."""
         self.cuda_graphs = uses_cuda_graphs(compile_mode, device)
-        """Whether the compiled passes replay CUDA graphs (outputs kept are then copies)."""
-        self._eq_pass = maybe_compile(self._eq_objective, compile_mode)
-        self._sc_pass = maybe_compile(self._sc_objective, compile_mode)
+        """Whether the compiled bank pass replays CUDA graphs."""
+        self.eq_step = CompiledStep(self._eq_objective, compile_mode, device)
+        """EQ's iteration (forward, loss, backward, v_pre's Adam and D_sy's SGD) compiled per
+        ``train.compile``, with static input buffers (fedst/accel/compiled.py)."""
+        self.sc_step = CompiledStep(self._sc_objective, compile_mode, device)
+        """SC's iteration (forward passes, loss, backward, the global model's Adam), likewise."""
         self._bank_pass = maybe_compile(self._features, compile_mode)
         self.stream = stream
         self.reference = reference
@@ -354,17 +358,16 @@ class Serq:
             begin_step(self.cuda_graphs)
             images, masks = self._inputs(images, masks)
             bank = self._refreshed_rows(global_model, images, list(ids), updated)  # F_hat_g^{t+1}
-            loss, gap, syn_square = self._eq_pass(images, masks, bank)
             # one backward, then v_pre's Adam and D_sy's SGD each step once
-            optimizer_step(
-                loss,
+            loss, gap, syn_square = self.eq_step.step(
+                (images, masks, bank),
                 (self.pre_optimizer, self.descriptor_optimizer),
                 self.pre_scaler,
                 [*self.synthetic_model.parameters(), self.domain_descriptor],
             )
-            losses.append(kept(loss, self.cuda_graphs))  # on the device; read after the loop
-            gaps.append(kept(gap, self.cuda_graphs))
-            syn_squares.append(kept(syn_square, self.cuda_graphs))
+            losses.append(loss)  # kept on the device; read after the loop
+            gaps.append(gap)
+            syn_squares.append(syn_square)
             bank_squares.append(bank.pow(2).mean())
         self._write_bank(updated)
         n = len(batches)
@@ -433,16 +436,17 @@ class Serq:
         self._prepare(global_model)
         losses, gaps, global_squares = LossLog(), LossLog(), LossLog()
         for images, masks, _ in batches:
-            begin_step(self.cuda_graphs)
             images, masks = self._inputs(images, masks)
-            loss, gap, global_square = self._sc_pass(global_model, images, masks, feature_term)
-            if gap is not None:
-                gaps.append(kept(gap, self.cuda_graphs))
-            optimizer_step(
-                loss, self.global_optimizer, self.global_scaler, global_model.parameters()
+            loss, gap, global_square = self.sc_step.step(
+                (global_model, images, masks, feature_term),
+                self.global_optimizer,
+                self.global_scaler,
+                global_model.parameters(),
             )
-            losses.append(kept(loss, self.cuda_graphs))  # on the device; read after the loop
-            global_squares.append(kept(global_square, self.cuda_graphs))
+            if gap is not None:
+                gaps.append(gap)
+            losses.append(loss)  # kept on the device; read after the loop
+            global_squares.append(global_square)
         n = len(batches)
         total, global_square = _sum(losses), _sum(global_squares)
         gap = _sum(gaps) / n if feature_term else None

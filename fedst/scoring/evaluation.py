@@ -41,6 +41,7 @@ from fedst.accel import resolve_precision
 from fedst.data.clips import (
     ClipDataset,
     FrameDataset,
+    FrameLoaders,
     clip_frame_positions,
     frame_loader,
     normalize_clips,
@@ -133,11 +134,13 @@ def predict_test_frames(
     batch_size: int = 1,
     num_workers: int | str = 0,
     amp_dtype: str = "none",
+    loaders: FrameLoaders | None = None,
 ) -> Iterator[FramePrediction]:
     """Predictions of the first ``max_frames`` samples of ``dataset``, in dataset order, by
     streaming each video's needed frames (:func:`evaluation_plan`) in batches of up to
-    ``batch_size`` consecutive frames of one video, loaded by ``num_workers`` workers, the
-    network under autocast at ``amp_dtype`` (``train.amp_dtype``; "none": fp32).
+    ``batch_size`` consecutive frames of one video, loaded by ``num_workers`` workers (kept in
+    ``loaders`` when given), the network under autocast at ``amp_dtype`` (``train.amp_dtype``;
+    "none": fp32).
 
     Sparse labels (e.g. 1 fps labels in a 25 fps video) cost 4 encoder passes per label at most,
     dense labels 1.
@@ -148,7 +151,10 @@ def predict_test_frames(
     model.eval()
     temporal = model.uses_temporal(dataset.clip_length)
     plan = evaluation_plan(dataset, max_frames, temporal)
-    loader = frame_loader(FrameDataset(dataset, plan), batch_size, num_workers)
+    if loaders is None:
+        loader = frame_loader(FrameDataset(dataset, plan), batch_size, num_workers)
+    else:
+        loader = loaders.loader(dataset, plan, batch_size, num_workers)
     state, current_video = None, None
     for frames, labels, indices in loader:  # uint8 [B, 3, H, W], B x (uint8 [H0, W0] | None)
         normalized = normalize_clips(frames.to(device, non_blocking=True))  # float [B, 3, H, W]
@@ -267,6 +273,7 @@ def evaluate_model(
     num_workers: int | str = 0,
     distances: bool = True,
     amp_dtype: str = "none",
+    loaders: FrameLoaders | None = None,
 ) -> EvaluationResult:
     """Predict every test clip's current frame (:func:`predict_test_frames`: ``batch_size``
     frames per pass, ``num_workers`` loader workers, autocast at ``amp_dtype``; callers pass
@@ -275,6 +282,8 @@ def evaluate_model(
     device (:func:`native_class_map`, :func:`fedst.scoring.overlap.overlap_counts`), only the counts
     copied to the host. ``distances=False``: Dice / IoU only (HD95 / ASSD ``None``); with
     distances, each class map is also copied to the host for its distance transforms.
+    ``loaders``: a site's kept evaluation loaders (their workers persist between evaluations;
+    None: a loader of this call only).
 
     The class count is the network's (its logits' channels). For a binary site (GraSP) every
     predicted part class counts as instrument (paper Sec. IV-D1).
@@ -284,7 +293,7 @@ def evaluate_model(
     ind = indicator.to(device) if indicator is not None else None
     total = len(dataset) if max_frames is None else min(max_frames, len(dataset))
     predictions = predict_test_frames(
-        model, dataset, ind, device, max_frames, batch_size, num_workers, amp_dtype
+        model, dataset, ind, device, max_frames, batch_size, num_workers, amp_dtype, loaders
     )
     for prediction in progress_bar(
         predictions, total=total, desc=f"eval {dataset.site_name}", enabled=progress, leave=False

@@ -24,7 +24,7 @@ stream exactly.
 The package: ``clip`` (ClipConfig, which frames make a clip), ``normalization`` (resizing and
 ImageNet normalisation), ``augmentation`` (AugmentConfig and its pipeline), ``dataset``
 (ClipDataset), ``loaders`` (workers, seeded epochs, ``make_loader``, ``BatchStream``) and
-``frames`` (FrameDataset and ``frame_loader`` for streaming evaluation).
+``frames`` (FrameDataset, ``frame_loader`` and the kept FrameLoaders for streaming evaluation).
 
 Layer: part of fedst.data; imports fedst.data and the root modules.
 """
@@ -32,7 +32,7 @@ Layer: part of fedst.data; imports fedst.data and the root modules.
 from fedst.data.clips.augmentation import AugmentConfig, build_augmentation
 from fedst.data.clips.clip import ClipConfig, FrameHistory, clip_frame_positions
 from fedst.data.clips.dataset import ClipDataset
-from fedst.data.clips.frames import FrameDataset, collate_frames, frame_loader
+from fedst.data.clips.frames import FrameDataset, FrameLoaders, collate_frames, frame_loader
 from fedst.data.clips.loaders import (
     BatchStream,
     PlannedBatches,
@@ -58,6 +58,7 @@ __all__ = [
     "ClipDataset",
     "FrameDataset",
     "FrameHistory",
+    "FrameLoaders",
     "PlannedBatches",
     "build_augmentation",
     "clip_frame_positions",

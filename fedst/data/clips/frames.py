@@ -1,7 +1,10 @@
 """Single frames for streaming evaluation: :class:`FrameDataset` reads the frames of a
 :class:`ClipDataset`'s videos in a given order, as the network sees them before normalisation, with
 each labelled frame's label once at native resolution, and :func:`frame_loader` batches them
-through the loader workers of fedst/data/clips/loaders.py."""
+through the loader workers of fedst/data/clips/loaders.py; :class:`FrameLoaders` keeps those
+loaders and their workers between evaluations (issue 60: a site's evaluation started its workers
+afresh every time, about 0.5 s a worker on the H200 machine and 2-7 s for 2-4 workers on this
+project's loaded CPU, bench/loader.py --schedule)."""
 
 from __future__ import annotations
 
@@ -56,9 +59,12 @@ def collate_frames(
     return torch.stack(frames), list(labels), list(indices)
 
 
-def frame_loader(dataset: FrameDataset, batch_size: int, num_workers: int | str) -> DataLoader:
+def frame_loader(
+    dataset: FrameDataset, batch_size: int, num_workers: int | str, persistent: bool = False
+) -> DataLoader:
     """Batches of ``dataset`` in its order (:func:`collate_frames`), decoded by ``num_workers``
-    workers (a count or "auto"), pinned when CUDA is present."""
+    workers (a count or "auto"), pinned when CUDA is present; ``persistent``: the workers stay
+    between passes (until :meth:`FrameLoaders.close` or the loader's last reference)."""
     num_workers = resolve_num_workers(num_workers)
     return DataLoader(
         dataset,
@@ -69,4 +75,43 @@ def frame_loader(dataset: FrameDataset, batch_size: int, num_workers: int | str)
         collate_fn=collate_frames,
         pin_memory=torch.cuda.is_available(),
         worker_init_fn=seed_worker,
+        persistent_workers=persistent and num_workers > 0,
     )
+
+
+class FrameLoaders:
+    """A site's evaluation loaders, kept for the run: one persistent :func:`frame_loader` per
+    (clip dataset, frame plan, batch size, workers), so each evaluation after the first of a
+    dataset reuses its workers instead of starting them. The plan is part of the key: the
+    workers hold the :class:`FrameDataset` they were started with."""
+
+    def __init__(self) -> None:
+        self._loaders: dict[tuple, tuple[ClipDataset, DataLoader]] = {}
+
+    def __len__(self) -> int:
+        return len(self._loaders)
+
+    def loader(
+        self,
+        dataset: ClipDataset,
+        frames: Sequence[tuple[int, int, bool]],
+        batch_size: int,
+        num_workers: int | str,
+    ) -> DataLoader:
+        """The kept loader of ``dataset``'s ``frames`` (made at the first call)."""
+        workers = resolve_num_workers(num_workers)
+        key = (id(dataset), tuple(frames), batch_size, workers)
+        if key not in self._loaders:  # the dataset is held with it, so its id stays its own
+            made = frame_loader(FrameDataset(dataset, frames), batch_size, workers, True)
+            self._loaders[key] = (dataset, made)
+        return self._loaders[key][1]
+
+    def close(self) -> None:
+        """Stop every kept loader's workers and drop the loaders."""
+        for _, loader in self._loaders.values():
+            # DataLoader has no public call that ends persistent workers; this is what its
+            # iterator's __del__ runs (as BatchStream.close)
+            iterator = getattr(loader, "_iterator", None)
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+        self._loaders = {}

@@ -461,7 +461,7 @@ PRESETS: dict[str, Preset] = {
             SplitSize(2, 6),
             24,
         ),
-        description="bench/gpu_check.sh: tiny's training splits with 48 test frames per "
+        description="bench/gpu_check/gpu_check.sh: tiny's training splits with 48 test frames per "
         "federated site (C: 48 labelled of 96), so an evaluation's loader start is amortised",
     ),
     "demo": Preset(

@@ -1,7 +1,7 @@
-"""The GPU check's two timing benchmarks, each run in a process of its own by bench/gpu_check.py
+"""The GPU check's two timing benchmarks, each run in a process of its own by bench/gpu_check/check.py
 (its ``step`` and ``stream`` subcommands): one training step of the network with none of the
 options against TF32, bf16, channels_last and torch.compile; streaming inference per frame in
-eager, autocast, compiled, CUDA-graph and ONNX Runtime variants. Split from bench/gpu_check.py
+eager, autocast, compiled, CUDA-graph and ONNX Runtime variants. Split from bench/gpu_check/check.py
 (issue 48).
 """
 

@@ -1,7 +1,7 @@
 """The GPU machine's Python and packages, and the wheels FedST's dependencies travel there as
-(``make gpu-wheels``; bench/gpu_check.sh installs them with ``pip --target`` on PYTHONPATH):
+(``make gpu-wheels``; bench/gpu_check/gpu_check.sh installs them with ``pip --target`` on PYTHONPATH):
 the download plan, the requirements the machine's versions must meet, and the size a device call
-carries. Split from bench/gpu_check.py (issue 48), whose ``wheels`` and ``requirements``
+carries. Split from bench/gpu_check/check.py (issue 48), whose ``wheels`` and ``requirements``
 subcommands call it.
 """
 
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 log = logging.getLogger("gpu_check")
 
 

@@ -1,39 +1,7 @@
-"""The prepared GPU check (issue 33, item 9): every GPU-relevant check of FedST in one command, on
-a borrowed machine with one H100 (or H200), 16 cores, no network and a ``python3`` that already
-holds torch 2.11, timm, onnx, onnxruntime, OpenCV, matplotlib, TensorBoard and pytest.
-
-    make gpu-wheels                 # here: the wheels that machine lacks, into .whl/ (git-ignored)
-    bash bench/gpu_check.sh         # there, from the repository root: report in $OUT or gpu_check_out/
-    bash bench/gpu_check.sh --cpu   # anywhere: the same steps on the CPU at a reduced size
-
-Steps, in this order, each with its own time limit inside one overall budget (``--budget-s``,
-460 s on a GPU): ``facts`` (torch, CUDA, card, dtype, TF32, package versions); ``federation`` (a
-tiny federation on the device with ``train_fed.py``, then ``eval_outfed.py`` and ``fedst.infer``,
-checking that the device was really used); ``paper_scale`` (``bench.paper_scale --tiny-data`` at
-512x640 with paper.yaml's settings: ms per site step, GPU busy fraction, SERQ's, the loader
-wait's and the evaluation's shares, peak memory, the paper's run in hours); ``step`` (one training
-step of the network, batch 2 of 4-frame clips at 512x640, with none of the options against TF32,
-bf16, channels_last and torch.compile, in one process, so the ratios come from one run);
-``stream`` (streaming inference FPS at 512x640: eager fp32, bf16 and fp16 autocast, compiled, and
-ONNX Runtime with its CUDA provider where present); ``tests`` (the CUDA-relevant test files with
-``FEDST_TEST_DEVICE=cuda``); with ``--cpu`` only (they do not fit the GPU lease, see
-``GPU_SIZES`` in bench/gpu_check_plan.py): ``paper_scale_baseline`` (fp32, no TF32, no compile,
-no channels_last) and ``paper_scale_options`` (``train.compile`` and ``train.channels_last`` on).
-
-The wheels and the machine's packages are bench/gpu_wheels.py; the ``step`` and ``stream``
-timings bench/gpu_timing.py; the steps, their sizes and time limits bench/gpu_check_plan.py;
-running one step (its time limit, its process group, nvidia-smi sampled meanwhile)
-bench/check_runner.py; this module holds the facts, the driver of the steps and the report.
-
-After every step ``gpu_check.md`` and ``gpu_check.json`` are rewritten and every command's output
-is appended to ``gpu_check.log``, so a run cut off at any point still returns what it measured.
-A step whose override names a config field this checkout does not have is ``unsupported``.
-
-``--cpu`` runs the same steps on the CPU: 64x80 instead of 512x640, 1 round of 1 iteration, a
-few timed iterations, torch.compile with the ``eager`` backend (dynamo's tracing without
-inductor's C++ build, which takes minutes on 2 cores) and only test_devices.py and this check's
-own device tests, so tests/test_gpu_check.py can run the script in CI-sized time.
-"""
+"""The GPU check's driver (``python -m bench.gpu_check``): the device facts, the pre-flight, the
+steps of bench/gpu_check/plan.py run in order within the budget, and the report
+(``gpu_check.md`` / ``.json`` / ``.log``). The whole check is described in
+bench/gpu_check/__init__.py."""
 
 from __future__ import annotations
 
@@ -49,14 +17,15 @@ import sys
 import time
 from pathlib import Path
 
-from bench.check_runner import StepResult, run_step
 from bench.environment import child_environment
-from bench.gpu_check_plan import CPU_SIZES, GPU_SIZES, plan_steps
-from bench.gpu_timing import bench_step, bench_stream, write_json
-from bench.gpu_wheels import make_wheels, requirement_report
+from bench.gpu_check import schedule
+from bench.gpu_check.plan import CPU_SIZES, GPU_SIZES, plan_steps
+from bench.gpu_check.runner import StepResult, run_step
+from bench.gpu_check.timing import bench_step, bench_stream, write_json
+from bench.gpu_check.wheels import make_wheels, requirement_report
 from bench.scratch import scratch_dir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 log = logging.getLogger("gpu_check")
 
 # -- device facts -------------------------------------------------------------------------------
@@ -189,7 +158,10 @@ def _number(value: object) -> str:
 
 
 def _metrics_markdown(metrics: dict) -> list[str]:
-    """A step's figures: a table of its variants (step, stream), else one line per figure."""
+    """A step's figures: a table of its variants (step, stream), the schedule's table, else one
+    line per figure."""
+    if "round_iters" in metrics:  # the schedule step
+        return schedule.markdown(metrics)
     variants = metrics.get("variants")
     if isinstance(variants, dict):
         lines = [
@@ -286,7 +258,10 @@ def failed_steps(results: list[StepResult]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpu_check",
+        description="The prepared GPU check of FedST (bench/gpu_check/__init__.py).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("wheels", help="fill .whl/ with the wheels the GPU machine lacks")
     check = sub.add_parser("run", help="every step; the report in --out")
@@ -313,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.add_argument("--budget-s", type=float, default=80)
         bench.add_argument("--compile-backend", default="inductor")
         bench.add_argument("--json", type=Path, required=True)
+    schedule.add_arguments(sub.add_parser("schedule", help="the paper's schedule, measured"))
     args = parser.parse_args(argv)
     if args.command == "wheels":
         make_wheels()
@@ -330,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(requirement_report()))
     elif args.command == "facts":
         write_json(args.json, device_facts(args.device))
+    elif args.command == "schedule":
+        schedule.run(args)
     elif args.command == "step":
         bench_step(
             args.device,

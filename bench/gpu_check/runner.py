@@ -1,4 +1,4 @@
-"""The driver of a prepared check (bench/gpu_check.py): a :class:`Step`'s commands run in order,
+"""The driver of a prepared check (bench/gpu_check/check.py): a :class:`Step`'s commands run in order,
 each in its own process group within the step's time limit (killed with its children when it
 runs over), nvidia-smi's utilisation and memory sampled meanwhile (:class:`GpuWatch`), and its
 outputs collected into a :class:`StepResult`, partial where it failed or timed out."""
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class CheckFailed(RuntimeError):

@@ -1,4 +1,4 @@
-"""The steps of the prepared GPU check (bench/gpu_check.py): what each runs and collects
+"""The steps of the prepared GPU check (bench/gpu_check/check.py): what each runs and collects
 (:func:`plan_steps`; the federation's evidence that the device was used, :func:`check_federation`),
 at the reduced (``--cpu``) or full sizes (:data:`CPU_SIZES`, :data:`GPU_SIZES`), within each
 step's time limit (:data:`STEP_LIMITS_S`)."""
@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.check_runner import CheckFailed, Step
+from bench.gpu_check.runner import CheckFailed, Step
 
 # -- federation: the device was really used -----------------------------------------------------
 
@@ -129,7 +129,7 @@ GPU_SIZES = Sizes(
     stream_frames=60,
     scoring_repeats=20,
     compile_backend="inductor",
-    budget_s=460,
+    budget_s=490,
     options_rounds=None,
     options_local_iters=10,
 )
@@ -149,7 +149,7 @@ CPU_SIZES = Sizes(
     stream_frames=3,
     scoring_repeats=2,
     compile_backend="eager",
-    budget_s=1680,
+    budget_s=1960,
     options_rounds=2,
     options_local_iters=1,
     federation=("train.total_iters=1", "train.local_iters=1", "train.eval_max_frames=1"),
@@ -160,6 +160,7 @@ CPU_SIZES = Sizes(
 STEP_LIMITS_S = {
     "facts": 25,
     "federation": 75,
+    "schedule": 200,
     "paper_scale": 170,
     "tests": 55,
     "scoring": 20,
@@ -169,13 +170,20 @@ STEP_LIMITS_S = {
     "paper_scale_options": 45,
 }
 """Each step's limit on the GPU (times ``Sizes.timeout_scale`` on the CPU), in the order they
-run (by value: facts, federation, paper scale, tests, scoring, step, stream, options). Set from
-the first run on the H200 (docs/paper-scale.md): a process there starts in ~10 s, matplotlib
-builds its font cache once (~17 s, in ``facts``), and paper_scale at 4 rounds needs ~160 s. The
-steps the GPU check runs add up to ``GPU_SIZES.budget_s``, so every step gets its turn."""
+run (by value: facts, federation, schedule, paper scale, tests, scoring, step, stream, options).
+Set from the first run on the H200 (docs/paper-scale.md): a process there starts in ~10 s,
+matplotlib builds its font cache once (~17 s, in ``facts``), and paper_scale at 4 rounds needs
+~160 s. ``schedule`` (issue 60) replaces paper_scale on the GPU: its site rounds, SERQ,
+evaluation and schedule arithmetic measure in one process what paper_scale measured through a
+training run, plus the compile modes, the busy fraction and the sync check. The steps the GPU
+check runs (facts, federation, schedule, tests, scoring, step, stream) add up to
+``GPU_SIZES.budget_s``, so every step gets its turn."""
 
-RUN_TIMEOUT_S = 520
-"""The device tool's ``timeout_s`` for ``bash bench/gpu_check.sh``: the 460 s of steps, the
+SCHEDULE_MARGIN_S = 25
+"""Of the schedule step's limit, what its own budget leaves for the process start and the data."""
+
+RUN_TIMEOUT_S = 540
+"""The device tool's ``timeout_s`` for ``bash bench/gpu_check/gpu_check.sh`` (9 minutes): the 490 s of steps, the
 wheel install and pre-flight (about 25 s) and a margin. With a machine's start (30-120 s) it
 leaves more than the 4 minutes of the 15-minute lease that a second, shorter call needs;
 docs/paper-scale.md gives the call."""
@@ -280,117 +288,162 @@ def plan_steps(device: str, sizes: Sizes, work: Path) -> list[Step]:
     if device == "cpu":  # inductor's C++ build takes minutes on 2 cores: channels_last only
         options = ["train.channels_last=true"]
     step_json, stream_json = work / "step.json", work / "stream.json"
+    schedule_json = work / "schedule.json"
     facts_json, scoring_json = work / "facts.json", work / "scoring.json"
     size_args = ["--size", str(height), str(width)]
-    return [
-        Step(
-            "facts",
-            "device facts",
-            STEP_LIMITS_S["facts"],
-            [bench("bench.gpu_check", "facts", json=facts_json)],
-            collect=lambda: _load(facts_json),
-            measures="the machine as the check found it: torch, CUDA, the card, TF32 flags",
-        ),
-        Step(
-            "federation",
-            f"tiny federation end to end on {device}: train_fed.py, eval_outfed.py, fedst.infer",
-            STEP_LIMITS_S["federation"],
-            [
-                [python, "train_fed.py", *fed_overrides],
-                [python, "eval_outfed.py", f"run={fed}", "progress=false", *outfed],
-                infer_command,
-            ],
-            collect=lambda: check_federation(fed, infer, device),
-            measures="that the entry points run on the device (config.json and CUDA memory in "
-            "train.jsonl); no timing",
-        ),
-        paper_scale(
-            "paper_scale",
-            f"paper_scale at {height}x{width}, paper.yaml's options",
-            [],
-            sizes.rounds,
-            sizes.local_iters,
-        ),
-        Step(
-            "tests",
-            f"the tests that run on CUDA, with FEDST_TEST_DEVICE={device}",
-            STEP_LIMITS_S["tests"],
-            [[python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TEST_FILES]],
-            env={"FEDST_TEST_DEVICE": device},
-            measures="pass or fail of " + ", ".join(GPU_TEST_FILES),
-        ),
-        Step(
-            "scoring",
-            f"Dice / IoU pixel counts of one 1080p frame on {device} (bench.scoring)",
-            STEP_LIMITS_S["scoring"],
-            [bench("bench.scoring", repeats=sizes.scoring_repeats, json=scoring_json)],
-            collect=lambda: _load(scoring_json),
-            measures=f"ms per 1080x1920 frame of evaluation's scoring on {device} (median of "
-            f"{sizes.scoring_repeats}, host copy and sync included) against MONAI's one-hot "
-            "path on the CPU; the scores must be equal",
-        ),
-        Step(
-            "step",
-            f"training step at {height}x{width}: baseline (fp32, eager) vs the options",
-            STEP_LIMITS_S["step"],
-            [
-                bench(
-                    "bench.gpu_check",
-                    "step",
-                    *size_args,
-                    iters=sizes.step_iters,
-                    repeats=sizes.step_repeats,
-                    budget_s=(STEP_LIMITS_S["step"] - 10) * sizes.timeout_scale,
-                    compile_backend=sizes.compile_backend,
-                    json=step_json,
-                )
-            ],
-            collect=lambda: _load(step_json),
-            measures=f"ms per training step (batch 2 of 4-frame clips, AdamW), the lowest mean "
-            f"of {sizes.step_repeats} x {sizes.step_iters} steps after 3 warm-up steps, in one "
-            "process; speed-ups against its fp32 eager baseline",
-        ),
-        Step(
-            "stream",
-            f"streaming inference FPS at {height}x{width}",
-            STEP_LIMITS_S["stream"],
-            [
-                bench(
-                    "bench.gpu_check",
-                    "stream",
-                    *size_args,
-                    frames=sizes.stream_frames,
-                    budget_s=(STEP_LIMITS_S["stream"] - 5) * sizes.timeout_scale,
-                    compile_backend=sizes.compile_backend,
-                    json=stream_json,
-                )
-            ],
-            collect=lambda: _load(stream_json),
-            measures=f"ms per frame (p50, p95) over {sizes.stream_frames} frames after warm-up, "
-            "batch 1, a host sync per frame; logits of the first frames against eager fp32's. "
-            "The paper reports 23 FPS (its GPU, its input size)",
-        ),
-    ] + (
-        []
-        if sizes.options_rounds is None
-        else [
-            paper_scale(
-                "paper_scale_baseline",
-                "paper_scale with none of the options (fp32, eager)",
-                baseline,
-                sizes.options_rounds,
-                sizes.options_local_iters,
+    return (
+        [
+            Step(
+                "facts",
+                "device facts",
+                STEP_LIMITS_S["facts"],
+                [bench("bench.gpu_check", "facts", json=facts_json)],
+                collect=lambda: _load(facts_json),
+                measures="the machine as the check found it: torch, CUDA, the card, TF32 flags",
             ),
-            paper_scale(
-                "paper_scale_options",
-                f"paper_scale with {' '.join(options)}",
-                options,
-                sizes.options_rounds,
-                sizes.options_local_iters,
+            Step(
+                "federation",
+                f"tiny federation end to end on {device}: train_fed.py, eval_outfed.py, fedst.infer",
+                STEP_LIMITS_S["federation"],
+                [
+                    [python, "train_fed.py", *fed_overrides],
+                    [python, "eval_outfed.py", f"run={fed}", "progress=false", *outfed],
+                    infer_command,
+                ],
+                collect=lambda: check_federation(fed, infer, device),
+                measures="that the entry points run on the device (config.json and CUDA memory in "
+                "train.jsonl); no timing",
+            ),
+            Step(
+                "schedule",
+                f"the paper's schedule from a site round at {height}x{width} (5, 20, 60 iterations), "
+                "SERQ, pre-training and one evaluation, per compile mode",
+                STEP_LIMITS_S["schedule"],
+                [
+                    bench(
+                        "bench.gpu_check",
+                        "schedule",
+                        *size_args,
+                        data_root=work / "gpu_check_data",
+                        work=work / "schedule",
+                        budget_s=(STEP_LIMITS_S["schedule"] - SCHEDULE_MARGIN_S)
+                        * sizes.timeout_scale,
+                        json=schedule_json,
+                    )
+                ],
+                collect=lambda: _load(schedule_json),
+                measures=SCHEDULE_MEASURES,
             ),
         ]
+        + (
+            []
+            if sizes.options_rounds is None
+            else [
+                paper_scale(
+                    "paper_scale",
+                    f"paper_scale at {height}x{width}, paper.yaml's options",
+                    [],
+                    sizes.rounds,
+                    sizes.local_iters,
+                )
+            ]
+        )
+        + [
+            Step(
+                "tests",
+                f"the tests that run on CUDA, with FEDST_TEST_DEVICE={device}",
+                STEP_LIMITS_S["tests"],
+                [[python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TEST_FILES]],
+                env={"FEDST_TEST_DEVICE": device},
+                measures="pass or fail of " + ", ".join(GPU_TEST_FILES),
+            ),
+            Step(
+                "scoring",
+                f"Dice / IoU pixel counts of one 1080p frame on {device} (bench.scoring)",
+                STEP_LIMITS_S["scoring"],
+                [bench("bench.scoring", repeats=sizes.scoring_repeats, json=scoring_json)],
+                collect=lambda: _load(scoring_json),
+                measures=f"ms per 1080x1920 frame of evaluation's scoring on {device} (median of "
+                f"{sizes.scoring_repeats}, host copy and sync included) against MONAI's one-hot "
+                "path on the CPU; the scores must be equal",
+            ),
+            Step(
+                "step",
+                f"training step at {height}x{width}: baseline (fp32, eager) vs the options",
+                STEP_LIMITS_S["step"],
+                [
+                    bench(
+                        "bench.gpu_check",
+                        "step",
+                        *size_args,
+                        iters=sizes.step_iters,
+                        repeats=sizes.step_repeats,
+                        budget_s=(STEP_LIMITS_S["step"] - 10) * sizes.timeout_scale,
+                        compile_backend=sizes.compile_backend,
+                        json=step_json,
+                    )
+                ],
+                collect=lambda: _load(step_json),
+                measures=f"ms per training step (batch 2 of 4-frame clips, AdamW), the lowest mean "
+                f"of {sizes.step_repeats} x {sizes.step_iters} steps after 3 warm-up steps, in one "
+                "process; speed-ups against its fp32 eager baseline",
+            ),
+            Step(
+                "stream",
+                f"streaming inference FPS at {height}x{width}",
+                STEP_LIMITS_S["stream"],
+                [
+                    bench(
+                        "bench.gpu_check",
+                        "stream",
+                        *size_args,
+                        frames=sizes.stream_frames,
+                        budget_s=(STEP_LIMITS_S["stream"] - 5) * sizes.timeout_scale,
+                        compile_backend=sizes.compile_backend,
+                        json=stream_json,
+                    )
+                ],
+                collect=lambda: _load(stream_json),
+                measures=f"ms per frame (p50, p95) over {sizes.stream_frames} frames after warm-up, "
+                "batch 1, a host sync per frame; logits of the first frames against eager fp32's. "
+                "The paper reports 23 FPS (its GPU, its input size)",
+            ),
+        ]
+        + (
+            []
+            if sizes.options_rounds is None
+            else [
+                paper_scale(
+                    "paper_scale_baseline",
+                    "paper_scale with none of the options (fp32, eager)",
+                    baseline,
+                    sizes.options_rounds,
+                    sizes.options_local_iters,
+                ),
+                paper_scale(
+                    "paper_scale_options",
+                    f"paper_scale with {' '.join(options)}",
+                    options,
+                    sizes.options_rounds,
+                    sizes.options_local_iters,
+                ),
+            ]
+        )
     )
 
+
+SCHEDULE_MEASURES = (
+    "per compile mode (none, reduce-overhead, default; from a cold model; the CPU: none only): "
+    "F_s and t_s, the fixed and per-iteration cost of a site round (Site.train_round) by least "
+    "squares over rounds of 5, 20 and 60 iterations after a warm-up round of 3, and its excess "
+    "over F + 3t (compile, autotuning, loader start); loader_wait_ms_per_call; "
+    "cuda_event_step_ms over the 60-iteration round; busy (torch.profiler kernel time / wall over "
+    "steady iterations); sync_debug_error_mode (the same iterations under "
+    "torch.cuda.set_sync_debug_mode('error')); SERQ s per batch and pre-training s per iteration; "
+    "one evaluation of the site's test split; paper_schedule_h: 300 rounds x (4 sites x "
+    "(F + 100 t) + 100 SERQ batches) + 30 evaluations of 3718 frames + 3000 pre-training "
+    "iterations, term by term. CUDA-only figures read 'not measured: no CUDA' on the CPU"
+)
 
 PAPER_SCALE_MEASURES = (
     "ms_per_site_step: site compute per iteration over the rounds after the first; "

@@ -2,14 +2,14 @@
 # The prepared GPU check (issues 33, 43): every GPU-relevant check of FedST in one go, report in $OUT.
 #
 #   make gpu-wheels                 # here, once: the wheels the GPU machine lacks, into .whl/
-#   bash bench/gpu_check.sh         # on the GPU machine, from the repository root (about 8 min;
+#   bash bench/gpu_check/gpu_check.sh         # on the GPU machine, from the repository root (about 8 min;
 #                                   # the device tool's timeout_s: 520, docs/paper-scale.md)
-#   bash bench/gpu_check.sh --cpu   # anywhere: the same steps on the CPU at a reduced size
+#   bash bench/gpu_check/gpu_check.sh --cpu   # anywhere: the same steps on the CPU at a reduced size
 #   make gpu-rehearsal              # here: --cpu in an environment laid out as the GPU machine's
 #
 # In this order: a CUDA pre-flight (without --cpu; seconds, exit 3 with the reason), the wheels,
 # pip_list.txt and requirements.txt (the packages as this python sees them, and their unmet
-# requirements) written to $OUT, then the steps (bench/gpu_check.py), which rewrite gpu_check.md,
+# requirements) written to $OUT, then the steps (bench/gpu_check/check.py), which rewrite gpu_check.md,
 # gpu_check.json and gpu_check.log in $OUT (default ./gpu_check_out) after every step. Exits
 # non-zero when any step did not end ok.
 #
@@ -19,7 +19,7 @@
 # resolution: the wheel folder holds the whole closure). Every child process inherits that
 # PYTHONPATH: on the GPU machine it is the only way to FedST's dependencies.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 out="${OUT:-./gpu_check_out}"
 mkdir -p "$out" || exit 1
 if [[ -n "${FEDST_PYTHON:-}" ]]; then

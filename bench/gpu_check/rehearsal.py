@@ -1,13 +1,13 @@
 """The GPU check rehearsed here, as the GPU machine will run it (issue 43).
 
     make gpu-rehearsal                                  # report in gpu_rehearsal_out/
-    .venv/bin/python -m bench.gpu_rehearsal --out DIR   # the same, elsewhere
+    .venv/bin/python -m bench.gpu_check.rehearsal --out DIR   # the same, elsewhere
 
 On the GPU machine ``python3`` holds torch and a long list of packages of its own
-(bench/gpu_wheels.py, ``GPU_MACHINE_PACKAGES``); FedST's other dependencies arrive as wheels that
-``bench/gpu_check.sh`` installs with ``pip install --target /tmp/site`` and reaches through
+(bench/gpu_check/wheels.py, ``GPU_MACHINE_PACKAGES``); FedST's other dependencies arrive as wheels that
+``bench/gpu_check/gpu_check.sh`` installs with ``pip install --target /tmp/site`` and reaches through
 PYTHONPATH alone, and FedST itself is not installed (the repository is on PYTHONPATH). In
-``.venv`` every package sits in site-packages, so ``bash bench/gpu_check.sh --cpu`` there cannot
+``.venv`` every package sits in site-packages, so ``bash bench/gpu_check/gpu_check.sh --cpu`` there cannot
 show what only PYTHONPATH carries (a child process started with PYTHONPATH set to the repository
 alone, say). This script lays out that machine's environment:
 
@@ -21,7 +21,7 @@ alone, say). This script lays out that machine's environment:
 3. the wheel plan computed for this Python (``wheel_plan(python="3.11")``, as ``make gpu-wheels``
    computes it for 3.12 there) downloaded into ``.rehearsal/whl`` (kept between runs);
 
-then it runs ``bash bench/gpu_check.sh --cpu`` with ``FEDST_PYTHON`` set to that environment's
+then it runs ``bash bench/gpu_check/gpu_check.sh --cpu`` with ``FEDST_PYTHON`` set to that environment's
 python and ``FEDST_WHEEL_DIR`` to the wheels, so the script installs them with ``pip --target``
 and puts them on PYTHONPATH exactly as on the GPU machine. Exits with the check's status.
 """
@@ -39,7 +39,7 @@ import sysconfig
 from importlib import metadata
 from pathlib import Path
 
-from bench.gpu_wheels import (
+from bench.gpu_check.wheels import (
     CARRIED_ANYWAY,
     GPU_MACHINE_PACKAGES,
     GPU_MACHINE_VERSIONS,
@@ -47,7 +47,7 @@ from bench.gpu_wheels import (
     wheel_plan,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REHEARSAL = REPO / ".rehearsal"
 log = logging.getLogger("gpu_rehearsal")
 
@@ -177,9 +177,9 @@ def rehearse(out: Path, root: Path = REHEARSAL, extra: list[str] | None = None) 
             p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(sys.prefix)
         ),
     }
-    log.info("running bash bench/gpu_check.sh --cpu with %s; report in %s", python, out)
+    log.info("running bash bench/gpu_check/gpu_check.sh --cpu with %s; report in %s", python, out)
     done = subprocess.run(
-        ["bash", "bench/gpu_check.sh", "--cpu", *(extra or [])], cwd=REPO, env=env
+        ["bash", "bench/gpu_check/gpu_check.sh", "--cpu", *(extra or [])], cwd=REPO, env=env
     )
     shutil.rmtree(site, ignore_errors=True)
     return done.returncode
