@@ -156,12 +156,20 @@ def _check_argparse_module(module_name: str, args: list[str], monkeypatch) -> No
             module.main(args)
         assert exited.value.code == 0, module_name
         return
-    original = argparse.ArgumentParser.parse_args
+    original, original_known = (
+        argparse.ArgumentParser.parse_args,
+        argparse.ArgumentParser.parse_known_args,
+    )
 
     def parse_then_stop(self, argv=None, namespace=None):
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", original_known)
         raise _Parsed(original(self, argv, namespace))
 
+    def parse_known_then_stop(self, args=None, namespace=None):  # a driver passing the rest on
+        raise _Parsed(original_known(self, args, namespace)[0])
+
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_then_stop)
     with pytest.raises(_Parsed) as parsed:
         module.main(args)
     overrides = getattr(parsed.value.namespace, "overrides", None)
