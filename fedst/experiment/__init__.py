@@ -22,10 +22,12 @@ from fedst.experiment.config import (
     run_device,
 )
 from fedst.experiment.runtime import (
+    ENGINES,
     EVAL_TIMEOUT_FACTOR,
     DeployConfig,
     RayConfig,
     RoundPolicy,
+    Runtime,
     default_eval_timeout,
 )
 from fedst.experiment.sections import (
@@ -63,6 +65,7 @@ __all__ = [
     "AGGREGATIONS",
     "AGGREGATION_WEIGHTS",
     "DP_MODES",
+    "ENGINES",
     "EVALUATION_FIELDS",
     "EVAL_TIMEOUT_FACTOR",
     "INDICATOR_KINDS",
@@ -83,6 +86,7 @@ __all__ = [
     "PrivacyConfig",
     "RayConfig",
     "RoundPolicy",
+    "Runtime",
     "SelectionConfig",
     "SerqConfig",
     "SiteNodeConfig",

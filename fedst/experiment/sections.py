@@ -9,14 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedst.accel import AMP_DTYPES, compile_mode
 from fedst.config import ConfigError, require_at_least, require_positive
-from fedst.model.channel_selection import UNSEEN_INDICATOR_RULES
-from fedst.model.indicators import DEFAULT_CLIP_MODEL, DEFAULT_CLIP_PRETRAINED
+from fedst.schema.accel import AMP_DTYPES, compile_mode
+from fedst.schema.indicators import (
+    DEFAULT_CLIP_MODEL,
+    DEFAULT_CLIP_PRETRAINED,
+    INDICATOR_KINDS,
+    UNSEEN_INDICATOR_RULES,
+)
+from fedst.schema.partition import COMPONENTS, PRESETS
 
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed_mean")
 AGGREGATION_WEIGHTS = ("uniform", "samples", "fisher")
-INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 RETURNED_MODELS = ("own", "global")
 """method.returned_model: a site's own gamma_k^T, or gamma_g as the site adopts it (MethodConfig)."""
 
@@ -74,8 +78,6 @@ class MethodConfig:
     the earlier scoring for comparison."""
 
     def __post_init__(self) -> None:
-        from fedst.model.partition import PRESETS
-
         if self.personalization not in PRESETS:
             raise ConfigError(
                 f"method.personalization={self.personalization!r}; choose one of {sorted(PRESETS)}"
@@ -93,8 +95,6 @@ class MethodConfig:
                 f"{self.aggregation_weights!r})"
             )
         if self.shared_components is not None:
-            from fedst.model.partition import COMPONENTS
-
             unknown = sorted(set(self.shared_components) - set(COMPONENTS))
             if unknown:
                 raise ConfigError(
