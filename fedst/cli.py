@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from fedst.config import ConfigError, build, did_you_mean, to_dict
 from fedst.data.sites import DataConfig
 from fedst.errors import one_line, run_entry_point
-from fedst.experiment import ExperimentConfig, Runtime, experiment_from_dict
+from fedst.experiment import ExperimentConfig, Runtime, experiment_from_dict, resume_safe_keys
 
 RUNTIME_KEYS = tuple(item.name for item in dataclasses.fields(Runtime))
 """Top-level keys that steer the entry point, not the experiment (:class:`Runtime`)."""
@@ -141,52 +141,32 @@ def _check_rounds_follow_iterations(experiment: ExperimentConfig) -> None:
         )
 
 
-RESUME_SAFE_KEYS = (
-    "train.eval_every",
-    "train.val_every",
-    "train.device",
-    "train.num_workers",
-    "train.eval_batch_size",
-    "train.distance_metrics_every",
-    "train.checkpoint_every",
-    "train.keep_resume_state",
-    "serq.bank_storage",
-    "network.encoder_grad_checkpointing",
-    "train.compile",
-    "train.channels_last",
-    "train.deterministic",
-    "train.require_gpu",
-)
-"""Experiment keys a resumed run accepts from the command line: they change when and where it
-computes (evaluation cadence, device, loader workers, checkpoint cadence, where SERQ's working
-bank lives, activation recomputation, compile mode, memory layout, deterministic kernels), not
-what it learns. The runtime keys
-(progress, engine, regenerate) are always accepted; anything else is refused on resume."""
-
-
 def resume_experiment(
     saved: ExperimentConfig, composed: ExperimentConfig, overrides: list[str]
 ) -> ExperimentConfig:
     """The run's own ``saved`` config, changed only by the safe command-line ``overrides``.
 
     ``composed`` is the experiment Hydra built from today's configs and the same overrides; the
-    values of the safe keys are taken from it (each change logged). An override of any other key
-    that would change the saved value is a ConfigError naming it.
+    values of the safe keys (the fields whose role a resume accepts, fedst/schema/roles.py: they
+    change when and where the run computes, not what it learns) are taken from it (each change
+    logged). An override of any other key that would change the saved value is a ConfigError
+    naming it; the runtime keys (progress, engine, regenerate, ...) are always accepted.
     """
+    safe = resume_safe_keys()
     saved_values, composed_values = _flatten(to_dict(saved)), _flatten(to_dict(composed))
     refused, accepted = [], []
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         if key.split(".")[0] in (*RUNTIME_KEYS, "hydra"):  # e.g. deploy.port, hydra.run.dir
             continue
-        if key in RESUME_SAFE_KEYS:
+        if key in safe:
             accepted.append(key)
         elif key not in saved_values or saved_values[key] != composed_values.get(key):
             refused.append(override)
     if refused:
         raise ConfigError(
             f"resume: the run's own config is kept, so {refused} cannot be applied (it would "
-            f"change what the run learns). Accepted on resume: {list(RESUME_SAFE_KEYS)} and "
+            f"change what the run learns). Accepted on resume: {list(safe)} and "
             f"{list(RUNTIME_KEYS)}; start a new run to change anything else"
         )
     for key in dict.fromkeys(accepted):
@@ -201,8 +181,8 @@ def resume_experiment(
 
 def learning_differences(a: ExperimentConfig, b: ExperimentConfig) -> list[str]:
     """Keys (``"train.lr"``) whose values differ between ``a`` and ``b``, ignoring the keys a
-    resumed run accepts (:data:`RESUME_SAFE_KEYS`: they change when and where a run computes, not
-    what it learns). Empty: a run of ``a`` is a run of ``b``."""
+    resumed run accepts (fedst.experiment.resume_safe_keys: they change when and where a run
+    computes, not what it learns). Empty: a run of ``a`` is a run of ``b``."""
     flat_a, flat_b = learning_keys(to_dict(a)), learning_keys(to_dict(b))
     keys = sorted(set(flat_a) | set(flat_b))
     return [k for k in keys if flat_a.get(k) != flat_b.get(k)]
@@ -210,8 +190,9 @@ def learning_differences(a: ExperimentConfig, b: ExperimentConfig) -> list[str]:
 
 def learning_keys(values: dict[str, Any]) -> dict[str, Any]:
     """A config's values as flat keys (``{"train.lr": 3e-4, ...}``) without the keys a resumed run
-    accepts (:data:`RESUME_SAFE_KEYS`): what a run of it learns."""
-    return {k: v for k, v in _flatten(values).items() if k not in RESUME_SAFE_KEYS}
+    accepts (fedst.experiment.resume_safe_keys): what a run of it learns."""
+    safe = resume_safe_keys()
+    return {k: v for k, v in _flatten(values).items() if k not in safe}
 
 
 def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:

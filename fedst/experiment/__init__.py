@@ -8,7 +8,7 @@ runs SERQ (``serq``) and whether sites communicate at all (``communicate``).
 
 The package: ``sections`` (method, train, pretraining, serq, fed, comm, privacy, selection and
 indicator), ``config`` (:class:`ExperimentConfig`, which holds them with the data, network and clip
-configs, and how a mapping or a saved config.json becomes one), ``site_view`` (what a site
+configs, and how a mapping or a saved config.json becomes one), ``roles`` (the role of every field: fedst/schema/roles.py), ``site_view`` (what a site
 receives of it and adds from its own node: :class:`SiteNodeConfig`) and ``runtime`` (where and how
 a federation runs: ``ray.*``, ``deploy.*``, the server's round policy).
 
@@ -21,6 +21,7 @@ from fedst.experiment.config import (
     experiment_from_json,
     run_device,
 )
+from fedst.experiment.roles import field_roles, resume_safe_keys
 from fedst.experiment.runtime import (
     ENGINES,
     EVAL_TIMEOUT_FACTOR,
@@ -52,8 +53,6 @@ from fedst.experiment.sections import (
     check_num_workers,
 )
 from fedst.experiment.site_view import (
-    EVALUATION_FIELDS,
-    NODE_LOCAL_FIELDS,
     SITE_VIEW_UNSET,
     SiteNodeConfig,
     legacy_state_fingerprints,
@@ -66,10 +65,8 @@ __all__ = [
     "AGGREGATION_WEIGHTS",
     "DP_MODES",
     "ENGINES",
-    "EVALUATION_FIELDS",
     "EVAL_TIMEOUT_FACTOR",
     "INDICATOR_KINDS",
-    "NODE_LOCAL_FIELDS",
     "PRECISIONS",
     "RETURNED_MODELS",
     "SELECTION_RULES",
@@ -95,7 +92,9 @@ __all__ = [
     "default_eval_timeout",
     "experiment_from_dict",
     "experiment_from_json",
+    "field_roles",
     "legacy_state_fingerprints",
+    "resume_safe_keys",
     "run_device",
     "site_view",
     "state_fingerprint",

@@ -28,6 +28,7 @@ from fedst.experiment.sections import (
 from fedst.schema.clips import AugmentConfig, ClipConfig
 from fedst.schema.indicators import resolve_unseen_indicator_rule
 from fedst.schema.network import NetworkConfig
+from fedst.schema.roles import SERVER, role
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +48,7 @@ class ExperimentConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     indicator: IndicatorConfig = field(default_factory=IndicatorConfig)
     comm: CommConfig = field(default_factory=CommConfig)
-    fed: FedConfig = field(default_factory=FedConfig)
+    fed: FedConfig = field(default_factory=FedConfig, metadata=role(SERVER))
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
 

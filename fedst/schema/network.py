@@ -3,7 +3,9 @@ by fedst/model/network.py) and the names its fields accept."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from fedst.schema.roles import RESOURCE, role
 
 NUM_STAGES = 4
 """Encoder stages of PVTv2 (0-based indices 0..3 in ``temporal_stages`` and ``cs_stages``)."""
@@ -91,7 +93,7 @@ class NetworkConfig:
     # (timm's gradient checkpointing): the same gradients, less memory for more compute. At
     # 512x640 with 4-frame clips of batch 2 it cut one step's peak memory on the CPU by about
     # 1.6 GB (docs/paper-scale.md).
-    encoder_grad_checkpointing: bool = False
+    encoder_grad_checkpointing: bool = field(default=False, metadata=role(RESOURCE))
 
     def __post_init__(self) -> None:
         for name in ("temporal_stages", "cs_stages"):
