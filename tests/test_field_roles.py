@@ -6,11 +6,10 @@ so that whether it may change on resume and whether it owns a site's state is de
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 
 from fedst.cli import compose_experiment, resume_experiment
 from fedst.experiment import field_roles, resume_safe_keys, site_view, state_fingerprint
+from tests.test_state_fingerprint import digest, values_before_roles
 
 LEARNING_FIELDS = {  # section -> its fields of role "learning", space separated
     "": "name seed",
@@ -109,28 +108,10 @@ def test_a_resume_accepts_exactly_the_cadence_execution_node_and_resource_fields
     assert resumed.train.eval_every == 3 and resumed.indicator.cache_dir == "elsewhere"
 
 
-def fingerprint_before_roles(cfg) -> str:
-    """A site's state fingerprint by the lists of the code before issue 63 (site_view.py's
-    EVALUATION_FIELDS and EXECUTION_FIELDS, the pops of its _fingerprinted_values)."""
-    values = json.loads(site_view(cfg).to_json())
-    for key in ("eval_every", "eval_max_frames", "val_every", "eval_batch_size"):
-        values["train"].pop(key)
-    for key in ("distance_metrics_every", "checkpoint_every"):
-        values["train"].pop(key)
-    for key in ("rule", "metric"):
-        values["selection"].pop(key)
-    values["method"].pop("returned_model")
-    values["indicator"].pop("unseen")
-    values.pop("fed")
-    for key in ("compile", "channels_last", "deterministic", "require_gpu"):
-        values["train"].pop(key)
-    return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def test_the_state_fingerprint_read_from_roles_equals_the_one_runs_recorded():
     for overrides in (["experiment=tiny"], ["experiment=demo", "method=fedavg"]):
         cfg, _ = compose_experiment(overrides, method_checked=False)
         cfg = dataclasses.replace(
             cfg, train=dataclasses.replace(cfg.train, device="cpu", num_workers=0)
         )
-        assert state_fingerprint(site_view(cfg)) == fingerprint_before_roles(cfg)
+        assert state_fingerprint(site_view(cfg)) == digest(values_before_roles(cfg))
