@@ -214,7 +214,11 @@ def run_training(
     # on a hospital's SuperNode; the messages carry no path
     nodes = [
         site_node_config(
-            cfg, site, progress=progress, run_state_dir=str(site_state_dir(run_dir, site))
+            cfg,
+            site,
+            progress=progress,
+            method=run.method,
+            run_state_dir=str(site_state_dir(run_dir, site)),
         ).to_node_config()
         for site in parties
     ]
