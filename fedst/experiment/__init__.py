@@ -8,11 +8,17 @@ runs SERQ (``serq``) and whether sites communicate at all (``communicate``).
 
 The package: ``sections`` (method, train, pretraining, serq, fed, comm, privacy, selection and
 indicator), ``config`` (:class:`ExperimentConfig`, which holds them with the data, network and clip
-configs, and how a mapping or a saved config.json becomes one), ``roles`` (the role of every field: fedst/schema/roles.py), ``site_view`` (what a site
-receives of it and adds from its own node: :class:`SiteNodeConfig`) and ``runtime`` (where and how
-a federation runs: ``ray.*``, ``deploy.*``, the server's round policy).
+configs, and how a mapping or a saved config.json becomes one), ``roles`` (the role of every
+field, fedst/schema/roles.py, as dotted keys), ``site_view`` (what a site receives of it and adds
+from its own node: :class:`SiteNodeConfig`) and ``runtime`` (train_fed.py's :class:`Runtime`:
+engine, resume, ``ray.*``, ``deploy.*``, the server's round policy).
 
-Layer: above fedst.model; imports fedst.model, fedst.data and the root modules.
+Reading a config imports no torch, timm, torchvision, albumentations or flwr
+(tests/test_config_floor.py): the network, clip and augment configs come from fedst/schema/,
+fedst.data.sites imports the backends only to open a site, and :func:`run_device` imports
+fedst.accel when called.
+
+Layer: above fedst.model; imports fedst.data.sites, fedst.schema and the root modules.
 """
 
 from fedst.experiment.config import (
