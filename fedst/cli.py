@@ -423,18 +423,18 @@ class NewRunDirectories(Callback):
         cls.created.append((directory, top, sweep))
 
 
-RUN_RESULTS = ("checkpoints", "metrics.jsonl", "train.jsonl", "final.json")
-"""What makes a run directory worth keeping after a failure: what fedst.training.run_training
-writes once a round has run (the server's training row, an evaluation row, the round's
-checkpoint) and at the end (fedst/runs/layout.py's METRICS_JSONL, TRAIN_JSONL, FINAL_JSON and
-the checkpoints folder; tests/test_config_floor.py ties the names). Before the first round it
-writes only setup files (device.jsonl, config.json, benchmark.json, iid_partition.json,
-log.txt; Hydra its .hydra/ and job log). Named here, not imported: a config mistake's clean-up
-imports no torch (the run package does)."""
-
-
 def has_results(run_dir: Path) -> bool:
-    return any((run_dir / name).exists() for name in RUN_RESULTS)
+    """Whether ``run_dir`` holds what makes a run directory worth keeping after a failure: what
+    fedst.training.run_training writes once a round has run (the server's training row, an
+    evaluation row, the round's checkpoint) and at the end. Before the first round it writes only
+    setup files (device.jsonl, config.json, benchmark.json, iid_partition.json, log.txt; Hydra
+    its .hydra/ and job log)."""
+    from fedst.runs.layout import FINAL_JSON, METRICS_JSONL, TRAIN_JSONL
+
+    return any(
+        (run_dir / name).exists()
+        for name in ("checkpoints", METRICS_JSONL, TRAIN_JSONL, FINAL_JSON)
+    )
 
 
 def remove_unfinished_runs() -> list[Path]:
@@ -442,7 +442,7 @@ def remove_unfinished_runs() -> list[Path]:
 
     The rule: a run directory Hydra created for this invocation (:class:`NewRunDirectories`;
     never one that existed before, so never a resumed run or a ``hydra.run.dir`` given) is
-    removed when the run has not written results (:data:`RUN_RESULTS`): a config, data or
+    removed when the run has not written results (:func:`has_results`): a config, data or
     setup error, or an interruption before the first round ended, leaves nothing behind. Its
     parents this invocation created go too when they are left empty (a first run's ``runs/``).
     A sweep (``-m``) is handled job by job: a job directory without results goes, and the sweep

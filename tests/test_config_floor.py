@@ -36,12 +36,3 @@ def test_composing_the_demo_config_imports_no_torch_timm_albumentations_or_flwr(
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
-
-
-def test_the_results_a_failed_command_keeps_are_the_run_layouts_files():
-    from fedst.cli import RUN_RESULTS
-    from fedst.runs import layout
-
-    checkpoints = str(Path(layout.SERVER_CHECKPOINT).parent)
-    expected = (checkpoints, layout.METRICS_JSONL, layout.TRAIN_JSONL, layout.FINAL_JSON)
-    assert expected == RUN_RESULTS
