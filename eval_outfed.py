@@ -33,7 +33,6 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from fedst.accel import resolve_device
 from fedst.cli import (
     existing_run,
     hydra_job,
@@ -153,9 +152,7 @@ def evaluate(cfg: DictConfig) -> None:
         run = Run(run_dir, experiment)
         suffix = _round_suffix(run)
         site = open_new_site(run, Path(options.site_root), options.site_name, options.surgery_type)
-        _, record = evaluate_new_site(
-            run, site, resolve_device(experiment.train.device), options.progress
-        )
+        _, record = evaluate_new_site(run, site, run.device, options.progress)
         path, line = write_new_site_result(run_dir, record, suffix)
         print(line)
         print(f"written: {path} and {path.parent / EXTERNAL_TABLE}")
@@ -177,9 +174,7 @@ def evaluate(cfg: DictConfig) -> None:
             f"site to score; name one (sites=[...]) or finish it: python train_fed.py "
             f"resume={run_dir}"
         )
-    scored = evaluate_out_of_federation(
-        run, resolve_device(experiment.train.device), sites=sites, progress=options.progress
-    )
+    scored = evaluate_out_of_federation(run, run.device, sites=sites, progress=options.progress)
     summary = {site: result.summary for site, result in scored.items()}
     name = "" if options.sites is None else "_" + "_".join(options.sites)
     _write_summary(summary, outfed_result(run_dir, name, suffix), run_dir, suffix)
@@ -206,9 +201,7 @@ def _evaluate_guarded(run: Run, options: EvalOptions, suffix: str) -> None:
     from fedst.guard import evaluate_guarded_sites
 
     sites = tuple(run.cfg.data.out_of_federation) if options.sites is None else options.sites
-    summary = evaluate_guarded_sites(
-        run, sites, resolve_device(run.cfg.train.device), options.progress
-    )
+    summary = evaluate_guarded_sites(run, sites, run.device, options.progress)
     _write_summary(
         summary, outfed_result(run.dir, f"_dad_{'_'.join(sites)}", suffix), run.dir, suffix
     )

@@ -45,6 +45,7 @@ from omegaconf import DictConfig
 
 from fedst.cli import (
     TRAIN_KEYS_LISTED,
+    check_method,
     existing_run,
     hydra_job,
     register_resolvers,
@@ -54,10 +55,8 @@ from fedst.cli import (
     setup_logging,
     split_config,
 )
-from fedst.config import ConfigError, build
-from fedst.experiment import DeployConfig, RayConfig
-from fedst.runs.files import load_config
-from fedst.runs.layout import SERVER_CHECKPOINT
+from fedst.config import ConfigError
+from fedst.experiment import ExperimentConfig, Runtime
 
 register_resolvers()
 log = logging.getLogger("train_fed")
@@ -69,6 +68,8 @@ STARTED_RUNS: list[Path] = []
 def resume_hint() -> str:
     """After Ctrl-C: how to continue the last run started, when it kept a checkpoint (a run
     stopped before one is removed, fedst/cli.py remove_unfinished_runs)."""
+    from fedst.runs.layout import SERVER_CHECKPOINT
+
     kept = [run_dir for run_dir in STARTED_RUNS if (run_dir / SERVER_CHECKPOINT).is_file()]
     return f"; continue it: python train_fed.py resume={kept[-1]}" if kept else ""
 
@@ -82,12 +83,14 @@ def main(cfg: DictConfig) -> None:
 def train(cfg: DictConfig) -> None:
     """Train (or resume, or deploy) the experiment Hydra composed."""
     experiment, runtime = split_config(cfg)
+    check_method(experiment)
     # the engines, imported once the config is right (a mistake ends sooner)
     from fedst.report import results, tables
+    from fedst.runs.files import load_config
     from fedst.training import check_resumable, run_training
 
-    if runtime.get("resume"):
-        run_dir = existing_run(runtime["resume"], "resume")  # before anything is written there
+    if runtime.resume:
+        run_dir = existing_run(runtime.resume, "resume")  # before anything is written there
         check_resumable(run_dir)  # a finished run: nothing to resume
         setup_logging(run_dir)
         # the interrupted run's own config, changed only by the overrides safe on resume
@@ -95,33 +98,32 @@ def train(cfg: DictConfig) -> None:
         experiment = resume_experiment(load_config(run_dir), experiment, overrides)
     else:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-    site = runtime.get("site")
-    if site is not None:
-        sys.exit(deploy(experiment, run_dir, str(site), runtime))
+    if runtime.site is not None:
+        sys.exit(deploy(experiment, run_dir, runtime))
     setup_logging(run_dir)
     STARTED_RUNS.append(run_dir)
     run_training(
         experiment,
         run_dir,
-        engine=runtime["engine"],
-        progress=runtime["progress"],
-        regenerate=runtime["regenerate"],
-        ray=build(RayConfig, runtime.get("ray"), "ray"),
+        engine=runtime.engine,
+        progress=runtime.progress,
+        regenerate=runtime.regenerate,
+        ray=runtime.ray,
     )
-    if runtime.get("resume"):  # the resumed run wrote into its own folder, not Hydra's new one
+    if runtime.resume:  # the resumed run wrote into its own folder, not Hydra's new one
         remove_unfinished_runs()
     print(tables.comparison_table(results.load_runs([run_dir])).to_markdown())
     print(f"run directory: {run_dir}")
 
 
-def deploy(experiment, run_dir: Path, site: str, runtime: dict) -> int:
+def deploy(experiment: ExperimentConfig, run_dir: Path, runtime: Runtime) -> int:
     """site=server: the coordinating server; site=<name>: that hospital's SuperNode. Problems a
     user can fix (address, certificate, key, data folder) end in one line naming the fix."""
     from fedst import deploy as deployment
     from fedst.report import results, tables
 
+    site, dcfg = str(runtime.site), runtime.deploy
     try:
-        dcfg = build(DeployConfig, runtime.get("deploy"), "deploy")
         with deployment.terminate_on_signal():
             if site == "server":
                 setup_logging(run_dir)
@@ -130,7 +132,7 @@ def deploy(experiment, run_dir: Path, site: str, runtime: dict) -> int:
                 print(f"run directory: {run_dir}")
                 return 0
             setup_logging()
-            return deployment.serve_site(experiment, site, dcfg, progress=runtime["progress"])
+            return deployment.serve_site(experiment, site, dcfg, progress=runtime.progress)
     except (deployment.DeploymentError, ConfigError) as err:
         log.error("%s", err)
         return 2

@@ -18,15 +18,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fedst.config import ConfigError, did_you_mean, to_dict
+from fedst.config import ConfigError, build, did_you_mean, to_dict
 from fedst.data.sites import DataConfig
 from fedst.errors import one_line, run_entry_point
-from fedst.experiment import DeployConfig, ExperimentConfig, RayConfig, experiment_from_dict
-from fedst.methods import method_of
-from fedst.runs.layout import CONFIG_JSON, FINAL_JSON, LOG_TXT, METRICS_JSONL, TRAIN_JSONL
+from fedst.experiment import ExperimentConfig, Runtime, experiment_from_dict, resume_safe_keys
 
-RUNTIME_KEYS = ("engine", "resume", "progress", "regenerate", "site", "deploy", "ray")
-"""Top-level keys that steer the entry point, not the experiment."""
+RUNTIME_KEYS = tuple(item.name for item in dataclasses.fields(Runtime))
+"""Top-level keys that steer the entry point, not the experiment (:class:`Runtime`)."""
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +92,7 @@ def _experiment_defaults() -> dict[str, Any]:
         if item.default is not dataclasses.MISSING
         or item.default_factory is not dataclasses.MISSING
     }
-    values["deploy"] = to_dict(DeployConfig())  # train_fed.py site=...: fedst/deploy/
-    values["ray"] = to_dict(RayConfig())  # engine=ray: fedst.training.ray_client_resources
+    values.update(to_dict(Runtime()))  # engine, resume, ..., deploy.*, ray.*: train_fed.py's
     return values
 
 
@@ -105,19 +102,29 @@ def _default(item: dataclasses.Field) -> Any:
     return item.default
 
 
-def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, dict[str, Any]]:
-    """Resolve the Hydra config into (typed experiment, runtime options)."""
+def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, Runtime]:
+    """Resolve the Hydra config into (typed experiment, typed runtime options), every value
+    checked but the method's own options (:func:`check_method`: they need the methods' code,
+    i.e. torch, which reading a config does not import)."""
     try:
         values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as err:  # e.g. a resolver's ConfigError, a key left at ???
         raise ConfigError(f"config: {one_line(err)}") from err
     assert isinstance(values, dict)
     values.pop("hydra", None)
-    runtime = {k: values.pop(k) for k in RUNTIME_KEYS if k in values}
+    runtime = build(Runtime, {k: values.pop(k) for k in RUNTIME_KEYS if k in values})
     experiment = experiment_from_dict(values)
     _check_rounds_follow_iterations(experiment)
-    method_of(experiment)  # the method's own options and combinations, checked here once
     return experiment, runtime
+
+
+def check_method(experiment: ExperimentConfig) -> None:
+    """The method's own options and combinations (``method.options``, fedst/methods/): a
+    ConfigError names a wrong one. Imports the methods (torch): an entry point calls it once
+    the config has parsed (:func:`split_config`)."""
+    from fedst.methods import method_of
+
+    method_of(experiment)
 
 
 def _check_rounds_follow_iterations(experiment: ExperimentConfig) -> None:
@@ -134,52 +141,32 @@ def _check_rounds_follow_iterations(experiment: ExperimentConfig) -> None:
         )
 
 
-RESUME_SAFE_KEYS = (
-    "train.eval_every",
-    "train.val_every",
-    "train.device",
-    "train.num_workers",
-    "train.eval_batch_size",
-    "train.distance_metrics_every",
-    "train.checkpoint_every",
-    "train.keep_resume_state",
-    "serq.bank_storage",
-    "network.encoder_grad_checkpointing",
-    "train.compile",
-    "train.channels_last",
-    "train.deterministic",
-    "train.require_gpu",
-)
-"""Experiment keys a resumed run accepts from the command line: they change when and where it
-computes (evaluation cadence, device, loader workers, checkpoint cadence, where SERQ's working
-bank lives, activation recomputation, compile mode, memory layout, deterministic kernels), not
-what it learns. The runtime keys
-(progress, engine, regenerate) are always accepted; anything else is refused on resume."""
-
-
 def resume_experiment(
     saved: ExperimentConfig, composed: ExperimentConfig, overrides: list[str]
 ) -> ExperimentConfig:
     """The run's own ``saved`` config, changed only by the safe command-line ``overrides``.
 
     ``composed`` is the experiment Hydra built from today's configs and the same overrides; the
-    values of the safe keys are taken from it (each change logged). An override of any other key
-    that would change the saved value is a ConfigError naming it.
+    values of the safe keys (the fields whose role a resume accepts, fedst/schema/roles.py: they
+    change when and where the run computes, not what it learns) are taken from it (each change
+    logged). An override of any other key that would change the saved value is a ConfigError
+    naming it; the runtime keys (progress, engine, regenerate, ...) are always accepted.
     """
+    safe = resume_safe_keys()
     saved_values, composed_values = _flatten(to_dict(saved)), _flatten(to_dict(composed))
     refused, accepted = [], []
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         if key.split(".")[0] in (*RUNTIME_KEYS, "hydra"):  # e.g. deploy.port, hydra.run.dir
             continue
-        if key in RESUME_SAFE_KEYS:
+        if key in safe:
             accepted.append(key)
         elif key not in saved_values or saved_values[key] != composed_values.get(key):
             refused.append(override)
     if refused:
         raise ConfigError(
             f"resume: the run's own config is kept, so {refused} cannot be applied (it would "
-            f"change what the run learns). Accepted on resume: {list(RESUME_SAFE_KEYS)} and "
+            f"change what the run learns). Accepted on resume: {list(safe)} and "
             f"{list(RUNTIME_KEYS)}; start a new run to change anything else"
         )
     for key in dict.fromkeys(accepted):
@@ -194,8 +181,8 @@ def resume_experiment(
 
 def learning_differences(a: ExperimentConfig, b: ExperimentConfig) -> list[str]:
     """Keys (``"train.lr"``) whose values differ between ``a`` and ``b``, ignoring the keys a
-    resumed run accepts (:data:`RESUME_SAFE_KEYS`: they change when and where a run computes, not
-    what it learns). Empty: a run of ``a`` is a run of ``b``."""
+    resumed run accepts (fedst.experiment.resume_safe_keys: they change when and where a run
+    computes, not what it learns). Empty: a run of ``a`` is a run of ``b``."""
     flat_a, flat_b = learning_keys(to_dict(a)), learning_keys(to_dict(b))
     keys = sorted(set(flat_a) | set(flat_b))
     return [k for k in keys if flat_a.get(k) != flat_b.get(k)]
@@ -203,8 +190,9 @@ def learning_differences(a: ExperimentConfig, b: ExperimentConfig) -> list[str]:
 
 def learning_keys(values: dict[str, Any]) -> dict[str, Any]:
     """A config's values as flat keys (``{"train.lr": 3e-4, ...}``) without the keys a resumed run
-    accepts (:data:`RESUME_SAFE_KEYS`): what a run of it learns."""
-    return {k: v for k, v in _flatten(values).items() if k not in RESUME_SAFE_KEYS}
+    accepts (fedst.experiment.resume_safe_keys): what a run of it learns."""
+    safe = resume_safe_keys()
+    return {k: v for k, v in _flatten(values).items() if k not in safe}
 
 
 def _flatten(values: Any, prefix: str = "") -> dict[str, Any]:
@@ -222,6 +210,8 @@ def setup_logging(run_dir: Path | None = None) -> None:
     own console handler (flwr.common.logger), which colours the level names with ANSI codes:
     colour stays on a terminal only, so output piped or redirected to a file is plain text."""
     from flwr.common.logger import console_handler, update_console_handler
+
+    from fedst.runs.layout import LOG_TXT
 
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     if run_dir is not None:
@@ -303,9 +293,13 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 TRAIN_KEYS_LISTED = "every key and its default: python train_fed.py --cfg job"
 
 
-def compose_experiment(overrides: list[str]) -> tuple[ExperimentConfig, dict[str, Any]]:
+def compose_experiment(
+    overrides: list[str], method_checked: bool = True
+) -> tuple[ExperimentConfig, Runtime]:
     """The experiment train_fed.py would run with these command-line overrides (no Hydra run dir).
-    A key or group option the config lacks is a ConfigError in one line, as train_fed.py's."""
+    A key or group option the config lacks is a ConfigError in one line, as train_fed.py's.
+    ``method_checked``: also check the method's own options (:func:`check_method`, imports
+    torch); False: read the config only."""
     from hydra import compose, initialize_config_dir
 
     register_resolvers()
@@ -317,7 +311,10 @@ def compose_experiment(overrides: list[str]) -> tuple[ExperimentConfig, dict[str
         if reworded is not None:
             raise reworded from err
         raise
-    return split_config(cfg)
+    experiment, runtime = split_config(cfg)
+    if method_checked:
+        check_method(experiment)
+    return experiment, runtime
 
 
 # -- the error boundary of the Hydra entry points -------------------------------------------------
@@ -327,6 +324,8 @@ def existing_run(value: Any, key: str) -> Path:
     """The run directory named on the command line (``eval_outfed.py run=``, ``train_fed.py
     resume=``), checked before anything is created: an existing folder holding the config.json
     train_fed.py writes when a run starts. Otherwise a ConfigError naming ``key``."""
+    from fedst.runs.layout import CONFIG_JSON  # the run package: not to read a config
+
     run_dir = Path(str(value))
     example = "runs/<experiment>/<method>_s<seed>_<time>"
     if not run_dir.is_dir():
@@ -424,15 +423,18 @@ class NewRunDirectories(Callback):
         cls.created.append((directory, top, sweep))
 
 
-RUN_RESULTS = ("checkpoints", METRICS_JSONL, TRAIN_JSONL, FINAL_JSON)
-"""What makes a run directory worth keeping after a failure: what fedst.training.run_training
-writes once a round has run (the server's training row, an evaluation row, the round's
-checkpoint) and at the end. Before the first round it writes only setup files (device.jsonl,
-config.json, benchmark.json, iid_partition.json, log.txt; Hydra its .hydra/ and job log)."""
-
-
 def has_results(run_dir: Path) -> bool:
-    return any((run_dir / name).exists() for name in RUN_RESULTS)
+    """Whether ``run_dir`` holds what makes a run directory worth keeping after a failure: what
+    fedst.training.run_training writes once a round has run (the server's training row, an
+    evaluation row, the round's checkpoint) and at the end. Before the first round it writes only
+    setup files (device.jsonl, config.json, benchmark.json, iid_partition.json, log.txt; Hydra
+    its .hydra/ and job log)."""
+    from fedst.runs.layout import FINAL_JSON, METRICS_JSONL, TRAIN_JSONL
+
+    return any(
+        (run_dir / name).exists()
+        for name in ("checkpoints", METRICS_JSONL, TRAIN_JSONL, FINAL_JSON)
+    )
 
 
 def remove_unfinished_runs() -> list[Path]:
@@ -440,7 +442,7 @@ def remove_unfinished_runs() -> list[Path]:
 
     The rule: a run directory Hydra created for this invocation (:class:`NewRunDirectories`;
     never one that existed before, so never a resumed run or a ``hydra.run.dir`` given) is
-    removed when the run has not written results (:data:`RUN_RESULTS`): a config, data or
+    removed when the run has not written results (:func:`has_results`): a config, data or
     setup error, or an interruption before the first round ended, leaves nothing behind. Its
     parents this invocation created go too when they are left empty (a first run's ``runs/``).
     A sweep (``-m``) is handled job by job: a job directory without results goes, and the sweep

@@ -30,7 +30,7 @@ from pathlib import Path
 from fedst.cli import compose_experiment, setup_logging
 from fedst.data.preview import write_previews
 from fedst.errors import ArgumentParser
-from fedst.experiment import ExperimentConfig
+from fedst.experiment import ExperimentConfig, Runtime
 from fedst.report import plots, results, tables
 from fedst.runs import Run
 from fedst.runs.files import load_config, unfinished
@@ -44,7 +44,7 @@ DEMO_ROUNDS = 8
 
 def demo_config(
     method: str | None, seed: int, rounds: int, overrides: list[str]
-) -> tuple[ExperimentConfig, dict]:
+) -> tuple[ExperimentConfig, Runtime]:
     """(config, runtime options) of one demo run: ``experiment=demo`` with ``method`` (None: the
     experiment's default), ``seed`` and ``rounds`` rounds, then the user's ``overrides``."""
     local_iters = compose_experiment(["experiment=demo", *overrides])[0].train.local_iters
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             finalize_run(Run(run_dir, cfg))
         else:
             log.info("%s: training in %s", method, run_dir)
-            run_training(cfg, run_dir, progress=runtime.get("progress", True))
+            run_training(cfg, run_dir, progress=runtime.progress)
         run_dirs.append(run_dir)
 
     runs = results.load_runs(run_dirs)

@@ -38,7 +38,7 @@ from fedst.config import ConfigError
 from fedst.data.clips import resolve_num_workers, usable_cpu_count
 from fedst.data.procedural import SITES, generate
 from fedst.data.site_checks import validate_experiment_data
-from fedst.experiment import ExperimentConfig, RayConfig, run_device
+from fedst.experiment import ENGINES, ExperimentConfig, RayConfig, Runtime, run_device
 from fedst.federation.state_writer import wait_for_state_writes
 from fedst.report import plots, results, tables
 from fedst.runs import Run
@@ -56,8 +56,6 @@ from fedst.runs.layout import (
 from fedst.storage import atomic_write_text
 
 log = logging.getLogger(__name__)
-
-ENGINES = ("inprocess", "ray")
 
 
 def save_config(cfg: ExperimentConfig, run_dir: Path) -> None:
@@ -193,12 +191,13 @@ def require_ray() -> None:
 def run_training(
     cfg: ExperimentConfig,
     run_dir: Path,
-    engine: str = "inprocess",
-    progress: bool = True,
-    regenerate: bool = False,
+    engine: str = Runtime.engine,
+    progress: bool = Runtime.progress,
+    regenerate: bool = Runtime.regenerate,
     ray: RayConfig | None = None,
 ) -> dict[str, Any]:
     """Train (or resume, when ``run_dir`` already holds a checkpoint) and finalize the run.
+    ``engine``, ``progress``, ``regenerate``: as :class:`fedst.experiment.Runtime` (its defaults);
     ``ray``: the site actors' CPU / GPU shares of ``engine="ray"`` (None: the defaults)."""
     if engine not in ENGINES:  # before anything is written
         raise ConfigError(f"engine={engine!r}: choose one of {', '.join(ENGINES)}")
@@ -215,7 +214,11 @@ def run_training(
     # on a hospital's SuperNode; the messages carry no path
     nodes = [
         site_node_config(
-            cfg, site, progress=progress, run_state_dir=str(site_state_dir(run_dir, site))
+            cfg,
+            site,
+            progress=progress,
+            method=run.method,
+            run_state_dir=str(site_state_dir(run_dir, site)),
         ).to_node_config()
         for site in parties
     ]

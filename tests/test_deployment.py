@@ -445,7 +445,7 @@ def test_the_latency_settings_reach_the_flower_processes_the_executor_and_the_se
     assert env["FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE"] == str(int(2.5 * 2**20))
     command = deploy.executor_command(dcfg)
     assert command[command.index("--poll-seconds") + 1] == "0.3"
-    overrides = deploy.run_config_overrides(Path("run"), dcfg.policy())
+    overrides = deploy.run_config_overrides(Path("run"), dcfg)
     assert "reply-poll=0.7" in overrides.split()
     with pytest.raises(ConfigError, match=r"deploy.chunk_mib=0: must be > 0"):
         DeployConfig(chunk_mib=0)

@@ -7,6 +7,8 @@ process-wide torch switches are set in a child process."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
 import logging
 import subprocess
@@ -24,6 +26,7 @@ from fedst.cli import compose_experiment
 from fedst.config import ConfigError
 from fedst.experiment import run_device
 from fedst.federation import transport
+from fedst.runs import Run
 from fedst.runs.files import RunLog
 from fedst.runs.layout import DEVICE_JSONL
 from fedst.storage import read_jsonl
@@ -94,6 +97,37 @@ def test_a_refused_run_writes_nothing(tmp_path, no_cuda):
     with pytest.raises(ConfigError, match="found no CUDA device"):
         training.prepare_run(paper, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_every_entry_point_resolves_the_device_by_one_rule_that_honours_require_gpu():
+    """Training, evaluation, reports, the guard and eval_outfed.py take the device from
+    fedst.experiment.run_device (``train.device`` with ``train.require_gpu``), mostly through
+    ``Run.device``: no other call resolves ``train.device`` (fedst.infer's own ``device`` aside)."""
+    repo = Path(__file__).resolve().parents[1]
+    callers = []
+    for path in [
+        *sorted((repo / "fedst").rglob("*.py")),
+        repo / "eval_outfed.py",
+        repo / "train_fed.py",
+    ]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "resolve_device":
+                callers.append(str(path.relative_to(repo)))
+    assert sorted(callers) == ["fedst/experiment/config.py", "fedst/infer/streaming.py"]
+
+
+def test_a_run_scored_on_a_cpu_refuses_a_gpu_sized_config_as_training_does(tmp_path, no_cuda):
+    """Run.device (eval_outfed.py, fedst.report, fedst.guard, final.json's evaluation) fails on
+    a config sized for a GPU with the same one line as training's setup."""
+    paper, _ = compose_experiment(["experiment=paper", f"data.root={tmp_path / 'data'}"])
+    with pytest.raises(ConfigError) as at_training:
+        training.prepare_run(paper, tmp_path / "run")
+    with pytest.raises(ConfigError) as at_scoring:
+        Run(tmp_path / "run", paper).device  # noqa: B018 (the property resolves the device)
+    assert str(at_scoring.value) == str(at_training.value)
+    assert "pass train.device=cpu to run it on the CPU anyway" in str(at_scoring.value)
+    on_cpu = dataclasses.replace(paper, train=dataclasses.replace(paper.train, device="cpu"))
+    assert Run(tmp_path / "run", on_cpu).device == CPU
 
 
 # -- the facts a run records -----------------------------------------------------------------------

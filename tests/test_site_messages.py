@@ -295,8 +295,10 @@ def test_evaluate_steps_wait_the_eval_timeout_and_training_steps_the_round_timeo
 def test_the_eval_timeout_defaults_to_three_round_timeouts_and_reaches_the_serverapp():
     assert DeployConfig(round_timeout=600.0).policy().eval_timeout == 1800.0
     assert DeployConfig(round_timeout=600.0, eval_timeout=50.0).policy().eval_timeout == 50.0
-    overrides = run_config_overrides(Path("run"), DeployConfig(round_timeout=10.0).policy())
-    assert "eval-timeout=30.0" in overrides.split()
+    overrides = run_config_overrides(Path("run"), DeployConfig(round_timeout=10.0))
+    assert "round-timeout=10.0" in overrides.split() and "eval-timeout=0.0" in overrides.split()
+    run_config = {k: json.loads(v) for k, v in (item.split("=") for item in overrides.split())}
+    assert DeployConfig.from_run_config(run_config).policy().eval_timeout == 30.0
     with pytest.raises(ConfigError, match=r"deploy.eval_timeout=0: must be > 0"):
         DeployConfig(eval_timeout=0)
 

@@ -27,8 +27,10 @@ def _train(cfg, **changes):
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **changes))
 
 
-def old_format_fingerprint(cfg) -> str:
-    """The fingerprint as runs recorded it before issue 33 and 37 (by the rule of that code)."""
+def values_before_roles(cfg) -> dict:
+    """A site view's values that the code before issue 63 fingerprinted (its lists: the
+    evaluation and execution fields, the selection rule and metric, method.returned_model,
+    indicator.unseen and the fed section left out)."""
     values = json.loads(site_view(cfg).to_json())
     for key in ("eval_every", "eval_max_frames", "val_every", "eval_batch_size"):
         values["train"].pop(key)
@@ -37,12 +39,23 @@ def old_format_fingerprint(cfg) -> str:
     for key in ("rule", "metric"):
         values["selection"].pop(key)
     values["method"].pop("returned_model")
-    for key in ("channels_last", "deterministic", "require_gpu"):
+    for key in ("compile", "channels_last", "deterministic", "require_gpu"):
         values["train"].pop(key)
-    values["train"]["compile"] = False
     values["indicator"].pop("unseen")
-    values.pop("fed")  # the server's reply handling (issue 45) did not exist then
+    values.pop("fed")  # the server's reply handling (issue 45)
+    return values
+
+
+def digest(values: dict) -> str:
     return hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def old_format_fingerprint(cfg) -> str:
+    """The fingerprint as runs recorded it before issue 33 and 37 (by the rule of that code:
+    no execution fields, ``train.compile`` a bool)."""
+    values = values_before_roles(cfg)
+    values["train"]["compile"] = False
+    return digest(values)
 
 
 def test_execution_settings_the_unseen_rule_and_reply_handling_leave_the_fingerprint(tmp_path):

@@ -47,21 +47,17 @@ from fedst.accel.device import (
 )
 from fedst.accel.memory import REPLY_MEMORY_KEYS, PhasePeaks, memory_usage, release_free_memory
 from fedst.accel.precision import (
-    AMP_DTYPES,
     NATIVE_BF16_CAPABILITY,
     Precision,
     native_bf16,
     resolve_precision,
 )
 from fedst.accel.steps import (
-    COMPILE_MODES,
-    CUDA_GRAPH_MODES,
     LossLog,
     apply_gradients,
     backward_pass,
     begin_step,
     clips_channels_last,
-    compile_mode,
     first_non_finite,
     fused_optimizer_options,
     kept,
@@ -72,6 +68,7 @@ from fedst.accel.steps import (
     uses_cuda_graphs,
 )
 from fedst.accel.transfer import HostCopy, bulk_to_host, standalone
+from fedst.schema.accel import AMP_DTYPES, COMPILE_MODES, CUDA_GRAPH_MODES, compile_mode
 
 __all__ = [
     "AMP_DTYPES",

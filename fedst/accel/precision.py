@@ -8,9 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-AMP_DTYPES = ("auto", "bf16", "fp16", "none")
-"""Values of ``train.amp_dtype``: auto (bf16 where the GPU supports it, else fp16) | bf16 | fp16
-(with a GradScaler) | none (fp32)."""
+from fedst.schema.accel import AMP_DTYPES
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -12,6 +12,8 @@ from typing import Any, TypeVar, cast
 import torch
 from torch import nn
 
+from fedst.schema.accel import CUDA_GRAPH_MODES, compile_mode
+
 log = logging.getLogger("fedst.accel")
 
 
@@ -21,25 +23,7 @@ def fused_optimizer_options(device: torch.device) -> dict[str, bool]:
     return {"fused": True} if device.type == "cuda" else {}
 
 
-COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-"""Values of ``train.compile`` (``torch.compile``'s modes): none (eager) | default (Inductor's
-fused kernels) | reduce-overhead (Inductor with CUDA graphs: a captured step replays with one
-launch) | max-autotune (autotuned kernels, CUDA graphs; minutes of tuning at the first steps)."""
-
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-"""The modes of :data:`COMPILE_MODES` that capture CUDA graphs (on a CUDA device)."""
-
 _Step = TypeVar("_Step", bound=Callable[..., Any])
-
-
-def compile_mode(value: str | bool) -> str:
-    """``train.compile`` as a mode of :data:`COMPILE_MODES`; the former boolean reads true as
-    "default" (what ``model.compile()`` did) and false as "none"."""
-    if isinstance(value, bool):
-        return "default" if value else "none"
-    if value not in COMPILE_MODES:
-        raise ValueError(f"train.compile={value!r}; choose one of {COMPILE_MODES} (or true/false)")
-    return value
 
 
 def maybe_compile(step: _Step, mode: str) -> _Step:

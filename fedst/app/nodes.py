@@ -9,14 +9,20 @@ import json
 from typing import Any
 
 from fedst.experiment import ExperimentConfig, SiteNodeConfig
-from fedst.methods import method_of
+from fedst.methods import Method, method_of
 
 
 def site_node_config(
-    cfg: ExperimentConfig, site: str, progress: bool = False, **settings: Any
+    cfg: ExperimentConfig,
+    site: str,
+    progress: bool = False,
+    method: Method | None = None,
+    **settings: Any,
 ) -> SiteNodeConfig:
     """The node config of ``site`` (a training party of the method) from a full local experiment
-    (the site's own config): its own data and that of every other site it reads."""
+    (the site's own config): its own data and that of every other site it reads. ``method``:
+    ``cfg``'s method where the caller holds it (None: built here)."""
+    method = method_of(cfg) if method is None else method
     spec = cfg.data.sites.get(site)
     others = {
         name: {
@@ -24,7 +30,7 @@ def site_node_config(
             "backend": cfg.data.sites[name].backend,
             "options": cfg.data.sites[name].options,
         }
-        for name in method_of(cfg).data_sites(site)
+        for name in method.data_sites(site)
         if name != site
     }
     return SiteNodeConfig(

@@ -14,19 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedst.config import ConfigError
-from fedst.data.base import SiteSource
-from fedst.data.procedural import GENERATOR_VERSION, GENERATOR_VERSIONS
-from fedst.data.registry import open_site
-from fedst.data.splits import (
-    PARTITIONS,
-    VAL_SPLIT_SOURCES,
-    iid_site_root,
-    materialize_iid,
-    with_validation_split,
-)
+from fedst.schema.data import GENERATOR_VERSION, GENERATOR_VERSIONS, PARTITIONS, VAL_SPLIT_SOURCES
+
+if TYPE_CHECKING:
+    from fedst.data.base import SiteSource
 
 
 @dataclass(frozen=True)
@@ -127,6 +121,9 @@ class DataConfig:
     def open(self, name: str) -> SiteSource:
         """The SiteSource of site ``name``; a site that trains or selects (neither the server's set
         nor out of federation) with its validation split of ``val_split`` (fedst/data/splits.py)."""
+        from fedst.data.registry import open_site  # the backends (torch): not to read a config
+        from fedst.data.splits import iid_site_root, with_validation_split
+
         spec = self.sites[name]
         source = open_site(spec.backend, Path(spec.root), name, **spec.options)
         if name == self.server or name in self.out_of_federation:
@@ -145,6 +142,9 @@ class DataConfig:
     def build_iid(self) -> dict[str, dict[str, list[str]]] | None:
         """Write the iid control's sites (data.partition=iid; fedst/data/splits.py
         materialize_iid) from every federated site's own data; None when the partition is natural."""
+        from fedst.data.registry import open_site  # the backends (torch): not to read a config
+        from fedst.data.splits import materialize_iid
+
         if self.partition != "iid":
             return None
         sources = {}

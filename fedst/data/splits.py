@@ -32,8 +32,6 @@ from fedst.data.clips import ClipConfig, ClipDataset
 
 log = logging.getLogger(__name__)
 
-VAL_SPLIT_SOURCES = ("dataset", "train")
-
 
 def carved_video_ids(video_ids: list[str], site: str, count: int, seed: int) -> list[str]:
     """The ``count`` ids of ``video_ids`` with the smallest SHA-256 of ``"<seed>/<site>/<id>"``
@@ -134,8 +132,6 @@ def validation_dataset(source: SiteSource, mode: str, clip: ClipConfig) -> ClipD
 
 
 # -- heterogeneity control: pooled-then-resplit federation (data.partition=iid) ----------------
-
-PARTITIONS = ("natural", "iid")
 
 
 def iid_assignment(

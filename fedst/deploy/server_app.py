@@ -17,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedst.app.server_app import run_federation
 from fedst.app.site_executor import exit_with_parent
 from fedst.cli import compose_experiment, setup_logging
-from fedst.experiment import RoundPolicy, default_eval_timeout
+from fedst.experiment import DeployConfig
 from fedst.runs import Run
 from fedst.runs.files import load_config
 from fedst.runs.footprint import keep_models_only
@@ -54,18 +54,7 @@ def run_config_to_run(grid: Any, run_config: dict[str, Any]) -> None:
         run_dir = run_dir / f"{cfg.method.name}_s{cfg.seed}_{stamp}"
         prepare_run(cfg, run_dir, progress=False, federated_data=False)
     setup_logging(run_dir)
-    round_timeout = float(run_config.get("round-timeout", 0.0)) or None
-    policy = RoundPolicy(
-        min_sites=int(run_config.get("min-sites", 0)) or None,
-        round_timeout=round_timeout,
-        eval_timeout=default_eval_timeout(
-            round_timeout, float(run_config.get("eval-timeout", 0.0)) or None
-        ),
-        join_timeout=float(run_config.get("join-timeout", 0.0)),
-        collect_personal=True,
-        audit=bool(run_config.get("audit", False)),
-        reply_poll=float(run_config.get("reply-poll", RoundPolicy.reply_poll)),
-    )
+    policy = DeployConfig.from_run_config(run_config).policy()  # the one codec, its defaults
     log.info("deployed run %s", run_dir)
     run_federation(grid, cfg, run_dir, progress=False, policy=policy)
     run = Run(run_dir, cfg)

@@ -26,7 +26,7 @@ from fedst.deploy.processes import (
     stop_detached,
     wait_for_port,
 )
-from fedst.experiment import DeployConfig, ExperimentConfig, RoundPolicy
+from fedst.experiment import DeployConfig, ExperimentConfig
 from fedst.runs.layout import FINAL_JSON, FLWR_RUN_LOG, LOG_TXT
 
 log = logging.getLogger("fedst.deploy")  # the package's name, as before the split
@@ -89,17 +89,10 @@ def register_sites(sites: Sequence[str], keys: Path, env: dict[str, str]) -> Non
         log.info("registered site %s (%s)", site, public)
 
 
-def run_config_overrides(run_dir: Path, policy: RoundPolicy) -> str:
-    """The ``--run-config`` of ``flwr run`` (keys of [tool.flwr.app.config] in pyproject.toml)."""
-    values = {
-        "run-dir": str(run_dir.resolve()),
-        "min-sites": policy.min_sites or 0,
-        "round-timeout": float(policy.round_timeout or 0.0),
-        "eval-timeout": float(policy.eval_timeout or 0.0),
-        "join-timeout": float(policy.join_timeout),
-        "audit": policy.audit,
-        "reply-poll": float(policy.reply_poll),
-    }
+def run_config_overrides(run_dir: Path, dcfg: DeployConfig) -> str:
+    """The ``--run-config`` of ``flwr run`` (keys of [tool.flwr.app.config] in pyproject.toml):
+    the run directory and the server's policy (DeployConfig.to_run_config, the one codec)."""
+    values = {"run-dir": str(run_dir.resolve()), **dcfg.to_run_config()}
     return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
 
 
@@ -157,7 +150,7 @@ def serve(cfg: ExperimentConfig, run_dir: Path, dcfg: DeployConfig) -> dict[str,
     prepare_run(cfg, run_dir, progress=False, federated_data=False)
     with running_superlink(cfg.data.federation, dcfg, run_dir) as env:
         command = [str(BIN / "flwr"), "run", str(APP_DIR), CONNECTION, "--stream"]
-        command += ["--run-config", run_config_overrides(run_dir, dcfg.policy())]
+        command += ["--run-config", run_config_overrides(run_dir, dcfg)]
         flwr_run = start(command, run_dir / FLWR_RUN_LOG, env, False)
         while flwr_run.poll() is None and not (run_dir / FINAL_JSON).exists():
             time.sleep(1.0)

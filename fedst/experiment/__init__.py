@@ -8,11 +8,17 @@ runs SERQ (``serq``) and whether sites communicate at all (``communicate``).
 
 The package: ``sections`` (method, train, pretraining, serq, fed, comm, privacy, selection and
 indicator), ``config`` (:class:`ExperimentConfig`, which holds them with the data, network and clip
-configs, and how a mapping or a saved config.json becomes one), ``site_view`` (what a site
-receives of it and adds from its own node: :class:`SiteNodeConfig`) and ``runtime`` (where and how
-a federation runs: ``ray.*``, ``deploy.*``, the server's round policy).
+configs, and how a mapping or a saved config.json becomes one), ``roles`` (the role of every
+field, fedst/schema/roles.py, as dotted keys), ``site_view`` (what a site receives of it and adds
+from its own node: :class:`SiteNodeConfig`) and ``runtime`` (train_fed.py's :class:`Runtime`:
+engine, resume, ``ray.*``, ``deploy.*``, the server's round policy).
 
-Layer: above fedst.model; imports fedst.model, fedst.data and the root modules.
+Reading a config imports no torch, timm, torchvision, albumentations or flwr
+(tests/test_config_floor.py): the network, clip and augment configs come from fedst/schema/,
+fedst.data.sites imports the backends only to open a site, and :func:`run_device` imports
+fedst.accel when called.
+
+Layer: above fedst.model; imports fedst.data.sites, fedst.schema and the root modules.
 """
 
 from fedst.experiment.config import (
@@ -21,11 +27,14 @@ from fedst.experiment.config import (
     experiment_from_json,
     run_device,
 )
+from fedst.experiment.roles import field_roles, resume_safe_keys
 from fedst.experiment.runtime import (
+    ENGINES,
     EVAL_TIMEOUT_FACTOR,
     DeployConfig,
     RayConfig,
     RoundPolicy,
+    Runtime,
     default_eval_timeout,
 )
 from fedst.experiment.sections import (
@@ -50,8 +59,6 @@ from fedst.experiment.sections import (
     check_num_workers,
 )
 from fedst.experiment.site_view import (
-    EVALUATION_FIELDS,
-    NODE_LOCAL_FIELDS,
     SITE_VIEW_UNSET,
     SiteNodeConfig,
     legacy_state_fingerprints,
@@ -63,10 +70,9 @@ __all__ = [
     "AGGREGATIONS",
     "AGGREGATION_WEIGHTS",
     "DP_MODES",
-    "EVALUATION_FIELDS",
+    "ENGINES",
     "EVAL_TIMEOUT_FACTOR",
     "INDICATOR_KINDS",
-    "NODE_LOCAL_FIELDS",
     "PRECISIONS",
     "RETURNED_MODELS",
     "SELECTION_RULES",
@@ -83,6 +89,7 @@ __all__ = [
     "PrivacyConfig",
     "RayConfig",
     "RoundPolicy",
+    "Runtime",
     "SelectionConfig",
     "SerqConfig",
     "SiteNodeConfig",
@@ -91,7 +98,9 @@ __all__ = [
     "default_eval_timeout",
     "experiment_from_dict",
     "experiment_from_json",
+    "field_roles",
     "legacy_state_fingerprints",
+    "resume_safe_keys",
     "run_device",
     "site_view",
     "state_fingerprint",

@@ -10,13 +10,9 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from fedst.accel import resolve_device
 from fedst.config import ConfigError, build, require_at_least, to_dict
-from fedst.data.clips import AugmentConfig, ClipConfig
 from fedst.data.sites import DataConfig
 from fedst.experiment.sections import (
     CommConfig,
@@ -29,8 +25,13 @@ from fedst.experiment.sections import (
     SerqConfig,
     TrainConfig,
 )
-from fedst.model.channel_selection import resolve_unseen_indicator_rule
-from fedst.model.network import NetworkConfig
+from fedst.schema.clips import AugmentConfig, ClipConfig
+from fedst.schema.indicators import resolve_unseen_indicator_rule
+from fedst.schema.network import NetworkConfig
+from fedst.schema.roles import SERVER, role
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class ExperimentConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     indicator: IndicatorConfig = field(default_factory=IndicatorConfig)
     comm: CommConfig = field(default_factory=CommConfig)
-    fed: FedConfig = field(default_factory=FedConfig)
+    fed: FedConfig = field(default_factory=FedConfig, metadata=role(SERVER))
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
 
@@ -196,4 +197,6 @@ def experiment_from_json(text: str) -> ExperimentConfig:
 def run_device(cfg: ExperimentConfig) -> torch.device:
     """The device a run trains on (:func:`resolve_device` of ``train.device`` with
     ``train.require_gpu``): where a server or a site sets up."""
+    from fedst.accel import resolve_device  # torch: not needed to read a config
+
     return resolve_device(cfg.train.device, cfg.train.require_gpu, cfg.name)

@@ -1,13 +1,16 @@
-"""Where and how a federation runs, beside the experiment itself: the shares of Flower's Ray
-simulation engine (``ray.*``, :class:`RayConfig`), a deployment's addresses, certificates, timeouts
-and transfer settings (``deploy.*``, :class:`DeployConfig`), and how the server treats sites that
-do not answer (:class:`RoundPolicy`)."""
+"""Where and how a federation runs, beside the experiment itself: train_fed.py's runtime options
+as a whole (:class:`Runtime`: engine, resume, progress, regenerate, site), the shares of Flower's
+Ray simulation engine (``ray.*``, :class:`RayConfig`), a deployment's addresses, certificates,
+timeouts and transfer settings (``deploy.*``, :class:`DeployConfig`), and how the server treats
+sites that do not answer (:class:`RoundPolicy`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from fedst.config import ConfigError, require_at_least
+from fedst.config import ConfigError, build, require_at_least
 
 EVAL_TIMEOUT_FACTOR = 3.0
 """``deploy.eval_timeout`` when unset: this many times ``deploy.round_timeout`` (DeployConfig)."""
@@ -145,9 +148,9 @@ class DeployConfig:
     """Site: give up connecting to the server after this many seconds."""
     min_sites: int | None = None
     """Server: fewest sites a round aggregates (None: all)."""
-    round_timeout: float = 600.0
+    round_timeout: float | None = 600.0
     """Server: seconds to wait for the replies of one training step (and of the final stage and
-    the personal exchange / export)."""
+    the personal exchange / export); null: forever."""
     eval_timeout: float | None = None
     """Server: seconds to wait for the replies of one evaluate step (test scores, validation
     scores); null: EVAL_TIMEOUT_FACTOR (3) x round_timeout. An evaluate step can take longer than
@@ -191,8 +194,12 @@ class DeployConfig:
             raise ConfigError(
                 f"deploy.transfers_in_flight={self.transfers_in_flight}: must be >= 1"
             )
-        if self.eval_timeout is not None and self.eval_timeout <= 0:
-            raise ConfigError(f"deploy.eval_timeout={self.eval_timeout}: must be > 0 or null")
+        for name in ("round_timeout", "eval_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"deploy.{name}={value}: must be > 0 or null")
+        if self.join_timeout < 0:
+            raise ConfigError(f"deploy.join_timeout={self.join_timeout}: must be >= 0")
 
     def flower_env(self) -> dict[str, str]:
         """The environment variables through which Flower's processes read the transfer
@@ -202,6 +209,33 @@ class DeployConfig:
             "FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS": str(self.transfers_in_flight),
             "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE": str(int(self.chunk_mib * 2**20)),
         }
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The server's policy keys as the deployed ServerApp's run config (``flwr run
+        --run-config``; pyproject.toml's ``[tool.flwr.app.config]`` holds those of the defaults):
+        :data:`POLICY_RUN_CONFIG` names, and 0 for None (TOML has no null)."""
+        values = {}
+        for key, name in POLICY_RUN_CONFIG.items():
+            value = getattr(self, name)
+            values[key] = NULL_AS_ZERO[name] if value is None else value
+        return values
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> DeployConfig:
+        """The inverse of :meth:`to_run_config` (other keys ignored): a key the run config lacks
+        keeps this class's default, 0 reads as None for the keys that may be null."""
+        defaults = cls()
+        values: dict[str, Any] = {}
+        for key, name in POLICY_RUN_CONFIG.items():
+            if key not in run_config:
+                continue
+            value = run_config[key]
+            if name in NULL_AS_ZERO:
+                value = type(NULL_AS_ZERO[name])(value) or None
+            elif isinstance(getattr(defaults, name), float):
+                value = float(value)
+            values[name] = value
+        return build(cls, values, "deploy")
 
     def policy(self) -> RoundPolicy:
         return RoundPolicy(
@@ -213,3 +247,50 @@ class DeployConfig:
             audit=self.audit,
             reply_poll=self.reply_poll,
         )
+
+
+POLICY_RUN_CONFIG = {
+    "min-sites": "min_sites",
+    "round-timeout": "round_timeout",
+    "eval-timeout": "eval_timeout",
+    "join-timeout": "join_timeout",
+    "audit": "audit",
+    "reply-poll": "reply_poll",
+}
+"""Run-config key of the deployed ServerApp (pyproject.toml ``[tool.flwr.app.config]``) ->
+the :class:`DeployConfig` field it carries: the one codec of the server's round policy
+(:meth:`DeployConfig.to_run_config`, :meth:`DeployConfig.from_run_config`)."""
+NULL_AS_ZERO = {"min_sites": 0, "round_timeout": 0.0, "eval_timeout": 0.0}
+"""Policy fields whose None travels as this zero in the run config (TOML has no null)."""
+
+ENGINES = ("inprocess", "ray")
+"""``engine``: Flower's Grid in this process | Flower's Ray simulation (fedst/training.py)."""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """train_fed.py's top-level keys that steer the entry point, not the experiment (the
+    experiment's own keys: :class:`fedst.experiment.ExperimentConfig`): each default is declared
+    here once (fedst/cli.py puts them in Hydra's defaults; configs/config.yaml documents them)."""
+
+    engine: str = "inprocess"
+    """:data:`ENGINES`: inprocess (Flower Grid in this process) | ray (Flower simulation, needs
+    flwr[simulation]; per-site CPU / GPU shares: ``ray.*``)."""
+    resume: str | None = None
+    """A run directory to continue from its last completed round (its own config is reused;
+    fedst.cli.resume_experiment says which keys may change)."""
+    progress: bool = True
+    """Progress bars over rounds, local iterations and evaluation (only on a terminal)."""
+    regenerate: bool = False
+    """Rewrite the procedural benchmark in data.root even if it holds another one (deletes its
+    videos/, splits/)."""
+    site: str | None = None
+    """Deployment (docs/deployment.md): server | a federated site's name (A); None: a simulation."""
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    """``deploy.*``: the deployment's addresses, certificates, timeouts and transfer settings."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """``ray.*``: the site actors' shares under ``engine=ray``."""
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine={self.engine!r}: choose one of {', '.join(ENGINES)}")

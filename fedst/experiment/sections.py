@@ -9,14 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedst.accel import AMP_DTYPES, compile_mode
 from fedst.config import ConfigError, require_at_least, require_positive
-from fedst.model.channel_selection import UNSEEN_INDICATOR_RULES
-from fedst.model.indicators import DEFAULT_CLIP_MODEL, DEFAULT_CLIP_PRETRAINED
+from fedst.schema.accel import AMP_DTYPES, compile_mode
+from fedst.schema.indicators import (
+    DEFAULT_CLIP_MODEL,
+    DEFAULT_CLIP_PRETRAINED,
+    INDICATOR_KINDS,
+    UNSEEN_INDICATOR_RULES,
+)
+from fedst.schema.partition import COMPONENTS, PRESETS
+from fedst.schema.roles import CADENCE, EXECUTION, MEASURE, NODE, RESOURCE, role
 
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed_mean")
 AGGREGATION_WEIGHTS = ("uniform", "samples", "fisher")
-INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 RETURNED_MODELS = ("own", "global")
 """method.returned_model: a site's own gamma_k^T, or gamma_g as the site adopts it (MethodConfig)."""
 
@@ -65,7 +70,7 @@ class MethodConfig:
     only). fedmedian is unweighted and needs "uniform"."""
     communicate: bool = True
     """False: every site trains alone (the 'Local' baseline); nothing travels."""
-    returned_model: str = "own"
+    returned_model: str = field(default="own", metadata=role(MEASURE))
     """Which model a site returns, is scored with and enters the out-of-federation average
     (:data:`RETURNED_MODELS`): own (v_k = gamma_k^T U rho_k^T, the site's own shared
     parameters after its last local round: FedST's Algorithm 1 lines 14-17, Local, the upper
@@ -74,8 +79,6 @@ class MethodConfig:
     the earlier scoring for comparison."""
 
     def __post_init__(self) -> None:
-        from fedst.model.partition import PRESETS
-
         if self.personalization not in PRESETS:
             raise ConfigError(
                 f"method.personalization={self.personalization!r}; choose one of {sorted(PRESETS)}"
@@ -93,8 +96,6 @@ class MethodConfig:
                 f"{self.aggregation_weights!r})"
             )
         if self.shared_components is not None:
-            from fedst.model.partition import COMPONENTS
-
             unknown = sorted(set(self.shared_components) - set(COMPONENTS))
             if unknown:
                 raise ConfigError(
@@ -137,43 +138,43 @@ class TrainConfig:
     """AdamW weight decay."""
     lambda_dice: float = 0.3
     """lambda_1 of L_seg = CE + lambda_1 * Dice (Eq. 9)."""
-    eval_every: int = 10
+    eval_every: int = field(default=10, metadata=role(CADENCE))
     """Evaluate every site's personalized model on its test split every k rounds (and at the end)."""
-    eval_max_frames: int | None = None
+    eval_max_frames: int | None = field(default=None, metadata=role(MEASURE))
     """Cap on test (and validation) frames per site per evaluation (None: all)."""
-    eval_batch_size: int = 8
+    eval_batch_size: int = field(default=8, metadata=role(CADENCE))
     """Frames per forward pass of evaluation (fedst/scoring/evaluation.py): frames of one
     video are encoded together, scores equal the frame-by-frame path's (to float rounding)."""
-    distance_metrics_every: int | None = 1
+    distance_metrics_every: int | None = field(default=1, metadata=role(CADENCE))
     """HD95 / ASSD (a distance transform per class per frame at native resolution: the costly
     metrics) at evaluations of rounds that are multiples of k and at the last round; the other
     evaluations score Dice / IoU only (distances reported as absent). 1: every evaluation
     (default); None: the last round only (the final tables need them, learning curves use Dice)."""
-    checkpoint_every: int = 1
+    checkpoint_every: int = field(default=1, metadata=role(CADENCE))
     """The server writes its checkpoint (``server.pt`` and the feature bank entries changed since
     the last one) every k rounds and at the last round; a resumed run restarts after the latest
     one, redoing at most k - 1 rounds (each site keeps its states of the server's two latest
     checkpoint rounds). Results do not depend on k. 1: every round."""
-    keep_resume_state: bool = False
+    keep_resume_state: bool = field(default=False, metadata=role(RESOURCE))
     """What a run keeps once its training has finished (fedst/runs/footprint.py; sizes in
     docs/running.md). False: its models only (v_g, each site's rho_k and gamma_k of the last
     round, the validation rounds' snapshots), since a finished run is never resumed. True: also
     what resuming would read (the previous server checkpoint, SERQ's state and feature bank, the
     sites' optimizer moments, data order and earlier rounds), as while it trains."""
-    val_every: int | None = None
+    val_every: int | None = field(default=None, metadata=role(CADENCE))
     """Score every site's personalized model on its validation split every k rounds and at the
     last round (metrics.jsonl rows with split "val"), keeping what selection needs of those rounds
     (fedst/runs/model_selection.py). None: no validation (selection.rule must be last)."""
-    num_workers: int | str = "auto"
+    num_workers: int | str = field(default="auto", metadata=role(NODE))
     """DataLoader worker processes per site (training and evaluation loaders): a number, or
     "auto" = the usable CPU cores divided among the loaders that run at once, less one core for
     the training process, at most 4 (fedst.data.clips.resolve_num_workers): in-process cores - 1
     (sites train in turn), under Ray the actor's CPU share - 1. Workers decode, resize and augment;
     they send uint8 clips, normalised on the device; training loaders keep them (persistent)."""
-    device: str = "auto"
+    device: str = field(default="auto", metadata=role(NODE))
     """auto (the first CUDA device when present, else the CPU; see ``require_gpu``) | cpu |
     cuda | cuda:N (an error where CUDA is unavailable)."""
-    require_gpu: bool = False
+    require_gpu: bool = field(default=False, metadata=role(EXECUTION))
     """The config is sized for a GPU (configs/experiment/paper.yaml): ``device=auto`` that finds
     no CUDA device stops the run with the reason instead of training for weeks on the CPU; an
     explicit ``train.device=cpu`` still runs it there (fedst.accel.resolve_device)."""
@@ -181,14 +182,14 @@ class TrainConfig:
     """Mixed precision of forward passes on CUDA (fedst/accel/precision.py; CPU always runs fp32): auto
     (bf16 where the GPU supports it, else fp16) | bf16 (autocast bfloat16) | fp16 (autocast
     float16 with a GradScaler) | none (fp32). Replaces ``train.amp`` (true = bf16, false = none)."""
-    compile: str | bool = "none"
+    compile: str | bool = field(default="none", metadata=role(EXECUTION))
     """``torch.compile`` mode of the training steps (fedst.accel.maybe_compile): a site's step
     (forward and loss) and SERQ's passes (v_pre's and the global model's forwards and losses
     in EQ and SC, the bank's F_g). none (eager) | default | reduce-overhead (CUDA graphs: the
     steps' shapes are fixed, every batch is full) | max-autotune. The former true / false read
     as default / none (fedst.accel.compile_mode). Faster steps on a GPU after slower first
     steps; CPU compiling needs a C++ compiler."""
-    channels_last: bool = False
+    channels_last: bool = field(default=False, metadata=role(EXECUTION))
     """CUDA only: the site's and SERQ's models and their input frames in ``torch.channels_last``
     memory order (NHWC convolutions in cuDNN; fedst.accel.use_channels_last). A no-op on the
     CPU, whose results stay those of NCHW."""
@@ -213,7 +214,7 @@ class TrainConfig:
     text gives AdamW 6e-5 for every method and no schedule (fedst/methods/optimizer.py)."""
     warmup_iters: int = 1500
     """Warm-up length of ``lr_schedule=warmup_poly`` in local iterations (CFFM: 1500)."""
-    deterministic: bool = False
+    deterministic: bool = field(default=False, metadata=role(EXECUTION))
     """CUDA only: deterministic algorithms (``torch.use_deterministic_algorithms(True,
     warn_only=True)``: an op without a deterministic kernel warns), cuDNN without autotuning
     (overrides ``cudnn_benchmark``) and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` where unset
@@ -342,7 +343,7 @@ class SerqConfig:
     mean_b(F_sy - F_hat_g): plain gradient descent on the quadratic with step size
     descriptor_step / curvature (fedst/methods/serq.py). Adam at ``lr`` moves D_sy by at most
     lr per step, 0.01 over the demo, against features of RMS ~1 that it must offset."""
-    bank_storage: str = "memory"
+    bank_storage: str = field(default="memory", metadata=role(RESOURCE))
     """Where SERQ's working feature bank lives between checkpoints (fedst/federation/
     feature_bank.py): memory (a dict: the bank's size in resident memory, 2.35 GB for SISVSE at
     512x640) | disk (one scratch file, serq_bank.work in the run directory, read and written per
@@ -462,14 +463,14 @@ class SelectionConfig:
     """Which round's model a run reports besides the last one (fedst/runs/model_selection.py; the paper's
     tables always use the last round)."""
 
-    rule: str = "last"
+    rule: str = field(default="last", metadata=role(MEASURE))
     """last | val (per site: its best validation round) | mixed (best pooled validation score of
     the training sites, GEN-Guard Eq. 6) | cbe (best score of the out-of-federation model on the
     held-out site's validation split, GEN-Guard Eq. 7)."""
     held_out_site: str | None = None
     """A site of data.federation that never trains: it is taken out of data.federation when the
     config is read, and its validation split scores the out-of-federation model for ``cbe``."""
-    metric: str = "dice"
+    metric: str = field(default="dice", metadata=role(MEASURE))
     """Validation metric the rules maximise: dice | iou."""
 
     def __post_init__(self) -> None:
@@ -491,11 +492,11 @@ class IndicatorConfig:
     clip_pretrained: str = DEFAULT_CLIP_PRETRAINED
     """open_clip pretrained tag (openai; 'none' = random weights, tests only). Training and the
     cache builder (``python -m fedst.weights ... --prepare``) both read this one value."""
-    cache_dir: str = "weights/clip_cache"
+    cache_dir: str = field(default="weights/clip_cache", metadata=role(NODE))
     """Where text embeddings are cached (computed once)."""
     dim: int = 512
     """Indicator dimension (CLIP ViT-B-32 text embedding: 512)."""
-    unseen: str = "auto"
+    unseen: str = field(default="auto", metadata=role(MEASURE))
     """The indicator of the out-of-federation model at a site outside the federation
     (:data:`UNSEEN_INDICATOR_RULES`; docs/methods.md): own (the site's own indicator: its prompt's
     CLIP embedding, the paper's Sec. IV-B2) | fold (each site's frozen xi_k folded into its own

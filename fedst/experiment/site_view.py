@@ -15,24 +15,12 @@ from typing import Any
 
 from fedst.config import ConfigError, build
 from fedst.experiment.config import ExperimentConfig
+from fedst.experiment.roles import keys_of_roles, unfingerprinted_keys
 from fedst.experiment.sections import IndicatorConfig, TrainConfig, check_num_workers
+from fedst.schema.roles import NODE
 
 SITE_VIEW_UNSET = ""
 """Placeholder of every data root in a site's view: paths never travel (each site has its own)."""
-
-NODE_LOCAL_FIELDS = ("train.device", "train.num_workers", "indicator.cache_dir")
-"""Experiment fields each site sets for itself (node config); the view carries their defaults."""
-
-EVALUATION_FIELDS = (
-    "eval_every",
-    "eval_max_frames",
-    "val_every",
-    "eval_batch_size",
-    "distance_metrics_every",
-    "checkpoint_every",
-)
-"""Train fields that change what is measured or when the server saves, not a site's private
-state (left out of the state fingerprint, so a run may be resumed with another cadence)."""
 
 
 def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -41,60 +29,48 @@ def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
     It keeps what defines training (method, network, train hyper-parameters, every site's name,
     backend and surgery type: the indicators of Table VII need the whole site list) and drops
     every path and host-specific choice: data roots and backend options of all sites, the common
-    root, the procedural preset, device, DataLoader workers and the CLIP cache folder. A site adds
-    its own from its node config (:class:`SiteNodeConfig`).
+    root, the procedural preset, and the fields of role ``node`` (fedst/schema/roles.py: device,
+    DataLoader workers, the CLIP cache folder) at their defaults. A site adds its own from its
+    node config (:class:`SiteNodeConfig`).
     """
     sites = {
         name: dataclasses.replace(spec, root=SITE_VIEW_UNSET, options={})
         for name, spec in cfg.data.sites.items()
     }
-    defaults_train, defaults_indicator = TrainConfig(), IndicatorConfig()
-    return dataclasses.replace(
-        cfg,
-        data=dataclasses.replace(cfg.data, sites=sites, root=None, procedural=None),
-        train=dataclasses.replace(
-            cfg.train, device=defaults_train.device, num_workers=defaults_train.num_workers
-        ),
-        indicator=dataclasses.replace(cfg.indicator, cache_dir=defaults_indicator.cache_dir),
+    view = dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, sites=sites, root=None, procedural=None)
     )
-
-
-EXECUTION_FIELDS = ("compile", "channels_last", "deterministic", "require_gpu")
-"""Train fields that change how a step executes on the device, not what a site learns (left out
-of the state fingerprint, so a run may be resumed with another compile mode or memory layout)."""
+    for key in keys_of_roles(NODE):
+        section, name = key.split(".")
+        part = getattr(view, section)
+        default = getattr(type(part)(), name)
+        view = dataclasses.replace(view, **{section: dataclasses.replace(part, **{name: default})})
+    return view
 
 
 def state_fingerprint(view: ExperimentConfig) -> str:
-    """Fingerprint of what produces a site's private state: the site view without the
-    evaluation settings (:data:`EVALUATION_FIELDS`, the selection rule, method.returned_model,
-    indicator.unseen), the server's reply handling (``fed.*``, so runs from before it existed
-    keep their fingerprint) and the execution settings (:data:`EXECUTION_FIELDS`)."""
-    values = _fingerprinted_values(view)
-    for key in EXECUTION_FIELDS:
-        values["train"].pop(key)
-    return _digest(values)
+    """Fingerprint of what produces a site's private state: the site view without the fields
+    whose role leaves it (fedst/schema/roles.py: measure, server, cadence, execution; a section
+    left empty goes too, as ``fed`` did before it existed, so old runs keep their fingerprint)."""
+    return _digest(_fingerprinted_values(view))
 
 
 def legacy_state_fingerprints(view: ExperimentConfig) -> tuple[str, ...]:
     """The fingerprints that runs from before the execution fields existed recorded for the same
     configuration (``train.compile`` was a bool then): a resumed old run is still recognised."""
+    compiled = view.train.compile not in (False, "none")
     values = _fingerprinted_values(view)
-    compiled = values["train"]["compile"] not in (False, "none")
-    for key in EXECUTION_FIELDS:
-        values["train"].pop(key)
     values["train"]["compile"] = compiled
     return (_digest(values),)
 
 
 def _fingerprinted_values(view: ExperimentConfig) -> dict:
     values = json.loads(view.to_json())
-    for key in EVALUATION_FIELDS:
-        values["train"].pop(key)
-    for key in ("rule", "metric"):  # which round is reported, not what a site learns
-        values["selection"].pop(key)
-    values["method"].pop("returned_model")  # which model is scored, not what a site learns
-    values["indicator"].pop("unseen")  # what an unseen site is given, not what a site learns
-    values.pop("fed")  # which replies the server accepts and how it trims: the server's side
+    for key in unfingerprinted_keys():
+        section, name = key.split(".")
+        values[section].pop(name)
+        if not values[section]:
+            values.pop(section)
     return values
 
 

@@ -144,7 +144,13 @@ class Site:
         self.device = device
         self.progress = progress
         self.method = method_of(cfg)
-        self.index = self.method.training_sites().index(name)
+        parties = self.method.training_sites()  # the federated sites (upper bound: the pool)
+        if name not in parties:
+            raise ValueError(
+                f"this node is site {name!r}, which is not in the federation {list(parties)}; "
+                f"check site-name in its node config"
+            )
+        self.index = parties.index(name)
         self.data = open_party_data(cfg, self.method, name)
         configure_device(
             device,

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from fedst.accel import resolve_device
 from fedst.data.base import IGNORE_INDEX
 from fedst.data.clips import collate_clips
 from fedst.experiment import ExperimentConfig
@@ -364,7 +363,7 @@ def run_guard(
     """DAD at every site of the run (or ``sites``), each on its own validation split."""
     cfg = run.cfg
     check_guard_run(run)
-    device = resolve_device(cfg.train.device)
+    device = run.device
     rounds = chosen_rounds(run, device, progress)
     plans = site_plans(cfg, rounds, settings, sites)
     return [guard_site(run, plan, settings, device, progress) for plan in plans]

@@ -27,7 +27,6 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from fedst.config import ConfigError
 from fedst.errors import UserError
 
 __all__ = [
@@ -142,32 +141,6 @@ INDICATOR_LAYERS = re.compile(
 ChannelSelection's ``fc`` (W = [W^F | W^xi] on [GAP(F*), xi]) and PromptBias's ``proj`` (W^xi)."""
 NONLINEAR_INDICATOR_LAYERS = re.compile(r"^channel_selection\.\d+\.embed\.")
 """FedDP's site embedding: the indicator passes a ReLU before a bias-free layer (cannot fold)."""
-
-
-UNSEEN_INDICATOR_RULES = ("auto", "own", "fold", "mean")
-"""indicator.unseen: how the out-of-federation model meets a site outside the federation
-(fedst/runs/returned.py applies the resolved rule; docs/methods.md)."""
-
-
-def resolve_unseen_indicator_rule(rule: str, indicator_kind: str, feddp_embedding: bool) -> str:
-    """``indicator.unseen`` resolved to own | fold | mean for a network that reads an indicator.
-
-    auto: own for a clip indicator (an unseen site's prompt shares the sites' template) and for
-    FedDP's channel selection (``feddp_embedding``: its indicator passes a ReLU, so there is no
-    bias to fold it into, :data:`NONLINEAR_INDICATOR_LAYERS`); fold (:func:`fold_indicator`)
-    otherwise. FedDP's channel selection refuses fold and mean with a ConfigError, at composition.
-    """
-    if rule not in UNSEEN_INDICATOR_RULES:
-        raise ConfigError(f"indicator.unseen={rule!r}; choose one of {UNSEEN_INDICATOR_RULES}")
-    if rule == "auto":
-        return "own" if indicator_kind == "clip" or feddp_embedding else "fold"
-    if feddp_embedding and rule != "own":
-        raise ConfigError(
-            f"indicator.unseen={rule}: FedDP's channel selection embeds the indicator through "
-            f"a ReLU and bias-free layers, so it cannot be folded or averaged into a bias; "
-            f"use indicator.unseen=own"
-        )
-    return rule
 
 
 class IndicatorFoldError(UserError, ValueError):

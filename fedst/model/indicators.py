@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from fedst.errors import ArgumentParser, UserError
+from fedst.schema.indicators import DEFAULT_CLIP_MODEL, DEFAULT_CLIP_PRETRAINED, INDICATOR_KINDS
 from models.pvt.weights import weights_directory
 
 __all__ = [
@@ -59,13 +60,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-INDICATOR_KINDS = ("clip", "onehot", "gaussian", "random")
 PROMPT_TEMPLATE = "This is the Local site {site} model and the surgery type is {surgery_type}"
 GAUSSIAN_SIGMA = 0.1
-DEFAULT_CLIP_MODEL = "ViT-B-32"
-"""The open_clip text tower of the CLIP indicator: the one definition (IndicatorConfig uses it)."""
-DEFAULT_CLIP_PRETRAINED = "openai"
-"""Its pretrained tag (OpenAI's CLIP weights): the one definition (IndicatorConfig uses it)."""
 DEFAULT_CACHE_DIR = Path("weights/clip_cache")
 HUB_PROBE_TIMEOUT_S = 3.0
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt")

@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedst.model.temporal import check_window_attention
+from fedst.schema.network import ALIGNMENTS, POSITION_BIASES
 
 __all__ = [
     "ALIGNMENTS",
@@ -69,9 +70,6 @@ __all__ = [
     "ring_offsets",
     "window_relative_index",
 ]
-
-ALIGNMENTS = ("centred", "reference")
-POSITION_BIASES = ("reference", "free")
 
 
 def context_start(window: int, tokens_per_window: int, context_tokens: int, alignment: str) -> int:

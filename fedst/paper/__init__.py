@@ -22,7 +22,7 @@ rounds, total_iters // local_iters, double with it). For each run the runner
 * skips it when it is finished: ``final.json`` written by the end of its training
   (fedst/runs/files.py ``unfinished``) and the run's ``config.json`` equal to the
   config the command composes (up to ``train.eval_every / device / num_workers``, which do not
-  change what a run learns: fedst/cli.py RESUME_SAFE_KEYS);
+  change what a run learns: fedst/schema/roles.py);
 * resumes it when it was interrupted (``checkpoints/server.pt`` present: the resume machinery of
   ``fedst.training.run_training``, as ``train_fed.py resume=...``);
 * trains it otherwise, through the same entry as train_fed.py (``run_training``), logging

@@ -8,11 +8,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from fedst.cli import CONFIG_DIR, compose_experiment, learning_differences, setup_logging
 from fedst.config import ConfigError
-from fedst.experiment import ExperimentConfig
+from fedst.experiment import ExperimentConfig, Runtime
 from fedst.paper.tables import DEFAULT_SEEDS, REFUSED_KEYS, Row, RunnerError, TableSpec
 from fedst.runs.files import load_config, unfinished
 from fedst.runs.layout import CONFIG_JSON, SERVER_CHECKPOINT
@@ -44,7 +43,7 @@ class Plan:
     experiment: str
     seeds: tuple[int, ...]
     runs: list[PlannedRun] = field(default_factory=list)
-    runtime: dict[str, Any] = field(default_factory=dict)
+    runtime: Runtime = field(default_factory=Runtime)
 
     def with_state(self, *states: str) -> list[PlannedRun]:
         return [r for r in self.runs if r.state in states]
@@ -258,9 +257,10 @@ def execute(plan: Plan) -> list[tuple[PlannedRun, str]]:
             run_training(
                 run.cfg,
                 run.run_dir,
-                engine=plan.runtime.get("engine", "inprocess"),
-                progress=plan.runtime.get("progress", True),
-                regenerate=plan.runtime.get("regenerate", False) and index == 1,
+                engine=plan.runtime.engine,
+                progress=plan.runtime.progress,
+                regenerate=plan.runtime.regenerate and index == 1,
+                ray=plan.runtime.ray,
             )
         except Exception as err:  # the other runs still train; the command exits with 1
             log.exception("run %s failed", run.run_dir)

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from fedst.accel import device_name, resolve_device
+from fedst.accel import device_name
+from fedst.experiment import run_device
 from fedst.paper.planning import Plan, PlannedRun
 from fedst.paper.tables import Row, RunnerError, synthetic_in_training
 from fedst.report import plots, results, tables
@@ -58,7 +59,7 @@ def measure_fps(run_dir: Path, settings: FpsSettings = FpsSettings()) -> dict[st
             return cached
     cfg = load_config(run_dir)
     site = cfg.data.federation[0]
-    device = resolve_device(cfg.train.device)
+    device = run_device(cfg)
     threads = torch.get_num_threads()
     torch.set_num_threads(settings.threads)
     try:

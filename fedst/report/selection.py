@@ -102,12 +102,11 @@ def load_selection(run_dir: Path, progress: bool = False, command: str = "msf") 
     :func:`finished_run` and :func:`require_validation`)."""
     path = run_dir / SELECTION_FILE
     if not path.exists():
-        from fedst.accel import resolve_device
         from fedst.runs.model_selection import run_selection
 
         run = finished_run(run_dir, command)
         require_validation(run, command)
-        run_selection(run, resolve_device(run.cfg.train.device), progress=progress)
+        run_selection(run, run.device, progress=progress)
     return json.loads(path.read_text())
 
 
@@ -190,11 +189,10 @@ def msf_markdown(runs: Mapping[Path, Mapping[str, Any]]) -> str:
 
 def load_guard(run_dir: Path, progress: bool = False) -> dict[str, Any] | None:
     """Test scores before and after DAD of a run's corrections (None: DAD never ran on it)."""
-    from fedst.accel import resolve_device
     from fedst.guard import guard_test_scores
 
     run = Run(run_dir)
-    return guard_test_scores(run, resolve_device(run.cfg.train.device), progress)
+    return guard_test_scores(run, run.device, progress)
 
 
 def dad_rows(run_dir: Path, scores: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -371,7 +369,6 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
     A folder that is not a finished run, and a rule the run cannot apply (``cbe`` without
     ``selection.held_out_site``, any rule but ``last`` without validation rounds), are refused
     before anything is evaluated: a :class:`RunError` or :class:`SelectionError` of one line."""
-    from fedst.accel import resolve_device
     from fedst.scoring.evaluation import evaluate_model
     from fedst.scoring.site_data import open_site_data
 
@@ -396,7 +393,7 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
                 f"{', '.join(sorted(choices))}); delete it to choose again with today's rules, "
                 "or pick one of those"
             )
-    device = resolve_device(cfg.train.device)
+    device = run.device
     indicators = run.method.indicators()
     sites = [*cfg.data.federation, *cfg.data.out_of_federation]
     tests = {s: open_site_data(cfg, s, ("test",)).test for s in sites}

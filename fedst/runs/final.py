@@ -73,7 +73,7 @@ def write_final(
             f"write_final: {run_dir} completed {run.last_round} of {cfg.train.rounds} rounds; "
             "only the end of its training writes final.json"
         )
-    device = run_device(cfg)
+    device = run.device
     metrics = read_jsonl(run_dir / METRICS_JSONL)
     last_round = max((r["round"] for r in metrics), default=0)
     sites = {

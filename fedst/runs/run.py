@@ -12,13 +12,14 @@ fedst/runs/layout.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
 
 import torch
 
-from fedst.experiment import ExperimentConfig
+from fedst.experiment import ExperimentConfig, run_device
 from fedst.methods import Method, method_of
 from fedst.model.network import FedSTNet
 from fedst.runs import layout
@@ -47,6 +48,12 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({str(self.dir)!r})"
+
+    @functools.cached_property
+    def device(self) -> torch.device:
+        """The torch device the run's models are scored on: fedst.experiment.run_device of its
+        config (``train.device`` with ``train.require_gpu``), resolved once per Run."""
+        return run_device(self.cfg)
 
     def with_config(self, cfg: ExperimentConfig) -> Run:
         """The same run directory scored under ``cfg`` (the server checkpoint read is shared)."""

@@ -29,8 +29,8 @@ ImageNet normalisation), ``augmentation`` (AugmentConfig and its pipeline), ``da
 Layer: part of fedst.data; imports fedst.data and the root modules.
 """
 
-from fedst.data.clips.augmentation import AugmentConfig, build_augmentation
-from fedst.data.clips.clip import ClipConfig, FrameHistory, clip_frame_positions
+from fedst.data.clips.augmentation import build_augmentation
+from fedst.data.clips.clip import FrameHistory, clip_frame_positions
 from fedst.data.clips.dataset import ClipDataset
 from fedst.data.clips.frames import FrameDataset, FrameLoaders, collate_frames, frame_loader
 from fedst.data.clips.loaders import (
@@ -48,6 +48,7 @@ from fedst.data.clips.normalization import (
     normalize_frames,
     resize_frame,
 )
+from fedst.schema.clips import AugmentConfig, ClipConfig
 
 __all__ = [
     "IMAGENET_MEAN",

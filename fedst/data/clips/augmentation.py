@@ -6,46 +6,15 @@ sample's transform."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import albumentations as A
 import cv2
 
 from fedst.data.base import (
     IGNORE_INDEX,
 )
+from fedst.schema.clips import AugmentConfig
 
 AUG_SEED_HIGH = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class AugmentConfig:
-    enabled: bool = True
-    """Apply the augmentation at all (training sets only)."""
-    rotate_limit_deg: float = 15
-    """Rotation drawn uniformly from [-limit, limit] degrees (paper: rotation)."""
-    scale_limit: float = 0.1
-    """Zoom drawn uniformly from [1 - limit, 1 + limit] (paper: scale)."""
-    hflip: bool = False
-    """Horizontal flip with probability 0.5."""
-    vflip: bool = False
-    """Vertical flip with probability 0.5."""
-    color_jitter: float = 0.0
-    """Brightness, contrast and saturation jitter strength (0: off; hue: ``hue``)."""
-    hue: float = 0.0
-    """Hue shift of the colour jitter, drawn from [-hue, hue] of the hue circle (0: off; <= 0.5)."""
-    blur_sigma: float = 0.0
-    """Gaussian blur, sigma drawn uniformly from [0, blur_sigma] pixels at the network input
-    (0: off)."""
-
-    def __post_init__(self) -> None:
-        for name in ("rotate_limit_deg", "scale_limit", "color_jitter", "hue", "blur_sigma"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"augment.{name} must be >= 0, got {getattr(self, name)}")
-        if self.scale_limit >= 1:
-            raise ValueError(f"augment.scale_limit must be < 1, got {self.scale_limit}")
-        if self.hue > 0.5:
-            raise ValueError(f"augment.hue must be <= 0.5 (half the hue circle), got {self.hue}")
 
 
 def build_augmentation(augment: AugmentConfig, num_frames: int) -> A.Compose:

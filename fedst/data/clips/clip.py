@@ -7,37 +7,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 TIME_TOLERANCE_S = 1e-6
-
-SINGLE_FRAME_MODES = ("repeat", "single")
-
-
-@dataclass(frozen=True)
-class ClipConfig:
-    num_frames: int = 4
-    """Frames per clip T, the current frame last (paper: 4)."""
-    interval_s: float = 0.2
-    """Seconds between consecutive clip frames (paper: 0.2)."""
-    image_size: tuple[int, int] = (128, 160)
-    """(H, W) network input size."""
-    single_frame_mode: str = "repeat"
-    """Image-only data (every video one frame): "repeat" the frame T times, or "single" (T = 1)."""
-
-    def __post_init__(self) -> None:
-        if self.num_frames < 1:
-            raise ValueError(f"clip.num_frames must be >= 1, got {self.num_frames}")
-        if self.interval_s < 0:
-            raise ValueError(f"clip.interval_s must be >= 0, got {self.interval_s}")
-        if len(self.image_size) != 2 or min(self.image_size) < 1:
-            raise ValueError(f"clip.image_size must be (H, W) > 0, got {self.image_size}")
-        if self.single_frame_mode not in SINGLE_FRAME_MODES:
-            raise ValueError(
-                f"clip.single_frame_mode must be one of {SINGLE_FRAME_MODES}, "
-                f"got {self.single_frame_mode!r}"
-            )
 
 
 def clip_frame_positions(

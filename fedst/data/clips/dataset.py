@@ -18,9 +18,10 @@ from fedst.data.base import (
     SiteSource,
     VideoRecord,
 )
-from fedst.data.clips.augmentation import AUG_SEED_HIGH, AugmentConfig, build_augmentation
-from fedst.data.clips.clip import ClipConfig, clip_frame_positions
+from fedst.data.clips.augmentation import AUG_SEED_HIGH, build_augmentation
+from fedst.data.clips.clip import clip_frame_positions
 from fedst.data.clips.normalization import channels_first, normalize_clips, resize_frame
+from fedst.schema.clips import AugmentConfig, ClipConfig
 
 logger = logging.getLogger("fedst.data.clips")  # the package's name, as before the split
 

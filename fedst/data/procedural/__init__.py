@@ -118,8 +118,6 @@ from fedst.data.procedural.render import render_video, render_video_truth
 from fedst.data.procedural.sites import (
     CLUTTER,
     FPS,
-    GENERATOR_VERSION,
-    GENERATOR_VERSIONS,
     PHENOMENA,
     PRESETS,
     SITES,
@@ -137,6 +135,7 @@ from fedst.data.procedural.writer import (
     generate_oracle_split,
     oracle_site_name,
 )
+from fedst.schema.data import GENERATOR_VERSION, GENERATOR_VERSIONS
 
 __all__ = [
     "CLUTTER",

@@ -11,9 +11,10 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedst.data.procedural.sites import GENERATOR_VERSION, GENERATOR_VERSIONS, PRESETS, SITES
+from fedst.data.procedural.sites import PRESETS, SITES
 from fedst.data.procedural.writer import generate, generate_oracle_split
 from fedst.errors import ArgumentParser
+from fedst.schema.data import GENERATOR_VERSION, GENERATOR_VERSIONS
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -24,7 +24,6 @@ from fedst.data.procedural.phenomena import SMOKE_COLOUR, FrameTruth, VideoPheno
 from fedst.data.procedural.scene import TissueScene
 from fedst.data.procedural.sites import (
     FPS,
-    GENERATOR_VERSION,
     PHENOMENA,
     PRESETS,
     SITES,
@@ -34,6 +33,7 @@ from fedst.data.procedural.sites import (
     check_version,
     video_ids,
 )
+from fedst.schema.data import GENERATOR_VERSION
 
 
 def _camera(

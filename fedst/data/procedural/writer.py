@@ -29,7 +29,6 @@ from fedst.data.base import CLASS_NAMES, IGNORE_INDEX, SPLITS, DataError
 from fedst.data.procedural.render import render_video
 from fedst.data.procedural.sites import (
     FPS,
-    GENERATOR_VERSION,
     PRESETS,
     SITES,
     Preset,
@@ -38,6 +37,7 @@ from fedst.data.procedural.sites import (
     video_ids,
 )
 from fedst.progress import SHOW_NOW, progress_bar
+from fedst.schema.data import GENERATOR_VERSION
 
 logger = logging.getLogger("fedst.data.procedural")  # the package's name, as before the split
 
