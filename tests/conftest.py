@@ -492,3 +492,87 @@ def _state_of_a_fresh_process(cwd: Path, env: Mapping[str, str]) -> Iterator[Non
         torch.use_deterministic_algorithms(torch_state[0], warn_only=torch_state[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = torch_state[2:4]
         torch.set_num_threads(torch_state[4])
+
+
+# -- the tiny runs a session shares ----------------------------------------------------------------
+
+TINY_RUN = "tiny_run"
+"""xdist group (``pytest.mark.xdist_group(TINY_RUN)``) of the tests that read :func:`tiny_run`:
+one worker trains it (``make test`` runs ``--dist loadgroup``)."""
+TINY_CLI_RUN = "tiny_cli_run"
+"""xdist group of the tests that read :func:`tiny_cli_run`."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends the group to the test's id
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test without an xdist group joins its file's, so ``--dist loadgroup`` sends a whole file
+    to one worker (its module-scoped runs are trained once), and a group that spans files (a
+    session's tiny run) to one worker too."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny procedural benchmark (seed 0), generated once per session: read it only (a test
+    that changes it copies it first)."""
+    from fedst.data.procedural import generate
+
+    root = tmp_path_factory.mktemp("tiny_data") / "tiny"
+    generate(root, seed=0, preset="tiny", workers=1, progress=False)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    """(config, run directory, final.json) of a finished tiny FedST run (``experiment=tiny``: 2
+    rounds, SERQ on, the default train.keep_resume_state=false) trained in process, once per
+    session, for the tests that only read a finished run: copy the directory before changing it
+    (``shutil.copytree``). Mark its tests ``pytest.mark.xdist_group(TINY_RUN)``."""
+    from fedst.cli import compose_experiment
+    from fedst.training import run_training
+
+    cfg = compose_experiment(["experiment=tiny", f"data.root={tiny_data}"])[0]
+    run_dir = tmp_path_factory.mktemp("tiny_run") / "run"
+    final = run_training(cfg, run_dir, progress=False)
+    return cfg, run_dir, final
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """What :func:`tiny_cli_run` ran: its run directory, its stdout and stderr, and the system
+    temp folder and cache folder it was given (both new)."""
+
+    run_dir: Path
+    stdout: str
+    stderr: str
+    temp: Path
+    cache: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_cli_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    """``train_fed.py experiment=tiny progress=true`` (FedST, 2 rounds, SERQ on) in a process of
+    its own, once per session: stdout and stderr captured (not a terminal), TMPDIR an empty
+    folder, XDG_CACHE_HOME a new one (FEDST_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR unset). For the
+    tests that read a run made from the command line: copy ``run_dir`` before writing into it.
+    Mark its tests ``pytest.mark.xdist_group(TINY_CLI_RUN)``."""
+    work = tmp_path_factory.mktemp("tiny_cli_run")
+    temp, cache, run_dir = work / "temp", work / "cache", work / "run"
+    temp.mkdir()
+    removed = ("FEDST_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FEDST_DEBUG", "HYDRA_FULL_ERROR")
+    env = {key: value for key, value in os.environ.items() if key not in removed}
+    env.update(
+        PYTHONPATH=str(REPO),
+        OMP_NUM_THREADS="1",
+        FLWR_TELEMETRY_ENABLED="0",
+        HF_HUB_OFFLINE="1",
+        TMPDIR=str(temp),
+        XDG_CACHE_HOME=str(cache),
+    )
+    command = [sys.executable, str(REPO / "train_fed.py"), "experiment=tiny"]
+    command += [f"data.root={tiny_data}", f"hydra.run.dir={run_dir}", "progress=true"]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return CliRun(run_dir, done.stdout, done.stderr, temp, cache)
