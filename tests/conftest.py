@@ -496,21 +496,44 @@ def _state_of_a_fresh_process(cwd: Path, env: Mapping[str, str]) -> Iterator[Non
 
 # -- the tiny runs a session shares ----------------------------------------------------------------
 
-TINY_RUN = "tiny_run"
-"""xdist group (``pytest.mark.xdist_group(TINY_RUN)``) of the tests that read :func:`tiny_run`:
-one worker trains it (``make test`` runs ``--dist loadgroup``)."""
-TINY_CLI_RUN = "tiny_cli_run"
-"""xdist group of the tests that read :func:`tiny_cli_run`."""
+SHARED_RUN_FILES = (
+    "tests/test_deploy_local.py",
+    "tests/test_federation.py",
+    "tests/test_footprint.py",
+    "tests/test_run_logs.py",
+)
+"""The test files that read a run the session shares (:func:`tiny_run`, :func:`tiny_cli_run`):
+``make test`` (``-n 2 --dist loadfile``) runs them on one pytest-xdist worker, so each shared run
+is trained once (every other file goes to one worker as a whole)."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist appends the group to the test's id
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: pytest-xdist may be absent
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` with the files of :data:`SHARED_RUN_FILES` as one unit. (xdist's own
+    ``--dist loadgroup`` marks no group under pytest 9: it renames ``item._nodeid``, which pytest
+    9 no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedRunsOnOneWorker(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "the runs the session shares" if scope in SHARED_RUN_FILES else scope
+
+    return SharedRunsOnOneWorker(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test without an xdist group joins its file's, so ``--dist loadgroup`` sends a whole file
-    to one worker (its module-scoped runs are trained once), and a group that spans files (a
-    session's tiny run) to one worker too."""
+    """A test that reads a shared run must be in a file of :data:`SHARED_RUN_FILES` (else a
+    second worker would train the run again)."""
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        reads = {"tiny_run", "tiny_cli_run"} & set(getattr(item, "fixturenames", ()))
+        if reads and item.nodeid.split("::")[0] not in SHARED_RUN_FILES:
+            raise pytest.UsageError(
+                f"{item.nodeid} reads {sorted(reads)}: add its file to SHARED_RUN_FILES "
+                "(tests/conftest.py)"
+            )
 
 
 @pytest.fixture(scope="session")
@@ -529,7 +552,7 @@ def tiny_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
     """(config, run directory, final.json) of a finished tiny FedST run (``experiment=tiny``: 2
     rounds, SERQ on, the default train.keep_resume_state=false) trained in process, once per
     session, for the tests that only read a finished run: copy the directory before changing it
-    (``shutil.copytree``). Mark its tests ``pytest.mark.xdist_group(TINY_RUN)``."""
+    (``shutil.copytree``)."""
     from fedst.cli import compose_experiment
     from fedst.training import run_training
 
@@ -556,8 +579,7 @@ def tiny_cli_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> C
     """``train_fed.py experiment=tiny progress=true`` (FedST, 2 rounds, SERQ on) in a process of
     its own, once per session: stdout and stderr captured (not a terminal), TMPDIR an empty
     folder, XDG_CACHE_HOME a new one (FEDST_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR unset). For the
-    tests that read a run made from the command line: copy ``run_dir`` before writing into it.
-    Mark its tests ``pytest.mark.xdist_group(TINY_CLI_RUN)``."""
+    tests that read a run made from the command line: copy ``run_dir`` before writing into it."""
     work = tmp_path_factory.mktemp("tiny_cli_run")
     temp, cache, run_dir = work / "temp", work / "cache", work / "run"
     temp.mkdir()

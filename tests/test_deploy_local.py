@@ -27,7 +27,6 @@ from fedst.data.procedural import generate
 from fedst.deploy import cli, supernode
 from fedst.errors import UserError
 from fedst.experiment import DeployConfig
-from tests.conftest import TINY_CLI_RUN
 from tests.test_federation import experiment
 
 local = importlib.import_module("fedst.deploy.local")  # the package exports the function
@@ -169,7 +168,6 @@ def test_local_keeps_its_run_under_the_runs_folder_by_default_and_says_where(
     assert len(list((project / "runs" / "deploy_local").iterdir())) == 1
 
 
-@pytest.mark.xdist_group(TINY_CLI_RUN)
 def test_a_run_leaves_nothing_in_the_temp_folder(tiny_cli_run):
     """Issue 59: importing torch made ``<temp>/torchinductor_<user>`` (its compile cache) in every
     run; FedST points it to the user's cache folder. The real entry point, in a process of its

@@ -36,7 +36,7 @@ from fedst.methods.feature_bank import SERQ_BANK_SCRATCH
 from fedst.model.state import state_subset
 from fedst.scoring.site_data import open_site_data
 from fedst.training import run_training
-from tests.conftest import REPO, TINY_CLI_RUN, TINY_RUN, run_command, sent_keys, site_record
+from tests.conftest import REPO, run_command, sent_keys, site_record
 
 
 @pytest.fixture(scope="module")
@@ -445,7 +445,6 @@ def run_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> None
             run_training(cfg, run_dir, progress=False)
 
 
-@pytest.mark.xdist_group(TINY_RUN)
 def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_run, tmp_path):
     """The uninterrupted run is the session's tiny run (tests/conftest.py). Device: the tiny
     experiment's train.device=auto (CUDA where present) with its train.deterministic=true, so
@@ -534,7 +533,6 @@ def test_a_nan_loss_stops_the_run_with_a_clear_message_and_keeps_the_last_checkp
 # -- the real entry points ----------------------------------------------------------------------
 
 
-@pytest.mark.xdist_group(TINY_CLI_RUN)
 def test_train_fed_and_eval_outfed_run_from_the_command_line(tiny_cli_run, tmp_path):
     """train_fed.py: the session's run from the command line (tests/conftest.py); eval_outfed.py
     on a copy of it, in a process of its own."""

@@ -19,9 +19,6 @@ from fedst.runs.layout import SERVER_CHECKPOINT, saved_rounds
 from fedst.runs.outfed import evaluate_out_of_federation
 from fedst.storage import CheckpointError
 from fedst.training import run_training
-from tests.conftest import TINY_RUN
-
-pytestmark = pytest.mark.xdist_group(TINY_RUN)  # the session's tiny run, trained by one worker
 
 
 @pytest.fixture(scope="module")

@@ -14,27 +14,23 @@ from pathlib import Path
 import pytest
 
 from fedst.report import results, tables
-from tests.conftest import TINY_CLI_RUN
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 2  # configs/experiment/tiny.yaml
 
 
-@pytest.mark.xdist_group(TINY_CLI_RUN)
 def test_no_progress_bar_is_written_into_a_non_terminal(tiny_cli_run):
     stderr = tiny_cli_run.stderr
     assert "\r" not in stderr
     assert "it/s" not in stderr and "s/it" not in stderr  # no tqdm status line either
 
 
-@pytest.mark.xdist_group(TINY_CLI_RUN)
 def test_a_non_terminal_log_has_one_line_per_round(tiny_cli_run):
     stderr = tiny_cli_run.stderr
     lines = re.findall(r"round (\d+)/(\d+) done in [\d.]+ s", stderr)
     assert lines == [(str(r), str(ROUNDS)) for r in range(1, ROUNDS + 1)]
 
 
-@pytest.mark.xdist_group(TINY_CLI_RUN)
 def test_train_log_times_the_aggregation_and_serq_steps_of_every_round(tiny_cli_run):
     run_dir = tiny_cli_run.run_dir
     rows = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
@@ -50,7 +46,6 @@ def test_train_log_times_the_aggregation_and_serq_steps_of_every_round(tiny_cli_
     assert table.rows["fedst"][-1] is not None
 
 
-@pytest.mark.xdist_group(TINY_CLI_RUN)
 def test_train_log_gives_each_round_its_loader_wait_evaluation_time_and_memory(tiny_cli_run):
     """What bench/paper_scale.py reads: the share of a site's round spent waiting for batches,
     the evaluation's wall time and frames, the whole round, and the process's memory."""
