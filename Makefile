@@ -27,8 +27,11 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# Two pytest workers (pytest-xdist), one thread each (2 x N OpenMP threads would thrash 2 cores);
+# --dist loadfile sends a whole test file to one worker (its module's runs are trained once), and
+# the files that read the runs the session shares together (tests/conftest.py SHARED_RUN_FILES).
 test: lint
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The tests marked slow (pyproject.toml; `make test` deselects them): the loopback deployments of a
 # site killed during a round, a restarted server and `flwr run` with an empty run-dir, the GPU

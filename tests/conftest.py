@@ -11,8 +11,16 @@ a horizontal instrument entering from the left: shaft, wrist and jaw rectangles 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -322,3 +330,271 @@ def strings_in_code(path: Path, values: set[str]) -> list[str]:
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and node.value in values and id(node) not in docstrings
     ]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+FRESH_INTERPRETER_WARNING_FILTERS = [  # Python's defaults (no -W, no -X dev), first match wins
+    ("default", DeprecationWarning, "__main__"),
+    ("ignore", DeprecationWarning, ""),
+    ("ignore", PendingDeprecationWarning, ""),
+    ("ignore", ImportWarning, ""),
+    ("ignore", ResourceWarning, ""),
+]
+
+
+def run_command(argv: Sequence[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """``python <argv>`` in a process of its own from ``cwd`` (``train_fed.py`` /
+    ``eval_outfed.py``: the repository's; ``-m fedst.x``: a module), with this repository on
+    PYTHONPATH, FEDST_DEBUG and HYDRA_FULL_ERROR unset and ``env`` added."""
+    argv = list(argv)
+    if argv[0].endswith(".py"):
+        argv = [str(REPO / argv[0]), *argv[1:]]
+    base = {k: v for k, v in os.environ.items() if k not in ("FEDST_DEBUG", "HYDRA_FULL_ERROR")}
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd,
+        env={
+            **base,
+            "PYTHONPATH": str(REPO),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "OMP_NUM_THREADS": "1",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def run_in_process(
+    argv: Sequence[str], cwd: Path, capfd: pytest.CaptureFixture[str], **env: str
+) -> subprocess.CompletedProcess:
+    """:func:`run_command` in this process: the script (``train_fed.py``) or module (``-m
+    fedst.x``) runs as ``__main__`` (runpy, as the interpreter runs it) and its exit status,
+    stdout and stderr come back as from :func:`run_command`, with the warnings it raises (under
+    a fresh interpreter's filters) printed on its stderr. The command starts with no logging
+    handler and the root logger at WARNING, as in a new interpreter; afterwards the working
+    directory, environment, ``sys.argv``, temp folder, logging, signal handlers, torch's
+    determinism flags and thread count and fedst.cli's list of new run directories are as
+    before. Much cheaper than a process of its own once the modules are imported."""
+    from fedst.cli import NewRunDirectories
+
+    argv = list(argv)
+    module = argv[1] if argv[0] == "-m" else None
+    arguments = argv[2:] if module else argv[1:]
+    with _state_of_a_fresh_process(cwd, env), warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        for action, category, module_pattern in reversed(FRESH_INTERPRETER_WARNING_FILTERS):
+            warnings.filterwarnings(action, category=category, module=module_pattern)
+        warnings.filterwarnings(  # runpy's note on a module this session imported before
+            "ignore",
+            message=".* found in sys.modules after import of package",
+            category=RuntimeWarning,
+        )
+        NewRunDirectories.created.clear()
+        capfd.readouterr()
+        try:
+            if module:
+                sys.argv = [module, *arguments]  # runpy sets argv[0] to the module's file
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = [str(REPO / argv[0]), *arguments]
+                runpy.run_path(str(REPO / argv[0]), run_name="__main__")
+            status = 0
+        except SystemExit as stopped:
+            status = _exit_status(stopped.code)
+        finally:
+            NewRunDirectories.created.clear()
+            out, err = capfd.readouterr()
+        for warning in caught:
+            err += warnings.formatwarning(
+                warning.message, warning.category, warning.filename, warning.lineno, warning.line
+            )
+    return subprocess.CompletedProcess(argv, status, out, err)
+
+
+@pytest.fixture
+def in_process(capfd: pytest.CaptureFixture[str]) -> Callable[..., subprocess.CompletedProcess]:
+    """:func:`run_in_process` with this test's captured output: ``in_process(argv, cwd, **env)``."""
+    return partial(run_in_process, capfd=capfd)
+
+
+def _exit_status(code: object) -> int:
+    """The exit status of ``sys.exit(code)``: None 0, an int itself, anything else (printed) 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+@contextmanager
+def _state_of_a_fresh_process(cwd: Path, env: Mapping[str, str]) -> Iterator[None]:
+    """Run the body as a new interpreter would start it (cwd, env, no logging handler, root at
+    WARNING) and put back afterwards what a command may change in process-wide state."""
+    import torch
+
+    environment, argv, directory = dict(os.environ), list(sys.argv), os.getcwd()
+    temp_folder = tempfile.tempdir
+    root = logging.getLogger()
+    root_handlers, root_level, disabled = (
+        list(root.handlers),
+        root.level,
+        logging.root.manager.disable,
+    )
+    loggers = {
+        name: (list(logger.handlers), logger.level, logger.propagate, logger.disabled)
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    torch_state = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.get_num_threads(),
+    )
+    for name in ("FEDST_DEBUG", "HYDRA_FULL_ERROR"):
+        os.environ.pop(name, None)
+    os.environ.update(env)
+    tempfile.tempdir = None  # read $TMPDIR again
+    root.handlers = []
+    root.setLevel(logging.WARNING)
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(directory)
+        os.environ.clear()
+        os.environ.update(environment)
+        sys.argv = argv
+        tempfile.tempdir = temp_folder
+        for handler in root.handlers:
+            if handler not in root_handlers:
+                handler.close()
+        root.handlers = root_handlers
+        root.setLevel(root_level)
+        logging.disable(disabled)
+        for name, logger in logging.Logger.manager.loggerDict.items():
+            if not isinstance(logger, logging.Logger):
+                continue
+            kept = loggers.get(name, ([], logging.NOTSET, True, False))
+            for handler in logger.handlers:
+                if handler not in kept[0]:
+                    handler.close()
+            logger.handlers, logger.propagate, logger.disabled = list(kept[0]), kept[2], kept[3]
+            logger.setLevel(kept[1])
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        torch.use_deterministic_algorithms(torch_state[0], warn_only=torch_state[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = torch_state[2:4]
+        torch.set_num_threads(torch_state[4])
+
+
+# -- the tiny runs a session shares ----------------------------------------------------------------
+
+SHARED_RUN_FILES = (
+    "tests/test_deploy_local.py",
+    "tests/test_federation.py",
+    "tests/test_footprint.py",
+    "tests/test_run_logs.py",
+)
+"""The test files that read a run the session shares (:func:`tiny_run`, :func:`tiny_cli_run`):
+``make test`` (``-n 2 --dist loadfile``) runs them on one pytest-xdist worker, so each shared run
+is trained once (every other file goes to one worker as a whole)."""
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: pytest-xdist may be absent
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` with the files of :data:`SHARED_RUN_FILES` as one unit. (xdist's own
+    ``--dist loadgroup`` marks no group under pytest 9: it renames ``item._nodeid``, which pytest
+    9 no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedRunsOnOneWorker(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "the runs the session shares" if scope in SHARED_RUN_FILES else scope
+
+    return SharedRunsOnOneWorker(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reads a shared run must be in a file of :data:`SHARED_RUN_FILES` (else a
+    second worker would train the run again)."""
+    for item in items:
+        reads = {"tiny_run", "tiny_cli_run"} & set(getattr(item, "fixturenames", ()))
+        if reads and item.nodeid.split("::")[0] not in SHARED_RUN_FILES:
+            raise pytest.UsageError(
+                f"{item.nodeid} reads {sorted(reads)}: add its file to SHARED_RUN_FILES "
+                "(tests/conftest.py)"
+            )
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny procedural benchmark (seed 0), generated once per session: read it only (a test
+    that changes it copies it first)."""
+    from fedst.data.procedural import generate
+
+    root = tmp_path_factory.mktemp("tiny_data") / "tiny"
+    generate(root, seed=0, preset="tiny", workers=1, progress=False)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    """(config, run directory, final.json) of a finished tiny FedST run (``experiment=tiny``: 2
+    rounds, SERQ on, the default train.keep_resume_state=false) trained in process, once per
+    session, for the tests that only read a finished run: copy the directory before changing it
+    (``shutil.copytree``)."""
+    from fedst.cli import compose_experiment
+    from fedst.training import run_training
+
+    cfg = compose_experiment(["experiment=tiny", f"data.root={tiny_data}"])[0]
+    run_dir = tmp_path_factory.mktemp("tiny_run") / "run"
+    final = run_training(cfg, run_dir, progress=False)
+    return cfg, run_dir, final
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """What :func:`tiny_cli_run` ran: its run directory, its stdout and stderr, and the system
+    temp folder and cache folder it was given (both new)."""
+
+    run_dir: Path
+    stdout: str
+    stderr: str
+    temp: Path
+    cache: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_cli_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    """``train_fed.py experiment=tiny progress=true`` (FedST, 2 rounds, SERQ on) in a process of
+    its own, once per session: stdout and stderr captured (not a terminal), TMPDIR an empty
+    folder, XDG_CACHE_HOME a new one (FEDST_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR unset). For the
+    tests that read a run made from the command line: copy ``run_dir`` before writing into it."""
+    work = tmp_path_factory.mktemp("tiny_cli_run")
+    temp, cache, run_dir = work / "temp", work / "cache", work / "run"
+    temp.mkdir()
+    removed = ("FEDST_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FEDST_DEBUG", "HYDRA_FULL_ERROR")
+    env = {key: value for key, value in os.environ.items() if key not in removed}
+    env.update(
+        PYTHONPATH=str(REPO),
+        OMP_NUM_THREADS="1",
+        FLWR_TELEMETRY_ENABLED="0",
+        HF_HUB_OFFLINE="1",
+        TMPDIR=str(temp),
+        XDG_CACHE_HOME=str(cache),
+    )
+    command = [sys.executable, str(REPO / "train_fed.py"), "experiment=tiny"]
+    command += [f"data.root={tiny_data}", f"hydra.run.dir={run_dir}", "progress=true"]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return CliRun(run_dir, done.stdout, done.stderr, temp, cache)

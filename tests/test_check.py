@@ -80,6 +80,14 @@ def write_config(
     return path
 
 
+@pytest.fixture(autouse=True)
+def _table_width(monkeypatch):
+    """The report's table at the width of a non-terminal (shutil.get_terminal_size's fallback,
+    fedst/data/check.py), whatever terminal or pytest-xdist worker runs the test: at 80 columns
+    its cells wrap ("train: 1/2/2" over two lines)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 @pytest.fixture()
 def good_config(tmp_path) -> Path:
     root = make_endovis2018(tmp_path / "endovis2018")

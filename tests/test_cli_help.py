@@ -1,15 +1,14 @@
-"""Specification: every command-line entry and subcommand answers --help with its usage and a\none line saying what it does, and exits 0."""
+"""Specification: every command-line entry and subcommand answers --help with its usage and a
+one line saying what it does, and exits 0: in process (tests/conftest.py run_in_process, the
+script or module as ``__main__``), and :data:`IN_A_PROCESS` also in a process of its own."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO, run_command
 
 ENTRIES = {  # command -> (text its usage shows, the start of its one-line description)
     "train_fed.py": ("Usage: python train_fed.py", "train_fed.py: train a federation"),
@@ -50,23 +49,29 @@ ENTRIES = {  # command -> (text its usage shows, the start of its one-line descr
 }
 
 
-@pytest.mark.parametrize("entry", list(ENTRIES))
-def test_every_command_and_subcommand_answers_help_with_its_usage_and_what_it_does(entry: str):
+IN_A_PROCESS = ["train_fed.py", "-m fedst.report"]
+"""A Hydra script and an argparse module, also checked end to end (exit status, stdout)."""
+
+
+def check_help(done: subprocess.CompletedProcess, entry: str) -> None:
     """--help exits 0, shows the usage, and says in one line what the command does: the first
     line of text after the usage block (at a wide terminal, so nothing wraps)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, *entry.split(), "--help"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
     assert done.returncode == 0, done.stderr[-2000:]
     usage, description = ENTRIES[entry]
     assert usage in done.stdout
     assert first_line_of_text(done.stdout).startswith(description), done.stdout[:600]
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_every_command_and_subcommand_answers_help_with_its_usage_and_what_it_does(
+    entry: str, in_process
+):
+    check_help(in_process([*entry.split(), "--help"], REPO, COLUMNS="200"), entry)
+
+
+@pytest.mark.parametrize("entry", IN_A_PROCESS)
+def test_a_hydra_and_an_argparse_command_answer_help_in_a_process_of_their_own(entry: str):
+    check_help(run_command([*entry.split(), "--help"], REPO, COLUMNS="200"), entry)
 
 
 def first_line_of_text(help_text: str) -> str:

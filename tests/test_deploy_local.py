@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -171,31 +168,14 @@ def test_local_keeps_its_run_under_the_runs_folder_by_default_and_says_where(
     assert len(list((project / "runs" / "deploy_local").iterdir())) == 1
 
 
-def test_a_run_leaves_nothing_in_the_temp_folder(tiny_root, tmp_path):
+def test_a_run_leaves_nothing_in_the_temp_folder(tiny_cli_run):
     """Issue 59: importing torch made ``<temp>/torchinductor_<user>`` (its compile cache) in every
     run; FedST points it to the user's cache folder. The real entry point, in a process of its
-    own whose temp folder is an empty folder."""
-    temp, cache = tmp_path / "temp", tmp_path / "cache"
-    temp.mkdir()
-    env = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_CACHE_DIR"}
-    env.update(TMPDIR=str(temp), XDG_CACHE_HOME=str(cache), OMP_NUM_THREADS="1")
-    env.pop("FEDST_CACHE_DIR", None)
-    command = [
-        sys.executable,
-        str(REPO / "train_fed.py"),
-        "experiment=tiny",
-        f"data.root={tiny_root}",
-        "method=fedavg",
-        "method.synthetic_pretraining=false",
-        "data.out_of_federation=[]",
-        "progress=false",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    ]
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "run" / "final.json").is_file()
-    assert list(temp.iterdir()) == []
-    assert (cache / "fedst" / "torchinductor").is_dir()
+    own whose temp folder is an empty folder: the session's run from the command line
+    (tests/conftest.py)."""
+    assert (tiny_cli_run.run_dir / "final.json").is_file()
+    assert list(tiny_cli_run.temp.iterdir()) == []
+    assert (tiny_cli_run.cache / "fedst" / "torchinductor").is_dir()
 
 
 # -- data validated before connecting -------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,9 +36,7 @@ from fedst.methods.feature_bank import SERQ_BANK_SCRATCH
 from fedst.model.state import state_subset
 from fedst.scoring.site_data import open_site_data
 from fedst.training import run_training
-from tests.conftest import sent_keys, site_record
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO, run_command, sent_keys, site_record
 
 
 @pytest.fixture(scope="module")
@@ -446,11 +445,11 @@ def run_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> None
             run_training(cfg, run_dir, progress=False)
 
 
-def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_root, tmp_path):
-    """Device: the tiny experiment's train.device=auto (CUDA where present) with its
-    train.deterministic=true, so the equality holds bit for bit on the CPU and on one GPU."""
-    cfg = experiment(tiny_root, "pretraining.iters=1", "train.eval_every=2")
-    uninterrupted = run_training(cfg, tmp_path / "whole", progress=False)
+def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_run, tmp_path):
+    """The uninterrupted run is the session's tiny run (tests/conftest.py). Device: the tiny
+    experiment's train.device=auto (CUDA where present) with its train.deterministic=true, so
+    the equality holds bit for bit on the CPU and on one GPU."""
+    cfg, _, uninterrupted = tiny_run
 
     run_cut_off(cfg, tmp_path / "resumed", server_round=2)
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
@@ -534,29 +533,14 @@ def test_a_nan_loss_stops_the_run_with_a_clear_message_and_keeps_the_last_checkp
 # -- the real entry points ----------------------------------------------------------------------
 
 
-def test_train_fed_and_eval_outfed_run_from_the_command_line(tiny_root, tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
-
-    def run(script: str, *args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, script, *args, "progress=false"]
-        done = subprocess.run(
-            command, cwd=REPO, env=env, capture_output=True, text=True, check=False
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        return done
-
+def test_train_fed_and_eval_outfed_run_from_the_command_line(tiny_cli_run, tmp_path):
+    """train_fed.py: the session's run from the command line (tests/conftest.py); eval_outfed.py
+    on a copy of it, in a process of its own."""
+    assert "| fedst |" in tiny_cli_run.stdout and (tiny_cli_run.run_dir / "final.json").is_file()
     run_dir = tmp_path / "cli_run"
-    train = run(
-        "train_fed.py",
-        "experiment=tiny",
-        f"data.root={tiny_root}",
-        "method=fedavg",
-        f"hydra.run.dir={run_dir}",
+    shutil.copytree(tiny_cli_run.run_dir, run_dir)
+    evaluate = run_command(
+        ["eval_outfed.py", f"run={run_dir}", "sites=[E]", "progress=false"], REPO
     )
-    assert "| fedavg |" in train.stdout and (run_dir / "final.json").is_file()
-    evaluate = run("eval_outfed.py", f"run={run_dir}", "sites=[E]")
+    assert evaluate.returncode == 0, evaluate.stderr[-2000:]
     assert evaluate.stdout.startswith("E: Dice") and (run_dir / "outfed_E.json").is_file()

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from fedst.cli import compose_experiment
-from fedst.data.procedural import generate
 from fedst.federation.site import Site
 from fedst.model.network import build_network
 from fedst.runs import Run
@@ -23,14 +22,11 @@ from fedst.training import run_training
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory):
-    """A finished tiny FedST run (2 rounds, SERQ on) with the default train.keep_resume_state."""
-    root = tmp_path_factory.mktemp("data") / "tiny"
-    generate(root, seed=0, preset="tiny", workers=1, progress=False)
-    cfg = compose_experiment(["experiment=tiny", f"data.root={root}"])[0]
+def finished(tiny_run):
+    """A finished tiny FedST run (2 rounds, SERQ on) with the default train.keep_resume_state:
+    the session's (tests/conftest.py), read only."""
+    cfg, run_dir, _ = tiny_run
     assert cfg.method.serq and not cfg.train.keep_resume_state and cfg.train.rounds == 2
-    run_dir = tmp_path_factory.mktemp("runs") / "run"
-    run_training(cfg, run_dir, progress=False)
     return cfg, run_dir
 
 

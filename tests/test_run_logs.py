@@ -19,45 +19,20 @@ REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 2  # configs/experiment/tiny.yaml
 
 
-@pytest.fixture(scope="module")
-def tiny_cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """train_fed.py on the tiny preset with progress on and stderr captured (not a terminal)."""
-    tmp = tmp_path_factory.mktemp("cli")
-    run_dir = tmp / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "train_fed.py",
-            "experiment=tiny",
-            f"data.root={tmp / 'tiny'}",
-            f"hydra.run.dir={run_dir}",
-            "progress=true",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir, done.stderr
-
-
 def test_no_progress_bar_is_written_into_a_non_terminal(tiny_cli_run):
-    _, stderr = tiny_cli_run
+    stderr = tiny_cli_run.stderr
     assert "\r" not in stderr
     assert "it/s" not in stderr and "s/it" not in stderr  # no tqdm status line either
 
 
 def test_a_non_terminal_log_has_one_line_per_round(tiny_cli_run):
-    _, stderr = tiny_cli_run
+    stderr = tiny_cli_run.stderr
     lines = re.findall(r"round (\d+)/(\d+) done in [\d.]+ s", stderr)
     assert lines == [(str(r), str(ROUNDS)) for r in range(1, ROUNDS + 1)]
 
 
 def test_train_log_times_the_aggregation_and_serq_steps_of_every_round(tiny_cli_run):
-    run_dir, _ = tiny_cli_run
+    run_dir = tiny_cli_run.run_dir
     rows = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
     server = {r["round"]: r for r in rows if r["site"] == "server" and r["round"] >= 1}
     assert sorted(server) == list(range(1, ROUNDS + 1))
@@ -74,7 +49,7 @@ def test_train_log_times_the_aggregation_and_serq_steps_of_every_round(tiny_cli_
 def test_train_log_gives_each_round_its_loader_wait_evaluation_time_and_memory(tiny_cli_run):
     """What bench/paper_scale.py reads: the share of a site's round spent waiting for batches,
     the evaluation's wall time and frames, the whole round, and the process's memory."""
-    run_dir, _ = tiny_cli_run
+    run_dir = tiny_cli_run.run_dir
     rows = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
     sites = [r for r in rows if r["site"] != "server"]
     assert len(sites) == 4 * ROUNDS

@@ -3,12 +3,14 @@
 """Specification (issue 36): every mistake a new user makes ends in one line and leaves nothing
 behind.
 
-:data:`MISTAKES` is one table of mistakes, each run as the real entry point in a subprocess from
-an empty working directory: its exit status, a phrase of its one error line, no traceback, and no
-file or folder left in the working directory (nor at the paths the row names). ``{run}`` in a
-row stands for a run directory holding only the config.json train_fed.py writes first; it must
-be unchanged afterwards too. Below the table: the error boundary (fedst/errors.py) and the
-removal of unfinished run directories (fedst/cli.py) in process.
+:data:`MISTAKES` is one table of mistakes, each run as the real entry point (its script or module
+as ``__main__``, in process: tests/conftest.py run_in_process) from an empty working directory:
+its exit status, a phrase of its one error line, no traceback, and no file or folder left in the
+working directory (nor at the paths the row names). The first row of each program also runs in a
+process of its own (:data:`IN_A_PROCESS`), so the exit status and the one line are checked end to
+end. ``{run}`` in a row stands for a run directory holding only the config.json train_fed.py
+writes first; it must be unchanged afterwards too. Below the table: the error boundary
+(fedst/errors.py) and the removal of unfinished run directories (fedst/cli.py) in process.
 """
 
 from __future__ import annotations
@@ -18,10 +20,7 @@ import importlib.util
 import io
 import json
 import logging
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -49,8 +48,7 @@ from fedst.federation.site import Site
 from fedst.progress import SHOW_NOW
 from fedst.report.results import RunError, group_by_method, load_runs
 from fedst.training import check_resumable, run_training, save_config
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO, run_command
 
 MISTAKES = [  # (command line, exit status, a phrase of the error line, paths that must not exist)
     (["eval_outfed.py"], 2, "run=RUN_DIR is missing", []),
@@ -158,27 +156,6 @@ def program_of(argv: list[str]) -> str:
     return argv[0] if argv[0].endswith(".py") else f"python -m {argv[1]}"
 
 
-def run_command(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    """``python <argv>`` from ``cwd`` (train_fed.py / eval_outfed.py: the repository's)."""
-    if argv[0].endswith(".py"):
-        argv = [str(REPO / argv[0]), *argv[1:]]
-    base = {k: v for k, v in os.environ.items() if k not in ("FEDST_DEBUG", "HYDRA_FULL_ERROR")}
-    return subprocess.run(
-        [sys.executable, *argv],
-        cwd=cwd,
-        env={
-            **base,
-            "PYTHONPATH": str(REPO),
-            "FLWR_TELEMETRY_ENABLED": "0",
-            "OMP_NUM_THREADS": "1",
-            **env,
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def tree(root: Path) -> list[str]:
     return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
 
@@ -195,14 +172,23 @@ def error_lines(stderr: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize(
-    ("argv", "status", "phrase", "absent"),
-    MISTAKES,
-    ids=[" ".join(getattr(m, "values", m)[0]) for m in MISTAKES],  # a row or a pytest.param
-)
-def test_a_mistake_ends_in_one_line_and_leaves_nothing_behind(
-    argv, status, phrase, absent, run_dir, a_file, tmp_path, tmp_path_factory, request
-):
+def row_id(row) -> str:
+    """A row's test id: its command line (a row or a pytest.param)."""
+    return " ".join(getattr(row, "values", row)[0])
+
+
+IN_A_PROCESS = [
+    row
+    for index, row in enumerate(MISTAKES)
+    if program_of(getattr(row, "values", row)[0])
+    not in {program_of(getattr(r, "values", r)[0]) for r in MISTAKES[:index]}
+]
+"""The first row of each program in :data:`MISTAKES`, run again in a process of its own."""
+
+
+def check_a_mistake(run, argv, status, phrase, absent, run_dir, a_file, tmp_path, request):
+    """Run the mistake ``argv`` with ``run`` (:func:`run_command` or :func:`run_in_process`) from
+    the empty ``tmp_path`` and check its status, its one error line and that nothing is left."""
     argv = [arg.replace("{run}", str(run_dir)).replace("{file}", str(a_file)) for arg in argv]
     if any("{damaged}" in arg for arg in argv):  # generated only for the rows that name it
         damaged = str(request.getfixturevalue("damaged_data"))
@@ -211,8 +197,8 @@ def test_a_mistake_ends_in_one_line_and_leaves_nothing_behind(
         argv = [arg.replace(name, str(path)) for arg in argv]
     phrase = phrase.replace("{file}", str(a_file))
     run_before = tree(run_dir)
-    temp = tmp_path_factory.mktemp("system_temp")  # the command's system temp folder
-    done = run_command(argv, tmp_path, TMPDIR=str(temp))
+    temp = request.getfixturevalue("tmp_path_factory").mktemp("system_temp")  # its temp folder
+    done = run(argv, tmp_path, TMPDIR=str(temp))
     output = done.stdout + done.stderr
     assert done.returncode == status, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
@@ -226,6 +212,24 @@ def test_a_mistake_ends_in_one_line_and_leaves_nothing_behind(
         assert not (tmp_path / path.replace("{run}", str(run_dir))).exists(), path
 
 
+@pytest.mark.parametrize(
+    ("argv", "status", "phrase", "absent"), MISTAKES, ids=[row_id(m) for m in MISTAKES]
+)
+def test_a_mistake_ends_in_one_line_and_leaves_nothing_behind(
+    argv, status, phrase, absent, run_dir, a_file, tmp_path, in_process, request
+):
+    check_a_mistake(in_process, argv, status, phrase, absent, run_dir, a_file, tmp_path, request)
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "phrase", "absent"), IN_A_PROCESS, ids=[row_id(m) for m in IN_A_PROCESS]
+)
+def test_a_mistake_of_each_program_ends_in_one_line_in_a_process_of_its_own(
+    argv, status, phrase, absent, run_dir, a_file, tmp_path, request
+):
+    check_a_mistake(run_command, argv, status, phrase, absent, run_dir, a_file, tmp_path, request)
+
+
 DEBUGGED = [  # (command line, a phrase of its error line): one mistake of each program
     (["train_fed.py", "train.lr=abc"], "train.lr='abc' (str): expected a number"),
     (["eval_outfed.py", "run=nope"], "run=nope: no such folder"),
@@ -235,15 +239,13 @@ DEBUGGED = [  # (command line, a phrase of its error line): one mistake of each 
     (["-m", "fedst.infer", "run=nope", "site=A", "input=a.mp4"], "does not exist"),
     (["-m", "fedst.deploy", "local", "--sites", "A", "engine=ray"], "deployment engine"),
 ]
-"""Issue 46: FEDST_DEBUG=1 exited 1 (train_fed.py) or was ignored (fedst.data.check)."""
+"""Issue 46: FEDST_DEBUG=1 exited 1 (train_fed.py) or was ignored (fedst.data.check). In process;
+train_fed.py's row (the one that exited 1) also in a process of its own."""
 
 
-@pytest.mark.parametrize(("argv", "phrase"), DEBUGGED, ids=[" ".join(a) for a, _ in DEBUGGED])
-def test_fedst_debug_shows_the_traceback_of_a_mistake_and_keeps_its_line_and_status(
-    argv, phrase, tmp_path, tmp_path_factory
-):
+def check_a_debugged_mistake(run, argv, phrase, tmp_path, tmp_path_factory) -> None:
     temp = tmp_path_factory.mktemp("system_temp")
-    done = run_command(argv, tmp_path, FEDST_DEBUG="1", TMPDIR=str(temp))
+    done = run(argv, tmp_path, FEDST_DEBUG="1", TMPDIR=str(temp))
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
@@ -251,8 +253,22 @@ def test_fedst_debug_shows_the_traceback_of_a_mistake_and_keeps_its_line_and_sta
     assert tree(tmp_path) == []  # the run directory Hydra made for it is gone all the same
 
 
-def test_eval_outfed_help_lists_its_keys_and_no_config_group_it_refuses(tmp_path):
-    done = run_command(["eval_outfed.py", "--help"], tmp_path)
+@pytest.mark.parametrize(("argv", "phrase"), DEBUGGED, ids=[" ".join(a) for a, _ in DEBUGGED])
+def test_fedst_debug_shows_the_traceback_of_a_mistake_and_keeps_its_line_and_status(
+    argv, phrase, tmp_path, tmp_path_factory, in_process
+):
+    check_a_debugged_mistake(in_process, argv, phrase, tmp_path, tmp_path_factory)
+
+
+def test_fedst_debug_keeps_train_feds_line_and_status_in_a_process_of_its_own(
+    tmp_path, tmp_path_factory
+):
+    argv, phrase = DEBUGGED[0]
+    check_a_debugged_mistake(run_command, argv, phrase, tmp_path, tmp_path_factory)
+
+
+def test_eval_outfed_help_lists_its_keys_and_no_config_group_it_refuses(tmp_path, in_process):
+    done = in_process(["eval_outfed.py", "--help"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "max_frames: null" in done.stdout  # every key, with its default
     assert "groups" not in done.stdout and "experiment" not in done.stdout, done.stdout
@@ -494,11 +510,11 @@ def interrupted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_evaluating_an_interrupted_run_scores_its_round_and_leaves_it_resumable_and_unreported(
-    interrupted_run, tmp_path
+    interrupted_run, tmp_path, in_process
 ):
     run = tmp_path / "run"
     shutil.copytree(interrupted_run, run)
-    done = run_command(["eval_outfed.py", f"run={run}", "progress=false"], tmp_path)
+    done = in_process(["eval_outfed.py", f"run={run}", "progress=false"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (run / "final.json").exists()  # only the end of training writes it
     assert set(json.loads((run / "outfed_r0001.json").read_text())) == {"E", "grasp"}
@@ -512,7 +528,7 @@ def test_evaluating_an_interrupted_run_scores_its_round_and_leaves_it_resumable_
 
 
 def test_scoring_a_new_site_on_an_interrupted_run_names_the_round_it_scored(
-    interrupted_run, tmp_path
+    interrupted_run, tmp_path, in_process
 ):
     """external/<site>.json holds a finished run's score of the site; an unfinished run's is
     external/<site>_rNNNN.json, as its outfed_rNNNN.json, and the run stays resumable."""
@@ -524,7 +540,7 @@ def test_scoring_a_new_site_on_an_interrupted_run_names_the_round_it_scored(
     del meta["generator"]
     (lung / "meta.json").write_text(json.dumps(meta))
     argv = ["eval_outfed.py", f"run={run}", f"site_root={lung}", "progress=false"]
-    done = run_command(argv, tmp_path)
+    done = in_process(argv, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in (run / "external").iterdir()) == ["lung_r0001.json", "results.md"]
     assert json.loads((run / "external" / "lung_r0001.json").read_text())["round"] == 1
