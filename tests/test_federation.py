@@ -445,16 +445,29 @@ def run_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> None
             run_training(cfg, run_dir, progress=False)
 
 
+def site_training_trace(run_dir: Path) -> dict[tuple[str, int], tuple[float, float]]:
+    """(site, round) -> (mean training loss, update norm) of every site round in ``train.jsonl``:
+    a function of the state each round starts from (weights, personal parameters, optimizer)."""
+    rows = read_jsonl(run_dir / "train.jsonl")
+    return {
+        (r["site"], r["round"]): (r["loss"], r["update_norm"])
+        for r in rows
+        if r["site"] != "server" and "loss" in r
+    }
+
+
 def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_run, tmp_path):
     """The uninterrupted run is the session's tiny run (tests/conftest.py). Device: the tiny
     experiment's train.device=auto (CUDA where present) with its train.deterministic=true, so
     the equality holds bit for bit on the CPU and on one GPU."""
-    cfg, _, uninterrupted = tiny_run
+    cfg, run_dir, uninterrupted = tiny_run
 
     run_cut_off(cfg, tmp_path / "resumed", server_round=2)
     resumed = run_training(cfg, tmp_path / "resumed", progress=False)
     assert resumed["sites"] == uninterrupted["sites"]
     assert resumed["out_of_federation"] == uninterrupted["out_of_federation"]
+    # the tiny run's scores can be 0 whatever the weights: the losses and update norms cannot
+    assert site_training_trace(tmp_path / "resumed") == site_training_trace(run_dir)
     rounds = [
         r["round"] for r in read_jsonl(tmp_path / "resumed" / "train.jsonl") if r["site"] == "A"
     ]
@@ -494,6 +507,7 @@ def test_a_run_checkpointed_every_3_rounds_resumes_after_its_last_checkpoint_as_
     resumed = run_training(cfg, crashed, progress=False)
     assert resumed["sites"] == uninterrupted["sites"]
     assert resumed["out_of_federation"] == uninterrupted["out_of_federation"]
+    assert site_training_trace(crashed) == site_training_trace(tmp_path / "whole")
     rounds = [r["round"] for r in read_jsonl(crashed / "train.jsonl") if r["site"] == "A"]
     assert rounds == [1, 2, 3, 4, 5]  # rounds 4 and 5 redone, each logged once
 
