@@ -231,7 +231,9 @@ def run_training(
             )
         finally:
             release_sites()  # the sites' models, optimizers and data of this run
-            wait_for_state_writes()  # the sites' last states are on disk before anyone reads
+            wait_for_state_writes(
+                under=run_dir
+            )  # its sites' last states are on disk before anyone reads
     else:  # ray
         from flwr.simulation import run_simulation
 

@@ -32,7 +32,7 @@ from fedst import deploy
 from fedst.config import ConfigError
 from fedst.data.procedural import generate
 from fedst.deploy.processes import _proc_stat
-from fedst.experiment import DeployConfig
+from fedst.experiment import DeployConfig, Runtime
 from fedst.methods import method_of
 from fedst.training import run_training
 from tests.test_federation import experiment, read_jsonl
@@ -405,9 +405,9 @@ def test_each_setup_mistake_ends_train_fed_with_one_error_line_naming_the_fix(
     ]
     for cfg, site, options, fix in cases:
         caplog.clear()
-        runtime = {"deploy": options, "progress": False}
+        runtime = Runtime(site=site, progress=False, deploy=DeployConfig(**options))
         with caplog.at_level(logging.INFO):
-            assert train_fed.deploy(cfg, tmp_path / "run", site, runtime) == 2, (site, options)
+            assert train_fed.deploy(cfg, tmp_path / "run", runtime) == 2, (site, options)
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and re.search(fix, errors[0]), (site, options, errors)
         assert "\n" not in errors[0]

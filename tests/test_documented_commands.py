@@ -250,6 +250,7 @@ def test_every_bench_and_study_script_is_documented_on_its_page():
             if name.startswith("bench.")
             else (f"studies/{name.split('.')[1]}/README.md")
         )
-        if f"python -m {name}" not in (REPO / page).read_text():
+        drivers = {module: package for package, module in PACKAGE_DRIVERS.items()}
+        if f"python -m {drivers.get(name, name)}" not in (REPO / page).read_text():
             undocumented.append(f"{name} (not in {page})")
     assert not undocumented, undocumented

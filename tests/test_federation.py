@@ -22,7 +22,7 @@ from fedst.app import server_app
 from fedst.app.inprocess import InProcessGrid
 from fedst.app.keys import QUERY_SITE_STATS
 from fedst.app.messaging import FederationError
-from fedst.cli import register_resolvers, split_config
+from fedst.cli import check_method, register_resolvers, split_config
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
 from fedst.federation import server as server_module
@@ -50,7 +50,9 @@ def experiment(root: Path, *overrides: str) -> ExperimentConfig:
     register_resolvers()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=tiny", f"data.root={root}", *overrides])
-    return split_config(cfg)[0]
+    config = split_config(cfg)[0]
+    check_method(config)  # as train_fed.py, right after the config parses
+    return config
 
 
 def read_jsonl(path: Path) -> list[dict]:

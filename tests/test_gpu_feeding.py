@@ -287,6 +287,7 @@ def test_the_site_step_and_serqs_passes_are_compiled_with_the_configured_mode(
     from fedst.data.procedural import generate
     from fedst.federation.server import FederationServer
     from fedst.federation.site import Site
+    from fedst.federation.state_writer import wait_for_state_writes
     from tests.test_federation import experiment
 
     root = tmp_path / "tiny"
@@ -308,6 +309,7 @@ def test_the_site_step_and_serqs_passes_are_compiled_with_the_configured_mode(
         "Serq._features": ["reduce-overhead", 1],  # the bank's F_g
         "Site._forward_loss": ["reduce-overhead", 2],
     }
+    wait_for_state_writes(tmp_path / "site")  # its state file, written behind the round
 
 
 def test_channels_last_converts_the_model_on_cuda_only_and_keeps_values():

@@ -16,7 +16,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from fedst import weights
-from fedst.cli import register_resolvers, split_config
+from fedst.cli import check_method, register_resolvers, split_config
 from fedst.config import ConfigError
 from fedst.data.base import DataError
 from fedst.data.procedural import generate
@@ -46,7 +46,9 @@ def experiment(root: Path, *overrides: str) -> ExperimentConfig:
     register_resolvers()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=tiny", f"data.root={root}", *overrides])
-    return split_config(cfg)[0]
+    config = split_config(cfg)[0]
+    check_method(config)  # as train_fed.py, right after the config parses
+    return config
 
 
 @pytest.fixture(scope="module")

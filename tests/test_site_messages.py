@@ -360,7 +360,7 @@ def test_a_cached_site_whose_handler_raised_is_dropped_so_the_next_message_rebui
     from fedst.app import client_app as module
 
     def cached(name: str) -> SimpleNamespace:  # what release_sites needs of a Site
-        return SimpleNamespace(name=name, stream=SimpleNamespace(close=lambda: None))
+        return SimpleNamespace(name=name, close_loaders=lambda: None)
 
     kept, failed = cached("A"), cached("B")
     module._SITES.update({("run/A", "A", "f"): kept, ("run/B", "B", "f"): failed})

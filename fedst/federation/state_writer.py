@@ -35,11 +35,16 @@ def write_in_background(state_dir: Path, write: Callable[[], None]) -> None:
         _PENDING[state_dir.resolve()] = future
 
 
-def wait_for_state_writes(state_dir: Path | None = None) -> None:
-    """Block until the pending write of ``state_dir`` (None: of every folder) is on disk;
-    re-raise the error of a write that failed."""
+def wait_for_state_writes(state_dir: Path | None = None, *, under: Path | None = None) -> None:
+    """Block until the pending write of ``state_dir`` (None: of every folder, or of every folder
+    inside ``under``: a run's own sites) is on disk; re-raise the error of a write that failed."""
     with _LOCK:
-        folders = [d for d in _PENDING if state_dir is None or d == state_dir.resolve()]
+        folders = [
+            d
+            for d in _PENDING
+            if (state_dir is None or d == state_dir.resolve())
+            and (under is None or d.is_relative_to(under.resolve()))
+        ]
         futures = [_PENDING.pop(d) for d in folders]
     for future in futures:
         future.result()
