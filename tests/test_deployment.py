@@ -352,7 +352,11 @@ def test_a_site_reconnects_when_flowers_supernode_ends_by_its_two_sigints(tiny_r
                 time.sleep(0.5)
     finally:
         loop.stop_all()
-    assert "(the SuperNode ended with SIGINT); reconnecting" in loop.output("A")
+    # Flower's handler may take the last SIGINT and exit 0 (timing): either ending reconnects; the
+    # exit by SIGINT itself is pinned by the stand-in SuperNode's test above
+    assert re.search(
+        r"\(the SuperNode ended with (SIGINT|exit 0)\); reconnecting", loop.output("A")
+    )
     assert leftover_processes(str(tmp_path / "loop")) == []
 
 
