@@ -14,7 +14,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fedst.data.clips.dataset import ClipDataset
-from fedst.data.clips.loaders import resolve_num_workers, seed_worker, worker_context
+from fedst.data.clips.loaders import (
+    resolve_num_workers,
+    seed_worker,
+    shutdown_workers,
+    worker_context,
+)
 
 FrameItem = tuple[torch.Tensor, torch.Tensor | None, int]
 """One item of :class:`FrameDataset`: (frame uint8 [3, H, W], native label uint8 [H0, W0] or
@@ -109,9 +114,5 @@ class FrameLoaders:
     def close(self) -> None:
         """Stop every kept loader's workers and drop the loaders."""
         for _, loader in self._loaders.values():
-            # DataLoader has no public call that ends persistent workers; this is what its
-            # iterator's __del__ runs (as BatchStream.close)
-            iterator = getattr(loader, "_iterator", None)
-            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-                iterator._shutdown_workers()
+            shutdown_workers(loader)
         self._loaders = {}

@@ -69,6 +69,14 @@ def usable_cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def shutdown_workers(loader: DataLoader) -> None:
+    """Stop ``loader``'s persistent workers now. DataLoader has no public call for it; this is
+    what its iterator's ``__del__`` runs (a reference held elsewhere would otherwise keep them)."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+
+
 def resolve_num_workers(
     value: int | str, parallel_loaders: int = 1, cpu_count: int | None = None
 ) -> int:
@@ -397,11 +405,7 @@ class BatchStream:
         new ones."""
         self._training = None
         for entry in self._loaders:
-            # DataLoader has no public call that ends persistent workers; this is what its
-            # iterator's __del__ runs (a reference held elsewhere would otherwise keep them)
-            iterator = getattr(entry.loader, "_iterator", None)
-            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-                iterator._shutdown_workers()
+            shutdown_workers(entry.loader)
         self._loaders = []
 
 
