@@ -18,6 +18,7 @@ About 4 minutes on one core (7 on a loaded one): marked slow.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,6 +30,7 @@ from studies.temporal_control.temporal_control import (
     THRESHOLD,
     Threshold,
     blank_current_frame,
+    cffm_token_label,
     run_seed,
 )
 
@@ -80,3 +82,20 @@ def test_the_temporal_module_reads_the_clips_own_past_guard(control_dice):
 )
 def test_the_temporal_module_reads_the_clips_own_past(control_dice):
     assert THRESHOLD.failures(control_dice) == [], control_dice
+
+
+def test_cffm_token_oracle_votes_per_token_of_a_third_of_a_window_and_padding_votes_for_nothing():
+    """The oracle at the CFFM module's t-1 tokens, derived by hand at 1 px per cell: a 21 x 21
+    label is 3 windows of 7 per side, so 9 tokens of 21 / 9 = 2.33 px; a class-1 band over
+    columns 0-6 covers tokens 0-2 exactly, and token 3 starts at column 7."""
+    label = np.zeros((21, 21), np.uint8)
+    label[:, :7] = 1
+    tokens = cffm_token_label(label, tokens_per_window=3, cell_pixels=1, window=7)
+    np.testing.assert_array_equal(tokens, label)
+    # One token per window: a 3 x 3 object in a 7 x 7 window loses to 40 background pixels ...
+    label = np.zeros((7, 7), np.uint8)
+    label[:3, :3] = 2
+    assert (cffm_token_label(label, 1, cell_pixels=1, window=7) == 0).all()
+    # ... but the padding that completes a 3 x 3 map to its 7 x 7 window votes for no class.
+    small = np.full((3, 3), 2, np.uint8)
+    assert (cffm_token_label(small, 1, cell_pixels=1, window=7) == 2).all()

@@ -33,7 +33,9 @@ uncorrupted current frame to the history.
 The data oracles (:func:`data_oracles`, no model) bound what the arms can reach: ``copy t-1``
 predicts frame t's label by the latest labelled earlier frame of the clip (t-1; site C, labelled
 every 2nd frame, t-2), ``copy t-1 at 16 px`` the same label reduced to the 2 x 2 stride-8 cells
-(16 px) of one t-1 context token of TS (Eq. 3, p = 2) by majority, and ``site prior`` the best
+(16 px) of one t-1 context token of the windowed module (Eq. 3, p = 2) by majority, ``copy t-1
+at the CFFM module's t-1 tokens`` the same by the CFFM module's geometry (:func:`cffm_token_label`:
+3 tokens per 7-cell window, 18.67 px), and ``site prior`` the best
 fixed mask per site (per-pixel class frequencies of the site's training labels, foreground where
 their sum reaches the threshold that maximises training Dice): what a network that sees only the
 site's mean colour can know.
@@ -296,6 +298,35 @@ def coarse_label(label: np.ndarray, cell: int = TOKEN_PIXELS, num_classes: int =
     return majority[: label.shape[0], : label.shape[1]].numpy()
 
 
+def cffm_token_label(
+    label: np.ndarray,
+    tokens_per_window: int,
+    cell_pixels: int = 8,
+    window: int = 7,
+    num_classes: int = 4,
+) -> np.ndarray:
+    """label [H, W] -> the majority class of each pooled token of an earlier frame in the CFFM
+    module's geometry, at [H, W]: the map is zero-padded to whole windows of ``window`` cells of
+    ``cell_pixels`` px, as the module pads, and each window holds ``tokens_per_window`` tokens per
+    side (t-1: 3, so a token spans 56 / 3 = 18.67 px at stride 8). Votes are area averages."""
+    height, width = label.shape
+    window_pixels = cell_pixels * window
+    padded_h, padded_w = (
+        -(-height // window_pixels) * window_pixels,
+        -(-width // window_pixels) * window_pixels,
+    )
+    classes = torch.from_numpy(np.where(label == 255, 0, label).astype(np.int64))
+    one_hot = F.one_hot(classes, num_classes).permute(2, 0, 1).float()[None]  # [1, K, H, W]
+    one_hot = F.pad(one_hot, (0, padded_w - width, 0, padded_h - height))  # padding: no class
+    tokens = (
+        padded_h // window_pixels * tokens_per_window,
+        padded_w // window_pixels * tokens_per_window,
+    )
+    votes = F.interpolate(one_hot, size=tokens, mode="area")  # [1, K, tokens_h, tokens_w]
+    majority = F.interpolate(votes, size=(padded_h, padded_w), mode="nearest").argmax(1)[0]
+    return majority[:height, :width].numpy()
+
+
 def site_prior(train: ClipDataset, test: ClipDataset) -> float:
     """Dice (%) on ``test`` of the best fixed mask learnt from ``train``'s labels (no images)."""
     labels = np.stack([_current_and_earlier_labels(train, i)[0] for i in range(len(train))])
@@ -321,10 +352,17 @@ def data_oracles(cfg: ExperimentConfig) -> dict[str, float]:
         for name in (
             "copy t-1",
             f"copy t-1 at {TOKEN_PIXELS} px",
+            "copy t-1 at the CFFM module's t-1 tokens (18.67 px)",
             "copy another video's t-1",
         )
     }
-    copy_full, copy_coarse, copy_other = meters.values()
+    copy_full, copy_coarse, copy_cffm, copy_other = meters.values()
+    network = cfg.network  # the CFFM module's t-1 tokens at its stage (stride 4 x 2^stage)
+    t1_geometry = {
+        "tokens_per_window": network.temporal_tokens_per_window[-1],
+        "cell_pixels": 4 * 2 ** network.temporal_stages[0],
+        "window": network.window_size,
+    }
     priors = []
     for site in SITES:
         data = open_site_data(cfg, site, ("train", "test"))
@@ -334,6 +372,7 @@ def data_oracles(cfg: ExperimentConfig) -> dict[str, float]:
             now, before = _current_and_earlier_labels(test, i)
             copy_full.update(before[None], now[None])
             copy_coarse.update(coarse_label(before)[None], now[None])
+            copy_cffm.update(cffm_token_label(before, **t1_geometry)[None], now[None])
             copy_other.update(_current_and_earlier_labels(test, partners[i])[1][None], now[None])
         priors.append(site_prior(train, test))
     oracles = {name: meter.summary()["dice"] for name, meter in meters.items()}
