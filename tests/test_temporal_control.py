@@ -99,3 +99,22 @@ def test_cffm_token_oracle_votes_per_token_of_a_third_of_a_window_and_padding_vo
     # ... but the padding that completes a 3 x 3 map to its 7 x 7 window votes for no class.
     small = np.full((3, 3), 2, np.uint8)
     assert (cffm_token_label(small, 1, cell_pixels=1, window=7) == 2).all()
+
+
+def test_the_reader_at_the_modules_tokens_sees_each_earlier_frame_as_window_means():
+    """With one token per window (l = 1) an earlier frame becomes its 7 x 7 windows' means,
+    zero padding included (a 5 x 12 map: windows of 25 and 35 real cells out of 49); the
+    current frame is left as it is."""
+    from types import SimpleNamespace
+
+    from studies.temporal_control.temporal_control import HistoryConcatReader
+
+    reader = SimpleNamespace(net=SimpleNamespace(cfg=SimpleNamespace(window_size=7)))
+    reader.tokens_per_window = (1, 1, 1)
+    frames = torch.rand(2, 4, 3, 5, 12)
+    out = HistoryConcatReader._at_module_tokens(reader, frames)
+    left = frames[:, :3, :, :, :7].sum((-2, -1), keepdim=True) / 49
+    right = frames[:, :3, :, :, 7:].sum((-2, -1), keepdim=True) / 49
+    torch.testing.assert_close(out[:, :3, :, :, :7], left.expand(-1, -1, -1, 5, 7))
+    torch.testing.assert_close(out[:, :3, :, :, 7:], right.expand(-1, -1, -1, 5, 5))
+    torch.testing.assert_close(out[:, 3], frames[:, 3])

@@ -195,10 +195,22 @@ class HistoryConcatReader(nn.Module):
     then the network's decoder. ``net`` is the single-frame network (no temporal module); its
     encoder reads every frame with gradient. clips [B, T, 3, H, W] -> logits [B, K, H, W]."""
 
-    def __init__(self, net: FedSTNet, num_frames: int, stages: Sequence[int] = (0, 1, 2, 3)):
+    def __init__(
+        self,
+        net: FedSTNet,
+        num_frames: int,
+        stages: Sequence[int] = (0, 1, 2, 3),
+        tokens_per_window: Sequence[int] | None = None,
+    ):
         super().__init__()
         self.net = net
         self.stages = tuple(stages)
+        self.tokens_per_window = None if tokens_per_window is None else tuple(tokens_per_window)
+        if self.tokens_per_window is not None and len(self.tokens_per_window) != num_frames - 1:
+            raise ValueError(
+                f"HistoryConcatReader: tokens_per_window {self.tokens_per_window} needs one "
+                f"entry per earlier frame ({num_frames - 1})"
+            )
         dims = tuple(net.encoder.embed_dims)
         self.history_fusion = nn.ModuleDict(
             {str(s): nn.Conv2d(num_frames * dims[s], dims[s], 1) for s in self.stages}
@@ -211,10 +223,28 @@ class HistoryConcatReader(nn.Module):
         for stage, feat in enumerate(feats):
             frames = feat.unflatten(0, (batch, num_frames))  # [B, T, C, h, w]
             current = frames[:, -1]  # [B, C, h, w]
+            if stage in self.stages and self.tokens_per_window is not None:
+                frames = self._at_module_tokens(frames)
             if stage in self.stages:
                 current = current + self.history_fusion[str(stage)](frames.flatten(1, 2))
             fused.append(current)
         return self.net._decode(fused, {}, None, (clips.shape[3], clips.shape[4]))
+
+    def _at_module_tokens(self, frames: torch.Tensor) -> torch.Tensor:
+        """[B, T, C, h, w] -> the same with each earlier frame reduced to what the CFFM module's
+        pooled tokens hold of it: zero-padded to whole windows, averaged over ``l x l`` tokens per
+        window (``tokens_per_window``, oldest first) and spread back over their cells."""
+        window = self.net.cfg.window_size
+        height, width = frames.shape[-2:]
+        padded_h, padded_w = -(-height // window) * window, -(-width // window) * window
+        reduced = []
+        for f, tokens in enumerate(self.tokens_per_window):
+            frame = F.pad(frames[:, f], (0, padded_w - width, 0, padded_h - height))
+            grid = (padded_h // window * tokens, padded_w // window * tokens)
+            pooled = F.adaptive_avg_pool2d(frame, grid)  # [B, C, tokens_h, tokens_w]
+            spread = F.interpolate(pooled, size=(padded_h, padded_w), mode="nearest")
+            reduced.append(spread[..., :height, :width])
+        return torch.stack([*reduced, frames[:, -1]], dim=1)
 
 
 def train_network(
@@ -390,6 +420,7 @@ def run_seed(
     overrides: Sequence[str] = (),
     curve_every: int = 0,
     reader_stages: Sequence[int] = (0, 1, 2, 3),
+    reader_tokens: Sequence[int] | None = None,
 ) -> dict[str, dict]:
     """Train and score the ``arms`` at one seed: arm -> {"dice", "train_s", "curve"}, where
     ``curve`` lists [step, Dice %] every ``curve_every`` steps and at the last. ``overrides``:
@@ -424,7 +455,9 @@ def run_seed(
         trained(single_cfg, "single_frame")
     if "reference_reader" in arms:
         seed_everything(seed, 58)
-        reader = HistoryConcatReader(method_of(single_cfg).build_model(), 4, reader_stages)
+        reader = HistoryConcatReader(
+            method_of(single_cfg).build_model(), 4, reader_stages, reader_tokens
+        )
         trained(single_cfg, "reference_reader", reader)
     return results
 
@@ -485,6 +518,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="encoder stages where the reference reader fuses the history (default: all)",
     )
     parser.add_argument(
+        "--reader-tokens",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the reader sees each earlier frame only as the CFFM module's pooled tokens, l per "
+        "window side, oldest first (e.g. 1 2 3 with --reader-stages 1: the module's geometry)",
+    )
+    parser.add_argument(
         "overrides",
         nargs="*",
         help="Hydra overrides of every arm, e.g. network.temporal_variant=windowed",
@@ -508,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.overrides,
             args.curve_every,
             args.reader_stages,
+            args.reader_tokens,
         )
         print(
             f"seed {seed}: "
@@ -525,6 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "steps": args.steps,
         "overrides": args.overrides,
         "reader_stages": args.reader_stages,
+        "reader_tokens": args.reader_tokens,
         "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
         "wall_s": time.perf_counter() - started,
