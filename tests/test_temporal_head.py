@@ -35,7 +35,10 @@ def test_forward_gives_current_frame_logits_features_and_every_frame_s_logits(ne
         logits, feats, frame_logits = net(
             frames_of(2, 4), INDICATOR, return_features=True, return_frame_logits=True
         )
-        single = net(frames_of(2, 4), INDICATOR, use_temporal=False, return_frame_logits=True)[1]
+        single_logits, single = net(
+            frames_of(2, 4), INDICATOR, use_temporal=False, return_frame_logits=True
+        )
+        current_only = net(frames_of(2, 4)[:, -1:], INDICATOR)  # T = 1: the decoder alone
     assert logits.shape == (2, 4, H, W)
     assert frame_logits.shape == (2, 4, 4, H, W)
     assert [tuple(f.shape[1:]) for f in feats] == [
@@ -45,6 +48,8 @@ def test_forward_gives_current_frame_logits_features_and_every_frame_s_logits(ne
         (256, 2, 3),
     ]
     assert torch.allclose(single, frame_logits, atol=1e-6)  # the per-frame predictions need no TS
+    assert torch.allclose(single_logits, current_only, atol=1e-5)
+    assert torch.allclose(frame_logits[:, -1], current_only, atol=1e-5)
     encoder_placement = make_net(temporal_placement="encoder").eval()
     with pytest.raises(ValueError, match="decode_head"):
         encoder_placement(frames_of(2, 4), INDICATOR, return_frame_logits=True)

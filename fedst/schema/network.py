@@ -82,7 +82,8 @@ class NetworkConfig:
     # (Eq. 7-8) reads the temporal module's output F*. "decode_head" = CFFM's: every clip frame
     # through the decoder, the fused maps (after the decoder's block) at 1/8 through the "cffm"
     # block, a second classifier on [before, after] (fedst/model/temporal_head.py); there TS no
-    # longer feeds CS (CS acts on each frame's encoder features F), and temporal_stages is unused.
+    # longer feeds CS (CS acts on each frame's encoder features F); temporal_stages then only
+    # names SERQ's F (temporal_stages[0], unless serq.feature_stage), still an encoder stage.
     temporal_placement: str = "encoder"
     # Table IV "Prompt": use the site indicator. Alone (channel_selection False) it adds a
     # per-channel bias Linear(xi) at cs_stages; with channel_selection it feeds the CS network.
@@ -94,7 +95,8 @@ class NetworkConfig:
     # method sets "feddp" itself, and its stages from method.options.channel_selection_stages.
     channel_selection_kind: str = "fedst"
     # 0-based encoder stages whose features get CS / the prompt bias. Default: the temporal
-    # stage, since Eq. 7-8 act on the temporal module's output F*.
+    # stage, since Eq. 7-8 act on the temporal module's output F* (with
+    # temporal_placement="decode_head" CS acts on every frame's encoder features F instead).
     cs_stages: tuple[int, ...] = (1,)
     # Dimension of the site indicator xi (512 for CLIP ViT-B-32).
     indicator_dim: int = 512
