@@ -221,8 +221,9 @@ def test_streaming_without_temporal_module_equals_single_frame_forward():
         assert torch.allclose(stream.step(frame), model(frame[:, None], INDICATOR), atol=1e-6)
 
 
-def test_a_few_training_steps_on_a_fixed_batch_lower_the_loss():
-    model = make_net().train()
+@pytest.mark.parametrize("placement", ["encoder", "decode_head"])
+def test_a_few_training_steps_on_a_fixed_batch_lower_the_loss(placement):
+    model = make_net(temporal_placement=placement).train()
     generator = torch.Generator().manual_seed(0)
     cells = torch.randint(0, 4, (2, H // 8, W // 8), generator=generator)
     target = cells.repeat_interleave(8, 1).repeat_interleave(8, 2)  # [2, H, W] blocks of 8x8
