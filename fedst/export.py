@@ -86,6 +86,13 @@ class StreamingStep(nn.Module):
 
     def __init__(self, net: FedSTNet, indicator: torch.Tensor | None):
         super().__init__()
+        if net.cfg.temporal and net.cfg.temporal_placement != "encoder":
+            raise ValueError(
+                f"export: network.temporal_placement={net.cfg.temporal_placement!r} is not "
+                "exported (the graph's context inputs are encoder-stage maps; the decode-head "
+                "placement caches fused decoder maps instead); export a run trained with "
+                "network.temporal_placement=encoder, or stream it in PyTorch (FedSTNet.stream)"
+            )
         self.net = net.eval()
         self.stages = (
             tuple(net.cfg.temporal_stages) if net.uses_temporal(net.cfg.num_frames) else ()

@@ -39,7 +39,7 @@ LEARNING_FIELDS = {  # section -> its fields of role "learning", space separated
         "temporal temporal_stages window_size receptive_fields pool_sizes "
         "temporal_variant temporal_tokens_per_window temporal_context_tokens "
         "temporal_alignment temporal_position_bias temporal_target_ring "
-        "temporal_target_pooled temporal_mlp_ratio prompt channel_selection "
+        "temporal_target_pooled temporal_mlp_ratio temporal_placement prompt channel_selection "
         "channel_selection_kind cs_stages indicator_dim detach_previous_frames"
     ),
     "clip": "num_frames interval_s image_size single_frame_mode",

@@ -192,7 +192,12 @@ def test_encoder_features_equal_the_forward_pass_s_map_without_running_what_foll
     assert ran == [1] * (stage + 1)  # stages 0..stage, no later stage, no decoder
 
 
-def test_streaming_equals_clip_forward_on_every_frame_of_a_video(net):
+@pytest.mark.parametrize("placement", ["encoder", "decode_head"])
+def test_streaming_equals_clip_forward_on_every_frame_of_a_video(net, placement):
+    """Encoder placement: the temporal stages' maps cached; decode-head placement (CFFM's): the
+    fused decoder maps (tests/test_temporal_head.py)."""
+    if placement != net.cfg.temporal_placement:
+        net = make_net(temporal_placement=placement).eval()
     video = torch.randn(
         9, 1, 3, H, W, generator=torch.Generator().manual_seed(3)
     )  # > history span 7
@@ -216,8 +221,9 @@ def test_streaming_without_temporal_module_equals_single_frame_forward():
         assert torch.allclose(stream.step(frame), model(frame[:, None], INDICATOR), atol=1e-6)
 
 
-def test_a_few_training_steps_on_a_fixed_batch_lower_the_loss():
-    model = make_net().train()
+@pytest.mark.parametrize("placement", ["encoder", "decode_head"])
+def test_a_few_training_steps_on_a_fixed_batch_lower_the_loss(placement):
+    model = make_net(temporal_placement=placement).train()
     generator = torch.Generator().manual_seed(0)
     cells = torch.randint(0, 4, (2, H // 8, W // 8), generator=generator)
     target = cells.repeat_interleave(8, 1).repeat_interleave(8, 2)  # [2, H, W] blocks of 8x8

@@ -214,3 +214,22 @@ def test_compiling_before_the_layout_is_prepared_says_how_to_fix_it():
     compiled = torch.compile(module, backend=GraphRecorder(), fullgraph=True)
     with pytest.raises(Exception, match="prepare_temporal"):
         compiled([torch.randn(1, 32, 16, 20) for _ in range(4)])
+
+
+def test_the_decode_head_placement_prepared_by_the_network_compiles_without_index_arithmetic():
+    """``prepare_temporal(image_size)`` prepares the decode-head block for the half-size fused
+    map (stride 4, then CFFM's ``int(h / 2)``: 100 x 130 -> 25 x 33 -> 12 x 16)."""
+    torch._dynamo.reset()
+    cfg = NetworkConfig(
+        prompt=False, channel_selection=False, decoder_dim=32, temporal_placement="decode_head"
+    )
+    net = build_network(cfg).eval()  # never run
+    net.prepare_temporal((100, 130))
+    head = net.temporal["decode_head"]
+    recorder = GraphRecorder()
+    compiled = torch.compile(head, backend=recorder, fullgraph=True)
+    fused = torch.randn(1, 4, 32, *stage_map_size((100, 130), 0))  # [B, T, D, 25, 33]
+    with torch.no_grad():
+        assert torch.allclose(compiled(fused), head(fused), atol=1e-5)
+    targets = [node.target for graph in recorder.graphs for node in graph.graph.nodes]
+    assert targets and not [t for t in targets if t in INDEX_ARITHMETIC]

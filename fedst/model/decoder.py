@@ -117,6 +117,11 @@ class FPNDecoder(nn.Module):
 
     def forward(self, feats: Sequence[torch.Tensor], out_size: tuple[int, int]) -> torch.Tensor:
         """feats: 4 maps [B, C_i, H_i, W_i], finest first -> logits [B, num_classes, *out_size]."""
+        return self.predict(self.fused_map(feats), out_size)
+
+    def fused_map(self, feats: Sequence[torch.Tensor]) -> torch.Tensor:
+        """feats: 4 maps [B, C_i, H_i, W_i], finest first -> the map the head reads
+        [B, D, H_0, W_0] (fused at stride 4, after the transformer blocks)."""
         laterals = [
             conv(f) for conv, f in zip(self.lateral, feats, strict=True)
         ]  # [B, D, H_i, W_i]
@@ -132,5 +137,9 @@ class FPNDecoder(nn.Module):
         x = self.fuse(torch.cat(upsampled, dim=1))  # [B, 4D, H/4, W/4] -> [B, D, H/4, W/4]
         for block in self.blocks:
             x = block(x)
-        logits = self.head(x)  # [B, num_classes, H/4, W/4]
+        return x
+
+    def predict(self, fused: torch.Tensor, out_size: tuple[int, int]) -> torch.Tensor:
+        """fused [B, D, H/4, W/4] (:meth:`fused_map`) -> logits [B, num_classes, *out_size]."""
+        logits = self.head(fused)  # [B, num_classes, H/4, W/4]
         return F.interpolate(logits, size=out_size, mode="bilinear")  # -> [B, num_classes, H, W]

@@ -6,12 +6,19 @@ textual-guided channel selection (Eq. 7-8, F*_t -> F'_t) or, for the Table IV "p
 ablation, an indicator bias -> FPN decoder -> logits [B, num_classes, H, W] of the current (last)
 frame.
 
+``network.temporal_placement="decode_head"`` (CFFM's placement, fedst/model/temporal_head.py):
+every clip frame through the encoder, CS / prompt and the decoder's fused map in one batched pass,
+then the temporal block on the T fused maps at 1/8 and a second classifier; channel selection
+then acts on each frame's encoder features (TS no longer feeds it).
+
 Module names are stable because parameter partition rules (``fedst.model.partition``) match them:
 ``encoder.*`` (PVTv2, ``attn.q`` / ``attn.k`` / ``attn.v``), ``temporal.<stage>.*``,
-``channel_selection.<stage>.*``, ``prompt.<stage>.*``, ``decoder.*`` (``blocks.<i>.attn.q``).
+``channel_selection.<stage>.*``, ``prompt.<stage>.*``, ``decoder.*`` (``blocks.<i>.attn.q``);
+the decode-head placement's ``temporal.decode_head.block.*`` and ``temporal.decode_head.classifier.*``.
 
 Streaming (:meth:`FedSTNet.stream`): each new frame costs one encoder pass, the temporal module and
-the decoder; the earlier frames' features of the temporal stages are cached. Earlier frames are
+the decoder; the earlier frames' features of the temporal stages are cached (in the decode-head
+placement, their fused decoder maps). Earlier frames are
 chosen by time with the rule of the clip datasets (``fedst.data.clips.clip_frame_positions``,
 streamed by :class:`fedst.data.clips.FrameHistory`): frame k steps back is the latest earlier frame
 at or before ``t - k * interval_s``; before the video's first frame the current frame is used. So a
@@ -24,6 +31,7 @@ import logging
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fedst.data.clips import FrameHistory
@@ -31,6 +39,7 @@ from fedst.model.channel_selection import ChannelSelection, PromptBias, SiteChan
 from fedst.model.decoder import FPNDecoder
 from fedst.model.temporal import TemporalCrossAttention
 from fedst.model.temporal_cffm import CFFMTemporalBlock
+from fedst.model.temporal_head import DECODE_HEAD, TemporalDecodeHead
 from fedst.schema.network import (
     TEMPORAL_VARIANTS,
     NetworkConfig,
@@ -64,7 +73,10 @@ class FedSTNet(nn.Module):
             encoder.set_grad_checkpointing(True)
         dims = tuple(encoder.embed_dims)
         self.temporal = nn.ModuleDict()
-        if cfg.temporal:
+        if cfg.temporal and cfg.temporal_placement == DECODE_HEAD:
+            block = build_temporal_module(cfg, cfg.decoder_dim)
+            self.temporal[DECODE_HEAD] = TemporalDecodeHead(block, cfg.num_classes)
+        elif cfg.temporal:
             for s in cfg.temporal_stages:
                 self.temporal[str(s)] = build_temporal_module(cfg, dims[s])
         self.channel_selection = nn.ModuleDict()
@@ -88,9 +100,11 @@ class FedSTNet(nn.Module):
     def prepare_temporal(self, image_size: tuple[int, int]) -> None:
         """Build the temporal modules' layouts for ``image_size`` [H, W] clips eagerly, so that
         ``torch.compile`` of this model traces no index arithmetic (call before compiling)."""
-        for stage, module in self.temporal.items():
-            if isinstance(module, CFFMTemporalBlock):
-                module.prepare(*stage_map_size(image_size, int(stage)))
+        for key, module in self.temporal.items():
+            if isinstance(module, TemporalDecodeHead):  # the decoder's fused map: stage 0's size
+                module.prepare(stage_map_size(image_size, 0))
+            elif isinstance(module, CFFMTemporalBlock):
+                module.prepare(*stage_map_size(image_size, int(key)))
 
     @property
     def needs_indicator(self) -> bool:
@@ -115,19 +129,37 @@ class FedSTNet(nn.Module):
         *,
         use_temporal: bool = True,
         return_features: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        return_frame_logits: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """clip [B, T, 3, H, W] (oldest first), indicator [D] | [B, D] -> logits [B, K, H, W].
 
         With ``return_features`` also returns the encoder's 4 maps of the current frame (before
-        the temporal module and CS). Earlier frames are only encoded when the temporal module runs.
+        the temporal module and CS); with ``return_frame_logits`` (decode-head placement) also
+        every clip frame's own prediction [B, T, K, H, W] (the decoder's head on each frame,
+        CFFM's ``linear_pred``), in that order after the logits. Earlier frames are only encoded
+        when the temporal module runs or frame logits are asked for.
         """
         if clip.dim() != 5:
             raise ValueError(f"FedSTNet expects clips [B, T, 3, H, W], got {tuple(clip.shape)}")
         self._check_indicator(indicator)
         num_frames = clip.shape[1]
         out_size = (clip.shape[3], clip.shape[4])
-        history: dict[int, list[torch.Tensor]] = {}
-        if self.uses_temporal(num_frames, use_temporal):
+        temporal = self.uses_temporal(num_frames, use_temporal)
+        if self.cfg.temporal_placement == DECODE_HEAD:
+            logits, feats, frame_logits = self._forward_decode_head(
+                clip, indicator, temporal, return_frame_logits
+            )
+            extra = ([feats] if return_features else []) + (
+                [frame_logits] if return_frame_logits else []
+            )
+            return (logits, *extra) if extra else logits
+        if return_frame_logits:
+            raise ValueError(
+                "FedSTNet: return_frame_logits is built for network.temporal_placement=decode_head "
+                "here; the encoder placement's per-frame predictions are issue 58 item 5"
+            )
+        history: dict[int | str, list[torch.Tensor]] = {}
+        if temporal:
             per_frame = self._encode_clip(clip)  # 4 x [B, T, C_i, h_i, w_i]
             feats = [f[:, -1] for f in per_frame]  # 4 x [B, C_i, h_i, w_i]
             history = {
@@ -160,20 +192,68 @@ class FedSTNet(nn.Module):
         feats = self.encoder(clip.flatten(0, 1))  # [B*T, 3, H, W] -> 4 x [B*T, C, h, w]
         return [f.unflatten(0, (batch, num_frames)) for f in feats]  # -> [B, T, C, h, w]
 
+    def _forward_decode_head(
+        self,
+        clip: torch.Tensor,
+        indicator: torch.Tensor | None,
+        temporal: bool,
+        return_frame_logits: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
+        """Decode-head placement: clip [B, T, 3, H, W] -> (logits [B, K, H, W], the current
+        frame's 4 encoder maps, frame logits [B, T, K, H, W] or None). Every frame through the
+        encoder, CS and the decoder's fused map in one batched pass over B*T frames."""
+        batch, num_frames = clip.shape[:2]
+        out_size = (clip.shape[3], clip.shape[4])
+        if not (temporal or return_frame_logits):
+            feats = self.encoder(clip[:, -1])  # the single-frame network
+            return self._decode(feats, {}, indicator, out_size), feats, None
+        per_frame = self._encode_clip(clip)  # 4 x [B, T, C_i, h_i, w_i]
+        frame_indicator = indicator
+        if indicator is not None and indicator.dim() == 2:  # [B, D] -> [B*T, D], batch-major
+            frame_indicator = indicator.repeat_interleave(num_frames, dim=0)
+        fused = self.decoder_maps([f.flatten(0, 1) for f in per_frame], frame_indicator)
+        frame_logits = None
+        if return_frame_logits:  # [B*T, D, h, w] -> [B, T, K, H, W]
+            frame_logits = self.decoder.predict(fused, out_size).unflatten(0, (batch, num_frames))
+        fused = fused.unflatten(0, (batch, num_frames))  # [B, T, D, h, w]
+        feats = [f[:, -1] for f in per_frame]
+        if temporal:
+            logits = self._decode(feats, {DECODE_HEAD: list(fused.unbind(1))}, indicator, out_size)
+        else:
+            logits = frame_logits[:, -1]
+        return logits, feats, frame_logits
+
+    def decoder_maps(
+        self, feats: list[torch.Tensor], indicator: torch.Tensor | None
+    ) -> torch.Tensor:
+        """4 encoder maps [N, C_i, h_i, w_i] -> CS / prompt (F -> F') -> the map the decoder's head
+        reads [N, D, h_0, w_0] (the decode-head placement's per-frame map, CFFM's ``_c``)."""
+        return self.decoder.fused_map(self._select_channels(list(feats), indicator))
+
+    def _select_channels(
+        self, feats: list[torch.Tensor], indicator: torch.Tensor | None
+    ) -> list[torch.Tensor]:
+        for name, module in [*self.channel_selection.items(), *self.prompt.items()]:
+            feats[int(name)] = module(feats[int(name)], indicator)
+        return feats
+
     def _decode(
         self,
         feats: list[torch.Tensor],
-        history: dict[int, list[torch.Tensor]],
+        history: dict[int | str, list[torch.Tensor]],
         indicator: torch.Tensor | None,
         out_size: tuple[int, int],
     ) -> torch.Tensor:
-        """Temporal module (F -> F*), CS / prompt (F* -> F'), decoder -> [B, K, H, W]."""
+        """Temporal module (F -> F*), CS / prompt (F* -> F'), decoder -> [B, K, H, W]. In the
+        decode-head placement ``history[DECODE_HEAD]`` holds the T frames' fused decoder maps
+        [B, D, h, w] (:meth:`decoder_maps`, current last) and ``feats`` is not read."""
+        if DECODE_HEAD in history:
+            logits = self.temporal[DECODE_HEAD](torch.stack(history[DECODE_HEAD], dim=1))
+            return F.interpolate(logits, size=out_size, mode="bilinear")  # -> [B, K, H, W]
         enhanced = list(feats)
         for s, frames in history.items():
             enhanced[s] = self.temporal[str(s)](frames)  # T x [B, C, h, w] -> [B, C, h, w]
-        for name, module in [*self.channel_selection.items(), *self.prompt.items()]:
-            enhanced[int(name)] = module(enhanced[int(name)], indicator)
-        return self.decoder(enhanced, out_size)
+        return self.decoder(self._select_channels(enhanced, indicator), out_size)
 
     def _check_indicator(self, indicator: torch.Tensor | None) -> None:
         if not self.needs_indicator:
@@ -231,6 +311,11 @@ class StreamingState:
         self.indicator = indicator
         self.timed = interval_s is not None
         self.temporal = net.uses_temporal(net.cfg.num_frames, use_temporal)
+        self._keys = (
+            (DECODE_HEAD,)
+            if net.cfg.temporal_placement == DECODE_HEAD
+            else tuple(net.cfg.temporal_stages)
+        )  # what a frame leaves in the history: its fused decoder map, or its temporal stages
         self._history = FrameHistory(
             net.cfg.num_frames, interval_s if interval_s is not None else float(frame_stride)
         )
@@ -262,7 +347,7 @@ class StreamingState:
         if not (predict or self.temporal):
             return None
         feats = self.net.encoder(frame)  # 4 x [B, C_i, h_i, w_i]
-        history = self._advance(time, feats) if self.temporal else {}
+        history = self._advance(time, self._cached(feats)) if self.temporal else {}
         if not predict:
             return None
         return self.net._decode(feats, history, self.indicator, (frame.shape[2], frame.shape[3]))
@@ -302,9 +387,10 @@ class StreamingState:
         if not encoded:
             return None
         feats = self.net.encoder(frames if len(encoded) == count else frames[encoded])
+        cached = self._cached(feats) if self.temporal else {}  # one batched pass over the rows
         predicted, histories = [], []  # rows of feats, and their temporal context
         for row, i in enumerate(encoded):
-            own = [f[row : row + 1] for f in feats]  # 4 x [1, C_i, h_i, w_i]
+            own = {key: value[row : row + 1] for key, value in cached.items()}
             history = self._advance(times[i], own) if self.temporal else {}
             if predict[i]:
                 predicted.append(row)
@@ -313,19 +399,27 @@ class StreamingState:
             return None
         if len(predicted) != len(encoded):
             feats = [f[predicted] for f in feats]  # 4 x [M, C_i, h_i, w_i]
-        stacked = {  # stage -> T x [M, C, h, w]
+        stacked = {  # stage (or DECODE_HEAD) -> T x [M, C, h, w]
             s: [torch.cat([h[s][t] for h in histories]) for t in range(self.net.cfg.num_frames)]
-            for s in (self.net.cfg.temporal_stages if self.temporal else ())
+            for s in (self._keys if self.temporal else ())
         }
         return self.net._decode(feats, stacked, self.indicator, (frames.shape[2], frames.shape[3]))
 
-    def _advance(self, time: float, feats: list[torch.Tensor]) -> dict[int, list[torch.Tensor]]:
-        """Add a frame's temporal-stage features (``feats``: its 4 maps [B, C_i, h_i, w_i]) to the
-        history; return its clip's features per temporal stage, T x [B, C, h, w], oldest first."""
-        stages = self.net.cfg.temporal_stages
-        earlier = self._history.context(time)  # T-1 x ({stage: [B, C, h, w]} | None)
-        self._history.append(time, {s: feats[s] for s in stages})
-        return {s: [feats[s] if e is None else e[s] for e in earlier] + [feats[s]] for s in stages}
+    def _cached(self, feats: list[torch.Tensor]) -> dict[int | str, torch.Tensor]:
+        """What frames leave in the history, from their 4 encoder maps [N, C_i, h_i, w_i]: the
+        temporal stages' maps, or (decode-head placement) the fused decoder maps [N, D, h, w]."""
+        if self._keys == (DECODE_HEAD,):
+            return {DECODE_HEAD: self.net.decoder_maps(feats, self.indicator)}
+        return {s: feats[s] for s in self._keys}
+
+    def _advance(
+        self, time: float, own: dict[int | str, torch.Tensor]
+    ) -> dict[int | str, list[torch.Tensor]]:
+        """Add a frame's cached maps (``own``: :meth:`_cached`) to the history; return its clip's
+        maps per key, T x [B, C, h, w], oldest first."""
+        earlier = self._history.context(time)  # T-1 x ({key: [B, C, h, w]} | None)
+        self._history.append(time, own)
+        return {k: [own[k] if e is None else e[k] for e in earlier] + [own[k]] for k in own}
 
 
 def build_temporal_module(cfg: NetworkConfig, dim: int) -> nn.Module:
@@ -373,7 +467,7 @@ def build_network(cfg: NetworkConfig) -> FedSTNet:
         "built FedSTNet (%s, temporal=%s %s, prompt=%s, cs=%s %s): %d parameters",
         cfg.encoder,
         cfg.temporal,
-        cfg.temporal_stages,
+        "decode_head" if cfg.temporal_placement == DECODE_HEAD else cfg.temporal_stages,
         cfg.prompt,
         cfg.channel_selection,
         cfg.cs_stages,

@@ -20,6 +20,9 @@ TEMPORAL_VARIANTS = ("cffm", "windowed")
 """``NetworkConfig.temporal_variant``: "cffm" = CFFM's block (fedst/model/temporal_cffm.py, the
 default since issue 58), "windowed" = the module of issues 1-47 (fedst/model/temporal.py: r and p
 on the raw grid, ``Linear(C p^2, C)`` pooling, one free bias table, no norm or MLP)."""
+TEMPORAL_PLACEMENTS = ("encoder", "decode_head")
+"""``NetworkConfig.temporal_placement``: "encoder" = after encoder stage ``temporal_stages``, before
+the decoder (ours, the default); "decode_head" = CFFM's (fedst/model/temporal_head.py)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,15 @@ class NetworkConfig:
     temporal_target_pooled: int = 5
     # cffm: MLP after the attention, hidden = ratio x C (CFFM: 4; 0: none).
     temporal_mlp_ratio: float = 4.0
+    # Where the temporal module sits (docs/design-notes.md, "The temporal module against CFFM",
+    # row 10): "encoder" (default) = on encoder stage ``temporal_stages``, before the decoder: the
+    # decoder (Table V's rows) and SERQ's F (Sec. III-C) are defined on encoder stages, and CS
+    # (Eq. 7-8) reads the temporal module's output F*. "decode_head" = CFFM's: every clip frame
+    # through the decoder, the fused maps (after the decoder's block) at 1/8 through the "cffm"
+    # block, a second classifier on [before, after] (fedst/model/temporal_head.py); there TS no
+    # longer feeds CS (CS acts on each frame's encoder features F); temporal_stages then only
+    # names SERQ's F (temporal_stages[0], unless serq.feature_stage), still an encoder stage.
+    temporal_placement: str = "encoder"
     # Table IV "Prompt": use the site indicator. Alone (channel_selection False) it adds a
     # per-channel bias Linear(xi) at cs_stages; with channel_selection it feeds the CS network.
     prompt: bool = True
@@ -83,7 +95,8 @@ class NetworkConfig:
     # method sets "feddp" itself, and its stages from method.options.channel_selection_stages.
     channel_selection_kind: str = "fedst"
     # 0-based encoder stages whose features get CS / the prompt bias. Default: the temporal
-    # stage, since Eq. 7-8 act on the temporal module's output F*.
+    # stage, since Eq. 7-8 act on the temporal module's output F* (with
+    # temporal_placement="decode_head" CS acts on every frame's encoder features F instead).
     cs_stages: tuple[int, ...] = (1,)
     # Dimension of the site indicator xi (512 for CLIP ViT-B-32).
     indicator_dim: int = 512
@@ -142,6 +155,17 @@ class NetworkConfig:
             raise ValueError(
                 f"NetworkConfig.temporal_position_bias={self.temporal_position_bias!r}; choose "
                 f"one of {POSITION_BIASES}"
+            )
+        if self.temporal_placement not in TEMPORAL_PLACEMENTS:
+            raise ValueError(
+                f"NetworkConfig.temporal_placement={self.temporal_placement!r}; choose one of "
+                f"{TEMPORAL_PLACEMENTS}"
+            )
+        if self.temporal_placement == "decode_head" and self.temporal_variant != "cffm":
+            raise ValueError(
+                "NetworkConfig: temporal_placement='decode_head' is CFFM's placement and builds "
+                f"the 'cffm' block; temporal_variant={self.temporal_variant!r} is not supported "
+                "there (set network.temporal_variant=cffm or network.temporal_placement=encoder)"
             )
         earlier = len(self.receptive_fields) - 1
         if self.temporal_variant == "cffm" and not (
