@@ -30,8 +30,8 @@ def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
     backend and surgery type: the indicators of Table VII need the whole site list) and drops
     every path and host-specific choice: data roots and backend options of all sites, the common
     root, the procedural preset, and the fields of role ``node`` (fedst/schema/roles.py: device,
-    DataLoader workers, the CLIP cache folder) at their defaults. A site adds its own from its
-    node config (:class:`SiteNodeConfig`).
+    DataLoader workers, the CLIP cache folder, the frame cache) at their defaults. A site adds
+    its own from its node config (:class:`SiteNodeConfig`).
     """
     sites = {
         name: dataclasses.replace(spec, root=SITE_VIEW_UNSET, options={})
@@ -43,7 +43,8 @@ def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
     for key in keys_of_roles(NODE):
         section, name = key.split(".")
         part = getattr(view, section)
-        default = getattr(type(part)(), name)
+        declared = next(f for f in dataclasses.fields(part) if f.name == name)
+        default = declared.default  # the field's, not an instance's: DataConfig needs sites
         view = dataclasses.replace(view, **{section: dataclasses.replace(part, **{name: default})})
     return view
 
@@ -109,6 +110,9 @@ class SiteNodeConfig:
     """DataLoader worker processes at this site (a number or "auto", as train.num_workers)."""
     clip_cache: str = IndicatorConfig.cache_dir
     """Folder of cached CLIP text embeddings at this site."""
+    frame_cache: str | None = None
+    """This site's preprocessed frame cache (``data.cache_dir``; python -m fedst.preprocess
+    build). None: its loaders decode the frames."""
     progress: bool = False
     """Progress bars for local iterations and evaluation."""
     share_personal: bool = True
@@ -188,7 +192,9 @@ class SiteNodeConfig:
         }
         return dataclasses.replace(
             view,
-            data=dataclasses.replace(view.data, sites={**view.data.sites, **sites}),
+            data=dataclasses.replace(
+                view.data, sites={**view.data.sites, **sites}, cache_dir=self.frame_cache
+            ),
             train=dataclasses.replace(view.train, device=self.device, num_workers=self.num_workers),
             indicator=dataclasses.replace(view.indicator, cache_dir=self.clip_cache),
         )
