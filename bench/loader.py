@@ -15,6 +15,12 @@ and at a later one (to the first batch; target <= 2 s) and its steady seconds pe
     .venv/bin/python -m bench.loader                       # both temporary sites, 0 and 2 workers
     .venv/bin/python -m bench.loader --root data/proc --site D --image-size 128x160
     .venv/bin/python -m bench.loader --schedule --workers 2 4   # the loop's waits and the ratios
+    .venv/bin/python -m bench.loader --schedule --cache --workers 2   # with the frame cache too
+
+``--cache`` (with ``--schedule``): each setting is measured again from the preprocessed frame
+cache (fedst/data/clips/cache.py: frames decoded and resized once, read memory-mapped; built in
+the temporary folder, its build time printed), in the same run, and the ratios cached / decoded
+are printed.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from fedst.data.clips import (  # noqa: E402
     FrameLoaders,
     make_loader,
 )
+from fedst.data.clips.cache import CachedSource  # noqa: E402
+from fedst.data.clips.cache_build import build_site_cache  # noqa: E402
 from fedst.data.generic import GenericLayoutSource  # noqa: E402
 
 BATCH_SIZE = 2
@@ -118,11 +126,17 @@ def evaluation_waits(dataset: ClipDataset, num_workers: int, batches: int) -> di
     return {"start": starts[0], "restart": starts[1], "per_batch": per_batch, "batches": timed}
 
 
-def print_schedule(name: str, dataset: ClipDataset, args: argparse.Namespace) -> None:
+def print_schedule(
+    name: str, dataset: ClipDataset, args: argparse.Namespace
+) -> dict[int, tuple[dict[str, float], dict[str, float]]]:
+    """Measure and print :func:`loop_waits` and :func:`evaluation_waits` per worker count;
+    returns them by worker count."""
     step_s = args.step_ms / 1000
+    measured = {}
     for num_workers in args.workers:
         loop = loop_waits(dataset, num_workers, args.batches, step_s, args.pause_s)
         evaluation = evaluation_waits(dataset, num_workers, args.batches)
+        measured[num_workers] = (loop, evaluation)
         print(
             f"site {name}, workers {num_workers}, step {args.step_ms:.0f} ms: first batch "
             f"{loop['first']:.2f} s; steady wait {1000 * loop['steady']:.1f} ms per call = "
@@ -131,6 +145,35 @@ def print_schedule(name: str, dataset: ClipDataset, args: argparse.Namespace) ->
             f"{evaluation['start']:.2f} s at the first evaluation, "
             f"{evaluation['restart']:.2f} s at a later one (kept workers; target <= 2), then {1000 * evaluation['per_batch']:.0f} "
             f"ms per batch of 8 frames ({evaluation['batches']} batches)"
+        )
+    return measured
+
+
+def cached_dataset(dataset: ClipDataset, cache_dir: Path) -> ClipDataset:
+    """``dataset`` read from the frame cache (fedst/data/clips/cache.py), built here into
+    ``cache_dir`` from its split; prints the build's seconds."""
+    started = time.perf_counter()
+    summary = build_site_cache(dataset.source, [dataset.split], dataset.clip, cache_dir)
+    print(
+        f"site {dataset.site_name}: cache of {summary.frames} frames at "
+        f"{dataset.clip.image_size[0]}x{dataset.clip.image_size[1]} built in "
+        f"{time.perf_counter() - started:.2f} s ({summary.megabytes:.1f} MiB)"
+    )
+    source = CachedSource(dataset.source, cache_dir)
+    return ClipDataset(source, dataset.split, dataset.clip, AugmentConfig(), validate=False)
+
+
+def print_cache_ratios(decoded: dict, cached: dict) -> None:
+    """The cached loader's waits over the decoding loader's, measured in this run."""
+    for num_workers, (loop, evaluation) in decoded.items():
+        cached_loop, cached_evaluation = cached[num_workers]
+        print(
+            f"  cache / decoding, workers {num_workers}: steady wait "
+            f"{cached_loop['steady'] / loop['steady']:.3f}, first batch "
+            f"{cached_loop['first'] / loop['first']:.3f}, first batch of a later round "
+            f"{cached_loop['round'] / loop['round']:.3f}, evaluation start "
+            f"{cached_evaluation['start'] / evaluation['start']:.3f}, evaluation per batch "
+            f"{cached_evaluation['per_batch'] / evaluation['per_batch']:.3f}"
         )
 
 
@@ -147,6 +190,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schedule", action="store_true", help="the loop's waits (docstring)")
     parser.add_argument("--step-ms", type=float, default=45.0, help="--schedule: the step")
     parser.add_argument("--pause-s", type=float, default=1.0, help="--schedule: between rounds")
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="--schedule: measure each setting again reading the frame cache (built in a "
+        "temporary folder) and print the ratios",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -168,7 +217,14 @@ def main(argv: list[str] | None = None) -> None:
             dataset = ClipDataset(source, "train", ClipConfig(image_size=size), AugmentConfig())
             frame = source.read_frame(dataset.videos[0].frames[0])
             if args.schedule:
-                print_schedule(f"{source.name} {size[0]}x{size[1]}", dataset, args)
+                name = f"{source.name} {size[0]}x{size[1]}"
+                decoded = print_schedule(name, dataset, args)
+                if args.cache:
+                    cache_dir = Path(tmp) / f"cache_{size[0]}x{size[1]}"
+                    cached = print_schedule(
+                        f"{name} (frame cache)", cached_dataset(dataset, cache_dir), args
+                    )
+                    print_cache_ratios(decoded, cached)
                 continue
             for num_workers in args.workers:
                 rate = measure(dataset, num_workers, args.batches, args.seed)

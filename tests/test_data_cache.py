@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import record_reads
 
+from fedst.app.nodes import site_node_config
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
 from fedst.data.base import DataError
@@ -26,6 +27,7 @@ from fedst.data.clips.cache_build import build_site_cache
 from fedst.data.generic import GenericLayoutSource
 from fedst.data.registry import open_site
 from fedst.experiment.roles import resume_safe_keys
+from fedst.experiment.site_view import SiteNodeConfig, site_view
 from fedst.preprocess import main as preprocess
 from fedst.scoring.site_data import open_site_data
 
@@ -112,6 +114,17 @@ def test_training_opens_the_cache_through_data_cache_dir_and_not_by_default(proc
     assert default.data.cache_dir is None
     assert not isinstance(default.data.open("A"), CachedSource)
     assert "data.cache_dir" in resume_safe_keys()  # a node's folder: a resumed run may set it
+
+
+def test_a_site_in_the_federation_reads_its_cache_from_its_node_config(procedural_cache):
+    cfg, _ = procedural_cache
+    node = site_node_config(cfg, "A")
+    assert node.frame_cache == cfg.data.cache_dir
+    view = site_view(cfg)
+    assert view.data.cache_dir is None  # a folder of this machine: not sent to other sites
+    local = SiteNodeConfig.from_node_config(node.to_node_config()).local_experiment(view, "A")
+    assert local.data.cache_dir == cfg.data.cache_dir
+    assert isinstance(local.data.open("A"), CachedSource)
 
 
 def test_a_cached_dataset_pickles_without_its_arrays(procedural_cache):

@@ -30,21 +30,21 @@ def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
     backend and surgery type: the indicators of Table VII need the whole site list) and drops
     every path and host-specific choice: data roots and backend options of all sites, the common
     root, the procedural preset, and the fields of role ``node`` (fedst/schema/roles.py: device,
-    DataLoader workers, the CLIP cache folder, the frame cache) at their defaults. A site adds
-    its own from its node config (:class:`SiteNodeConfig`).
+    DataLoader workers, the CLIP cache folder) at their defaults, and the frame cache folder
+    (``data.cache_dir``). A site adds its own from its node config (:class:`SiteNodeConfig`).
     """
     sites = {
         name: dataclasses.replace(spec, root=SITE_VIEW_UNSET, options={})
         for name, spec in cfg.data.sites.items()
     }
     view = dataclasses.replace(
-        cfg, data=dataclasses.replace(cfg.data, sites=sites, root=None, procedural=None)
+        cfg,
+        data=dataclasses.replace(cfg.data, sites=sites, root=None, procedural=None, cache_dir=None),
     )
     for key in keys_of_roles(NODE):
         section, name = key.split(".")
         part = getattr(view, section)
-        declared = next(f for f in dataclasses.fields(part) if f.name == name)
-        default = declared.default  # the field's, not an instance's: DataConfig needs sites
+        default = getattr(type(part)(), name)
         view = dataclasses.replace(view, **{section: dataclasses.replace(part, **{name: default})})
     return view
 
