@@ -19,8 +19,9 @@ and at a later one (to the first batch; target <= 2 s) and its steady seconds pe
 
 ``--cache`` (with ``--schedule``): each setting is measured again from the preprocessed frame
 cache (fedst/data/clips/cache.py: frames decoded and resized once, read memory-mapped; built in
-the temporary folder, its build time printed), in the same run, and the ratios cached / decoded
-are printed.
+the temporary folder, its build time printed), in the same run: the fork server started first,
+then ``--repeats`` measurements of each loader alternately, and the medians with their ratios
+cached / decoding printed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -163,17 +165,41 @@ def cached_dataset(dataset: ClipDataset, cache_dir: Path) -> ClipDataset:
     return ClipDataset(source, dataset.split, dataset.clip, AugmentConfig(), validate=False)
 
 
-def print_cache_ratios(decoded: dict, cached: dict) -> None:
-    """The cached loader's waits over the decoding loader's, measured in this run."""
-    for num_workers, (loop, evaluation) in decoded.items():
-        cached_loop, cached_evaluation = cached[num_workers]
+def print_clip_costs(decoded: ClipDataset, cached: ClipDataset, passes: int = 2) -> None:
+    """Milliseconds per clip of :meth:`ClipDataset.load_raw` in this process (no workers),
+    with the augmentation on and off, decoding and from the cache: what a worker spends."""
+    for augment in (AugmentConfig(), None):
+        costs = {}
+        for name, dataset in (("decoding", decoded), ("cache", cached)):
+            dataset = ClipDataset(dataset.source, "train", dataset.clip, augment, validate=False)
+            dataset.load_raw((0, 0))  # the memory maps open, the pipeline is built
+            started = time.perf_counter()
+            for index, aug_seed in itertools.product(range(len(dataset)), range(passes)):
+                dataset.load_raw((index, aug_seed))
+            costs[name] = (time.perf_counter() - started) / (len(dataset) * passes)
         print(
-            f"  cache / decoding, workers {num_workers}: steady wait "
-            f"{cached_loop['steady'] / loop['steady']:.3f}, first batch "
-            f"{cached_loop['first'] / loop['first']:.3f}, first batch of a later round "
-            f"{cached_loop['round'] / loop['round']:.3f}, evaluation start "
-            f"{cached_evaluation['start'] / evaluation['start']:.3f}, evaluation per batch "
-            f"{cached_evaluation['per_batch'] / evaluation['per_batch']:.3f}"
+            f"  load_raw per clip in process, augmentation {'on' if augment else 'off'}: "
+            f"decoding {1000 * costs['decoding']:.1f} ms, frame cache "
+            f"{1000 * costs['cache']:.1f} ms (x {costs['cache'] / costs['decoding']:.3f})"
+        )
+
+
+def print_cache_ratios(decoded: list[dict], cached: list[dict]) -> None:
+    """Medians over the repeats of the decoding and the cached loader's waits (each repeat: a
+    :func:`print_schedule` result), and their ratios cached / decoding."""
+    loop_keys = (("steady", "steady wait per call"), ("first", "first batch"))
+    loop_keys += (("round", "first batch of a later round"),)
+    evaluation_keys = (("start", "evaluation start"), ("restart", "evaluation restart"))
+    for num_workers in decoded[0]:
+        parts = []
+        for index, keys in ((0, loop_keys), (1, evaluation_keys)):
+            for key, label in keys:
+                old = statistics.median(r[num_workers][index][key] for r in decoded)
+                new = statistics.median(r[num_workers][index][key] for r in cached)
+                parts.append(f"{label} {1000 * old:.1f} -> {1000 * new:.1f} ms (x {new / old:.3f})")
+        print(
+            f"  median of {len(decoded)}, decoding -> frame cache, workers {num_workers}: "
+            + "; ".join(parts)
         )
 
 
@@ -195,6 +221,9 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="--schedule: measure each setting again reading the frame cache (built in a "
         "temporary folder) and print the ratios",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="--cache: alternating measurements per loader"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -218,13 +247,18 @@ def main(argv: list[str] | None = None) -> None:
             frame = source.read_frame(dataset.videos[0].frames[0])
             if args.schedule:
                 name = f"{source.name} {size[0]}x{size[1]}"
-                decoded = print_schedule(name, dataset, args)
-                if args.cache:
-                    cache_dir = Path(tmp) / f"cache_{size[0]}x{size[1]}"
-                    cached = print_schedule(
-                        f"{name} (frame cache)", cached_dataset(dataset, cache_dir), args
-                    )
-                    print_cache_ratios(decoded, cached)
+                if not args.cache:
+                    print_schedule(name, dataset, args)
+                    continue
+                cached = cached_dataset(dataset, Path(tmp) / f"cache_{size[0]}x{size[1]}")
+                if max(args.workers) > 0:  # the fork server starts once, before either is timed
+                    loop_waits(dataset, 1, 1, 0.0, 0.0)
+                measured: dict[str, list] = {"decoding": [], "cache": []}
+                for _ in range(args.repeats):  # alternately: a change of load hits both
+                    measured["decoding"].append(print_schedule(name, dataset, args))
+                    measured["cache"].append(print_schedule(f"{name} (frame cache)", cached, args))
+                print_cache_ratios(measured["decoding"], measured["cache"])
+                print_clip_costs(dataset, cached)
                 continue
             for num_workers in args.workers:
                 rate = measure(dataset, num_workers, args.batches, args.seed)
