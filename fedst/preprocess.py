@@ -11,7 +11,8 @@ the run reads (``data.val_split``, ``data.partition``, ``clip.*``). ``build`` wr
 each site's role reads (federation: train, test and its val split where it has one; out of
 federation: test; the server's set: train) and keeps the videos already cached and unchanged;
 ``check`` opens them as training does and exits 1 naming the first stale file and the command to
-rebuild. ``--sites A,B`` limits either to those sites (a deployed site builds its own).
+rebuild. ``--sites A,B`` (before the overrides) limits either to those sites (a deployed site
+builds its own).
 """
 
 from __future__ import annotations
@@ -107,14 +108,21 @@ def build_parser() -> ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("command", choices=("build", "check"))
-    parser.add_argument("--sites", help="comma-separated site names (default: every site)")
-    parser.add_argument("overrides", nargs="*", help="train_fed.py overrides, data.cache_dir too")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, purpose in (
+        ("build", "decode and resize every frame the sites' clips read, once"),
+        ("check", "open every site's cache as training does; exit 1 naming what is stale"),
+    ):
+        command = commands.add_parser(name, help=purpose, description=purpose)
+        command.add_argument("--sites", help="comma-separated site names (default: every site)")
+        command.add_argument(
+            "overrides", nargs="*", help="train_fed.py overrides, data.cache_dir among them"
+        )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_intermixed_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg, _ = compose_experiment(list(args.overrides))
     if cfg.data.cache_dir is None:
