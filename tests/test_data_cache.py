@@ -127,6 +127,14 @@ def test_a_site_in_the_federation_reads_its_cache_from_its_node_config(procedura
     assert isinstance(local.data.open("A"), CachedSource)
 
 
+def test_the_validation_before_training_shares_its_cache_with_decoding(generic_site, monkeypatch):
+    source, clip, cache_dir = generic_site
+    ClipDataset(source, "train", clip)  # validated: every file's result cached
+    reads = record_reads(monkeypatch)
+    ClipDataset(CachedSource(source, cache_dir), "train", clip)  # validated again, from that cache
+    assert reads == []
+
+
 def test_a_cached_dataset_pickles_without_its_arrays(procedural_cache):
     cfg, clip = procedural_cache
     cached = ClipDataset(cfg.data.open("A"), "train", clip, AUGMENT, validate=False)
