@@ -21,7 +21,13 @@ from fedst.app.nodes import site_node_config
 from fedst.cli import compose_experiment
 from fedst.config import ConfigError
 from fedst.data.base import DataError
-from fedst.data.clips import AugmentConfig, ClipConfig, ClipDataset, FrameDataset
+from fedst.data.clips import (
+    AugmentConfig,
+    BatchStream,
+    ClipConfig,
+    ClipDataset,
+    FrameDataset,
+)
 from fedst.data.clips.cache import BUILD_COMMAND, CachedSource, CacheError
 from fedst.data.clips.cache_build import build_site_cache
 from fedst.data.generic import GenericLayoutSource
@@ -145,6 +151,21 @@ def test_a_cached_dataset_pickles_without_its_arrays(procedural_cache):
     assert received.cached._maps == {}
     got = received.load_raw((0, 5))
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_a_loader_worker_sends_the_batches_decoding_sends(procedural_cache):
+    cfg, clip = procedural_cache
+    decoded = ClipDataset(cfg.data.open_decoded("A"), "train", clip, AUGMENT, validate=False)
+    cached = ClipDataset(cfg.data.open("A"), "train", clip, AUGMENT, validate=False)
+    in_process = BatchStream(decoded, batch_size=2, seed=3, num_workers=0, num_classes=4)
+    worker = BatchStream(cached, batch_size=2, seed=3, num_workers=1, num_classes=4)
+    try:
+        for _ in range(3):
+            expected, got = in_process.next_batch(), worker.next_batch()
+            assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
+            assert expected[2] == got[2]
+    finally:
+        worker.close()
 
 
 # -- a real dataset's format: SAR-RARP50 (10 Hz PNG frames; 60 fps AVI frames) ---------------------
