@@ -15,6 +15,13 @@ and at a later one (to the first batch; target <= 2 s) and its steady seconds pe
     .venv/bin/python -m bench.loader                       # both temporary sites, 0 and 2 workers
     .venv/bin/python -m bench.loader --root data/proc --site D --image-size 128x160
     .venv/bin/python -m bench.loader --schedule --workers 2 4   # the loop's waits and the ratios
+    .venv/bin/python -m bench.loader --schedule --cache --workers 2   # with the frame cache too
+
+``--cache`` (with ``--schedule``): each setting is measured again from the preprocessed frame
+cache (fedst/data/clips/cache.py: frames decoded and resized once, read memory-mapped; built in
+the temporary folder, its build time printed), in the same run: the fork server started first,
+then ``--repeats`` measurements of each loader alternately, and the medians with their ratios
+cached / decoding printed.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -41,6 +49,8 @@ from fedst.data.clips import (  # noqa: E402
     FrameLoaders,
     make_loader,
 )
+from fedst.data.clips.cache import CachedSource  # noqa: E402
+from fedst.data.clips.cache_build import build_site_cache  # noqa: E402
 from fedst.data.generic import GenericLayoutSource  # noqa: E402
 
 BATCH_SIZE = 2
@@ -118,11 +128,17 @@ def evaluation_waits(dataset: ClipDataset, num_workers: int, batches: int) -> di
     return {"start": starts[0], "restart": starts[1], "per_batch": per_batch, "batches": timed}
 
 
-def print_schedule(name: str, dataset: ClipDataset, args: argparse.Namespace) -> None:
+def print_schedule(
+    name: str, dataset: ClipDataset, args: argparse.Namespace
+) -> dict[int, tuple[dict[str, float], dict[str, float]]]:
+    """Measure and print :func:`loop_waits` and :func:`evaluation_waits` per worker count;
+    returns them by worker count."""
     step_s = args.step_ms / 1000
+    measured = {}
     for num_workers in args.workers:
         loop = loop_waits(dataset, num_workers, args.batches, step_s, args.pause_s)
         evaluation = evaluation_waits(dataset, num_workers, args.batches)
+        measured[num_workers] = (loop, evaluation)
         print(
             f"site {name}, workers {num_workers}, step {args.step_ms:.0f} ms: first batch "
             f"{loop['first']:.2f} s; steady wait {1000 * loop['steady']:.1f} ms per call = "
@@ -131,6 +147,59 @@ def print_schedule(name: str, dataset: ClipDataset, args: argparse.Namespace) ->
             f"{evaluation['start']:.2f} s at the first evaluation, "
             f"{evaluation['restart']:.2f} s at a later one (kept workers; target <= 2), then {1000 * evaluation['per_batch']:.0f} "
             f"ms per batch of 8 frames ({evaluation['batches']} batches)"
+        )
+    return measured
+
+
+def cached_dataset(dataset: ClipDataset, cache_dir: Path) -> ClipDataset:
+    """``dataset`` read from the frame cache (fedst/data/clips/cache.py), built here into
+    ``cache_dir`` from its split; prints the build's seconds."""
+    started = time.perf_counter()
+    summary = build_site_cache(dataset.source, [dataset.split], dataset.clip, cache_dir)
+    print(
+        f"site {dataset.site_name}: cache of {summary.frames} frames at "
+        f"{dataset.clip.image_size[0]}x{dataset.clip.image_size[1]} built in "
+        f"{time.perf_counter() - started:.2f} s ({summary.megabytes:.1f} MiB)"
+    )
+    source = CachedSource(dataset.source, cache_dir)
+    return ClipDataset(source, dataset.split, dataset.clip, AugmentConfig(), validate=False)
+
+
+def print_clip_costs(decoded: ClipDataset, cached: ClipDataset, passes: int = 2) -> None:
+    """Milliseconds per clip of :meth:`ClipDataset.load_raw` in this process (no workers),
+    with the augmentation on and off, decoding and from the cache: what a worker spends."""
+    for augment in (AugmentConfig(), None):
+        costs = {}
+        for name, dataset in (("decoding", decoded), ("cache", cached)):
+            dataset = ClipDataset(dataset.source, "train", dataset.clip, augment, validate=False)
+            dataset.load_raw((0, 0))  # the memory maps open, the pipeline is built
+            started = time.perf_counter()
+            for index, aug_seed in itertools.product(range(len(dataset)), range(passes)):
+                dataset.load_raw((index, aug_seed))
+            costs[name] = (time.perf_counter() - started) / (len(dataset) * passes)
+        print(
+            f"  load_raw per clip in process, augmentation {'on' if augment else 'off'}: "
+            f"decoding {1000 * costs['decoding']:.1f} ms, frame cache "
+            f"{1000 * costs['cache']:.1f} ms (x {costs['cache'] / costs['decoding']:.3f})"
+        )
+
+
+def print_cache_ratios(decoded: list[dict], cached: list[dict]) -> None:
+    """Medians over the repeats of the decoding and the cached loader's waits (each repeat: a
+    :func:`print_schedule` result), and their ratios cached / decoding."""
+    loop_keys = (("steady", "steady wait per call"), ("first", "first batch"))
+    loop_keys += (("round", "first batch of a later round"),)
+    evaluation_keys = (("start", "evaluation start"), ("restart", "evaluation restart"))
+    for num_workers in decoded[0]:
+        parts = []
+        for index, keys in ((0, loop_keys), (1, evaluation_keys)):
+            for key, label in keys:
+                old = statistics.median(r[num_workers][index][key] for r in decoded)
+                new = statistics.median(r[num_workers][index][key] for r in cached)
+                parts.append(f"{label} {1000 * old:.1f} -> {1000 * new:.1f} ms (x {new / old:.3f})")
+        print(
+            f"  median of {len(decoded)}, decoding -> frame cache, workers {num_workers}: "
+            + "; ".join(parts)
         )
 
 
@@ -147,6 +216,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schedule", action="store_true", help="the loop's waits (docstring)")
     parser.add_argument("--step-ms", type=float, default=45.0, help="--schedule: the step")
     parser.add_argument("--pause-s", type=float, default=1.0, help="--schedule: between rounds")
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="--schedule: measure each setting again reading the frame cache (built in a "
+        "temporary folder) and print the ratios",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="--cache: alternating measurements per loader"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -168,7 +246,19 @@ def main(argv: list[str] | None = None) -> None:
             dataset = ClipDataset(source, "train", ClipConfig(image_size=size), AugmentConfig())
             frame = source.read_frame(dataset.videos[0].frames[0])
             if args.schedule:
-                print_schedule(f"{source.name} {size[0]}x{size[1]}", dataset, args)
+                name = f"{source.name} {size[0]}x{size[1]}"
+                if not args.cache:
+                    print_schedule(name, dataset, args)
+                    continue
+                cached = cached_dataset(dataset, Path(tmp) / f"cache_{size[0]}x{size[1]}")
+                if max(args.workers) > 0:  # the fork server starts once, before either is timed
+                    loop_waits(dataset, 1, 1, 0.0, 0.0)
+                measured: dict[str, list] = {"decoding": [], "cache": []}
+                for _ in range(args.repeats):  # alternately: a change of load hits both
+                    measured["decoding"].append(print_schedule(name, dataset, args))
+                    measured["cache"].append(print_schedule(f"{name} (frame cache)", cached, args))
+                print_cache_ratios(measured["decoding"], measured["cache"])
+                print_clip_costs(dataset, cached)
                 continue
             for num_workers in args.workers:
                 rate = measure(dataset, num_workers, args.batches, args.seed)

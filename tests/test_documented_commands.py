@@ -188,6 +188,7 @@ def test_the_documentation_shows_every_entry_point():
         "fedst.data.procedural",
         "fedst.data.preview",
         "fedst.weights",
+        "fedst.preprocess",
         "fedst.demo",
         "fedst.infer",
         "fedst.export",

@@ -72,6 +72,7 @@ OTHER_ROLES = {
     "train.channels_last": "execution",
     "train.deterministic": "execution",
     "train.require_gpu": "execution",
+    "data.cache_dir": "execution",  # the same pixels, preprocessed: out of the fingerprint
     # each site's own (its view carries the defaults)
     "train.device": "node",
     "train.num_workers": "node",

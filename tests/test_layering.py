@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # bottom-up; a module may import its ow
     ("fedst.methods",),  # what a method chooses: personalization, objective, aggregation, privacy
     ("fedst.scoring",),  # metrics, per-frame evaluation, a site's data: training and post-run
     ("fedst.runs",),  # a run directory: its layout, files, and the models it returns
-    ("fedst.cli", "fedst.weights"),  # Hydra composition; weights provisioning
+    ("fedst.cli", "fedst.weights", "fedst.preprocess"),  # Hydra composition; weights; frame cache
     ("fedst.federation",),  # the algorithm's engine-agnostic pieces: sites, server, SERQ, transport
     ("fedst.guard",),
     ("fedst.report",),

@@ -43,6 +43,7 @@ def values_before_roles(cfg) -> dict:
         values["train"].pop(key)
     values["indicator"].pop("unseen")
     values.pop("fed")  # the server's reply handling (issue 45)
+    values["data"].pop("cache_dir")  # the frame cache (issue 60): later, of role execution
     return values
 
 

@@ -42,6 +42,7 @@ def site_node_config(
         device=cfg.train.device,
         num_workers=cfg.train.num_workers,
         clip_cache=cfg.indicator.cache_dir,
+        frame_cache=cfg.data.cache_dir,
         progress=progress,
         **settings,
     )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedst.config import ConfigError
 from fedst.schema.data import GENERATOR_VERSION, GENERATOR_VERSIONS, PARTITIONS, VAL_SPLIT_SOURCES
+from fedst.schema.roles import EXECUTION, role
 
 if TYPE_CHECKING:
     from fedst.data.base import SiteSource
@@ -75,6 +76,15 @@ class DataConfig:
     fedst/data/splits.py materialize_iid)."""
     partition_seed: int = 0
     """Seed of the iid re-partition."""
+    cache_dir: str | None = field(default=None, metadata=role(EXECUTION))
+    """Read every site's clip frames and labels from the preprocessed cache in this folder,
+    already resized to ``clip.image_size`` (uint8, memory-mapped; fedst/data/clips/cache.py),
+    instead of decoding and resizing them in the loaders: built once by ``python -m
+    fedst.preprocess build <the run's overrides> data.cache_dir=<folder>``. A missing or stale
+    cache stops the run naming the file (never a fallback to decoding). None: decode (default).
+    Role execution: the pixels are the same either way, so it stays out of a site's state
+    fingerprint; like a path, it is not sent to the sites (each has its own, node config
+    ``frame-cache``)."""
 
     def __post_init__(self) -> None:
         if not self.federation:
@@ -120,7 +130,16 @@ class DataConfig:
 
     def open(self, name: str) -> SiteSource:
         """The SiteSource of site ``name``; a site that trains or selects (neither the server's set
-        nor out of federation) with its validation split of ``val_split`` (fedst/data/splits.py)."""
+        nor out of federation) with its validation split of ``val_split`` (fedst/data/splits.py),
+        its clips read from the frame cache when ``cache_dir`` is set."""
+        if self.cache_dir is not None:
+            from fedst.data.clips.cache import CachedSource
+
+            return CachedSource(self.open_decoded(name), self.cache_dir)
+        return self.open_decoded(name)
+
+    def open_decoded(self, name: str) -> SiteSource:
+        """:meth:`open` without the frame cache: what the cache is built from."""
         from fedst.data.registry import open_site  # the backends (torch): not to read a config
         from fedst.data.splits import iid_site_root, with_validation_split
 

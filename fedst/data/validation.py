@@ -108,6 +108,7 @@ class ValidationCache:
     def for_site(cls, source: SiteSource) -> ValidationCache:
         """The cache file of one site: by backend class, data folder, site name and the source's
         scalar settings (options such as a crop change what a frame decodes to)."""
+        source = decoded_source(source)
         root = getattr(source, "site_root", None) or getattr(source, "root", "")
         settings = {k: v for k, v in vars(source).items() if isinstance(v, (str, int, float, bool))}
         ident = f"{type(source).__module__}.{type(source).__name__}|{Path(root).resolve()}|"
@@ -196,7 +197,16 @@ def _frame_key(ref: FrameRef) -> str:
     return f"frame|{ref.path}|{ref.video_frame}"
 
 
+def decoded_source(source: SiteSource) -> SiteSource:
+    """The source whose files a frame cache's source (fedst/data/clips/cache.py) reads: the
+    validation results of a site's files are the same with the frame cache or without."""
+    from fedst.data.clips.cache import CachedSource
+
+    return source.inner if isinstance(source, CachedSource) else source
+
+
 def _label_key(source: SiteSource, ref: LabelRef, num_classes: int) -> str:
+    source = decoded_source(source)
     policy = getattr(source, "on_unknown_label", "")
     return f"label|{type(source).__name__}|{num_classes}|{policy}|{ref.path}|{ref.key}"
 

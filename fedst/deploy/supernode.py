@@ -50,6 +50,7 @@ def supernode_command(
         node,
         data_path=str(Path(spec.root).resolve()),
         clip_cache=str(Path(node.clip_cache).resolve()),
+        frame_cache=None if node.frame_cache is None else str(Path(node.frame_cache).resolve()),
     )
     command = [str(BIN / "flower-supernode"), "--superlink", dcfg.server]
     command += ["--host", "127.0.0.1", "--port", str(dcfg.site_port)]

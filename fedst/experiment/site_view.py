@@ -30,15 +30,16 @@ def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
     backend and surgery type: the indicators of Table VII need the whole site list) and drops
     every path and host-specific choice: data roots and backend options of all sites, the common
     root, the procedural preset, and the fields of role ``node`` (fedst/schema/roles.py: device,
-    DataLoader workers, the CLIP cache folder) at their defaults. A site adds its own from its
-    node config (:class:`SiteNodeConfig`).
+    DataLoader workers, the CLIP cache folder) at their defaults, and the frame cache folder
+    (``data.cache_dir``). A site adds its own from its node config (:class:`SiteNodeConfig`).
     """
     sites = {
         name: dataclasses.replace(spec, root=SITE_VIEW_UNSET, options={})
         for name, spec in cfg.data.sites.items()
     }
     view = dataclasses.replace(
-        cfg, data=dataclasses.replace(cfg.data, sites=sites, root=None, procedural=None)
+        cfg,
+        data=dataclasses.replace(cfg.data, sites=sites, root=None, procedural=None, cache_dir=None),
     )
     for key in keys_of_roles(NODE):
         section, name = key.split(".")
@@ -109,6 +110,9 @@ class SiteNodeConfig:
     """DataLoader worker processes at this site (a number or "auto", as train.num_workers)."""
     clip_cache: str = IndicatorConfig.cache_dir
     """Folder of cached CLIP text embeddings at this site."""
+    frame_cache: str | None = None
+    """This site's preprocessed frame cache (``data.cache_dir``; python -m fedst.preprocess
+    build). None: its loaders decode the frames."""
     progress: bool = False
     """Progress bars for local iterations and evaluation."""
     share_personal: bool = True
@@ -188,7 +192,9 @@ class SiteNodeConfig:
         }
         return dataclasses.replace(
             view,
-            data=dataclasses.replace(view.data, sites={**view.data.sites, **sites}),
+            data=dataclasses.replace(
+                view.data, sites={**view.data.sites, **sites}, cache_dir=self.frame_cache
+            ),
             train=dataclasses.replace(view.train, device=self.device, num_workers=self.num_workers),
             indicator=dataclasses.replace(view.indicator, cache_dir=self.clip_cache),
         )

@@ -24,7 +24,9 @@ stream exactly.
 The package: ``clip`` (ClipConfig, which frames make a clip), ``normalization`` (resizing and
 ImageNet normalisation), ``augmentation`` (AugmentConfig and its pipeline), ``dataset``
 (ClipDataset), ``loaders`` (workers, seeded epochs, ``make_loader``, ``BatchStream``) and
-``frames`` (FrameDataset, ``frame_loader`` and the kept FrameLoaders for streaming evaluation).
+``frames`` (FrameDataset, ``frame_loader`` and the kept FrameLoaders for streaming evaluation),
+``cache`` (the preprocessed frame cache a ClipDataset reads with ``data.cache_dir``) and
+``cache_build`` (writing it: ``python -m fedst.preprocess build``).
 
 Layer: part of fedst.data; imports fedst.data and the root modules.
 """

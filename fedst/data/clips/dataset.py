@@ -19,6 +19,7 @@ from fedst.data.base import (
     VideoRecord,
 )
 from fedst.data.clips.augmentation import AUG_SEED_HIGH, build_augmentation
+from fedst.data.clips.cache import CachedFrames, CachedSource
 from fedst.data.clips.clip import clip_frame_positions
 from fedst.data.clips.normalization import channels_first, normalize_clips, resize_frame
 from fedst.schema.clips import AugmentConfig, ClipConfig
@@ -70,6 +71,13 @@ class ClipDataset(Dataset):
             build_augmentation(augment, self.clip_length) if augment and augment.enabled else None
         )
         self._index_of_id: dict[str, int] | None = None
+        self.cached: CachedFrames | None = None
+        """The preprocessed frames and labels (``data.cache_dir``: the source is a CachedSource,
+        fedst/data/clips/cache.py), read instead of decoding and resizing; None: decode."""
+        if isinstance(source, CachedSource):
+            self.cached = source.open_frames(
+                split, self.videos, self.needed_positions(), clip.image_size
+            )
         if validate:
             self.validate()
 
@@ -86,6 +94,13 @@ class ClipDataset(Dataset):
         if self.clip_length == 1:
             return [position]
         return clip_frame_positions(video.times, position, self.clip_length, self.clip.interval_s)
+
+    def needed_positions(self) -> list[list[int]]:
+        """Per video (sorted): the positions of every frame the samples' clips read."""
+        needed: list[set[int]] = [set() for _ in self.videos]
+        for video_index, position in self.samples:
+            needed[video_index].update(self.clip_positions(self.videos[video_index], position))
+        return [sorted(positions) for positions in needed]
 
     def sample_id(self, index: int) -> str:
         """``"<site>/<video_id>/<position>"`` of sample ``index`` (as returned by ``__getitem__``)."""
@@ -119,14 +134,24 @@ class ClipDataset(Dataset):
         index, aug_seed = item if isinstance(item, tuple) else (item, None)
         video, position = self.sample_ref(int(index))
         positions = self.clip_positions(video, position)
-        frames = {p: self.source.read_frame(video.frames[p]) for p in set(positions)}
-        label = self._read_label(video, position, frames[position].shape[:2])
-        resized = {p: resize_frame(f, self.clip.image_size) for p, f in frames.items()}
+        resized, label = self._resized_clip(video, positions, position)
         clip = [resized[p] for p in positions]  # T x [H, W, 3] uint8, oldest first
         if self._augment is not None:
             clip, label = self._apply_augmentation(clip, label, aug_seed)
         clip_tensor = torch.from_numpy(channels_first(np.stack(clip)))  # [T, 3, H, W] uint8
         return clip_tensor, torch.from_numpy(label), self.sample_id(int(index))
+
+    def _resized_clip(
+        self, video: VideoRecord, positions: list[int], position: int
+    ) -> tuple[dict[int, np.ndarray], np.ndarray]:
+        """({clip position: frame uint8 [H, W, 3]}, label of ``position`` uint8 [H, W]) at
+        ``image_size``: decoded and resized, or read from the cache (:attr:`cached`)."""
+        if self.cached is not None:
+            frames = {p: self.cached.frame(video, p) for p in set(positions)}
+            return frames, self.cached.label(video, position)
+        frames = {p: self.source.read_frame(video.frames[p]) for p in set(positions)}
+        label = self._read_label(video, position, frames[position].shape[:2])
+        return {p: resize_frame(f, self.clip.image_size) for p, f in frames.items()}, label
 
     def _read_label(
         self, video: VideoRecord, position: int, frame_size: tuple[int, ...]
@@ -163,9 +188,14 @@ class ClipDataset(Dataset):
         self, video: VideoRecord, position: int
     ) -> tuple[torch.Tensor, tuple[int, int]]:
         """:meth:`read_frame` before normalisation: (uint8 [3, H, W], size on disk (H0, W0))."""
-        rgb = self.source.read_frame(video.frames[position])
-        frame = torch.from_numpy(channels_first(resize_frame(rgb, self.clip.image_size)[None])[0])
-        return frame, (rgb.shape[0], rgb.shape[1])
+        if self.cached is not None:
+            resized = self.cached.frame(video, position)
+            frame_size = self.cached.native_size(video, position)
+        else:
+            rgb = self.source.read_frame(video.frames[position])
+            resized, frame_size = resize_frame(rgb, self.clip.image_size), rgb.shape[:2]
+        frame = torch.from_numpy(channels_first(resized[None])[0])
+        return frame, (int(frame_size[0]), int(frame_size[1]))
 
     def _apply_augmentation(
         self, clip: list[np.ndarray], label: np.ndarray, aug_seed: int | None
