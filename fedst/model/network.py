@@ -115,11 +115,16 @@ class FedSTNet(nn.Module):
         *,
         use_temporal: bool = True,
         return_features: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        return_frame_logits: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """clip [B, T, 3, H, W] (oldest first), indicator [D] | [B, D] -> logits [B, K, H, W].
 
         With ``return_features`` also returns the encoder's 4 maps of the current frame (before
         the temporal module and CS). Earlier frames are only encoded when the temporal module runs.
+        With ``return_frame_logits`` also returns (last) every clip frame's own single-frame
+        logits [B, T, K, H, W] (:meth:`_frame_logits`: CFFM's per-frame predictions, for
+        ``train.clip_frame_loss_weight``); only where the temporal module runs (a ValueError
+        otherwise).
         """
         if clip.dim() != 5:
             raise ValueError(f"FedSTNet expects clips [B, T, 3, H, W], got {tuple(clip.shape)}")
@@ -127,7 +132,15 @@ class FedSTNet(nn.Module):
         num_frames = clip.shape[1]
         out_size = (clip.shape[3], clip.shape[4])
         history: dict[int, list[torch.Tensor]] = {}
-        if self.uses_temporal(num_frames, use_temporal):
+        temporal = self.uses_temporal(num_frames, use_temporal)
+        if return_frame_logits and not temporal:
+            raise ValueError(
+                f"FedSTNet: return_frame_logits needs the temporal module on clips of "
+                f"{self.cfg.num_frames} frames (temporal={self.cfg.temporal}, use_temporal="
+                f"{use_temporal}, T={num_frames}); a single-frame network predicts the current "
+                f"frame only"
+            )
+        if temporal:
             per_frame = self._encode_clip(clip)  # 4 x [B, T, C_i, h_i, w_i]
             feats = [f[:, -1] for f in per_frame]  # 4 x [B, C_i, h_i, w_i]
             history = {
@@ -136,7 +149,10 @@ class FedSTNet(nn.Module):
         else:
             feats = self.encoder(clip[:, -1])  # [B, 3, H, W] -> 4 x [B, C_i, h_i, w_i]
         logits = self._decode(feats, history, indicator, out_size)
-        return (logits, feats) if return_features else logits
+        outputs = (logits, *([feats] if return_features else []))
+        if return_frame_logits:
+            outputs += (self._frame_logits(per_frame, indicator, out_size),)
+        return outputs if len(outputs) > 1 else logits
 
     def encoder_features(self, clip: torch.Tensor, stage: int) -> torch.Tensor:
         """clip [B, T, 3, H, W] -> the current frame's encoder map at ``stage`` [B, C_s, h_s, w_s]:
@@ -159,6 +175,23 @@ class FedSTNet(nn.Module):
             ]
         feats = self.encoder(clip.flatten(0, 1))  # [B*T, 3, H, W] -> 4 x [B*T, C, h, w]
         return [f.unflatten(0, (batch, num_frames)) for f in feats]  # -> [B, T, C, h, w]
+
+    def _frame_logits(
+        self,
+        per_frame: list[torch.Tensor],
+        indicator: torch.Tensor | None,
+        out_size: tuple[int, int],
+    ) -> torch.Tensor:
+        """Every clip frame's own prediction (CFFM's per-frame logits): the encoder maps of the
+        clip's batched pass, 4 x [B, T, C_i, h_i, w_i], through CS / prompt (the site's indicator,
+        as on the current frame's path) and the decoder, without the temporal module ->
+        [B, T, K, H, W]."""
+        batch, num_frames = per_frame[0].shape[:2]
+        frames = [f.flatten(0, 1) for f in per_frame]  # 4 x [B*T, C_i, h_i, w_i]
+        if indicator is not None and indicator.dim() == 2:  # [B, D] -> [B*T, D]
+            indicator = indicator.repeat_interleave(num_frames, dim=0)
+        logits = self._decode(frames, {}, indicator, out_size)  # [B*T, K, H, W]
+        return logits.unflatten(0, (batch, num_frames))
 
     def _decode(
         self,
