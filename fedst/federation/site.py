@@ -309,15 +309,11 @@ class Site:
             for step in iterations:
                 if self.cfg.train.lr_schedule != "constant":
                     set_lr_factor(optimizer, lr_factor(first_iteration + step, self.cfg.train))
-                # on the device, normalised: [B, T, 3, H, W] float32, [B, H, W] int64 (or every
-                # clip frame's [B, T, H, W] under train.clip_frame_loss_weight)
+                # on the device, normalised: [B, T, 3, H, W] float32, [B, H, W] int64
                 waited = time.perf_counter()
                 clips, batch_masks, _ = self.stream.next_batch()
                 self.loader_seconds += time.perf_counter() - waited
-                masks = current_frame_masks(batch_masks)  # [B, H, W]
-                frame_masks = batch_masks if batch_masks.dim() == 4 else None
-                if self.channels_last:
-                    clips = clips_channels_last(clips)
+                clips, masks, frame_masks = self.step_inputs(clips, batch_masks)
                 if loss_of is None:
                     (loss,) = self.training_step.step(
                         (clips, indicator, masks, frame_masks),
@@ -351,6 +347,18 @@ class Site:
                 f"train.max_grad_norm."
             )
         return values
+
+    def step_inputs(
+        self, clips: torch.Tensor, batch_masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A batch of the site's stream as its training step takes it: (clips [B, T, 3, H, W],
+        channels_last where the model is; the current frames' masks [B, H, W]; every clip
+        frame's masks [B, T, H, W] where the stream carries them (``train.clip_frame_loss_weight``
+        > 0), else None)."""
+        if self.channels_last:
+            clips = clips_channels_last(clips)
+        frame_masks = batch_masks if batch_masks.dim() == 4 else None
+        return clips, current_frame_masks(batch_masks), frame_masks
 
     def _forward_loss(
         self,
