@@ -16,6 +16,7 @@ docs/design-notes.md, "The temporal module against CFFM", row 11).
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import cv2
@@ -31,15 +32,18 @@ from fedst.config import ConfigError
 from fedst.data.clips import AugmentConfig, ClipConfig, ClipDataset
 from fedst.data.generic import GenericLayoutSource
 from fedst.data.procedural import generate
+from fedst.experiment import site_view
 from fedst.experiment.sections import TrainConfig
-from fedst.federation.site import Site
+from fedst.federation.site import Site, StateMismatchError, claim_state_dir
 from fedst.methods import LocalPhase
 from fedst.model.losses import SegmentationLoss, clip_frame_loss
 from fedst.model.network import build_network
+from fedst.runs.layout import STATE_FINGERPRINT
 from fedst.scoring.site_data import PooledClips, open_site_data
 from studies.temporal_control import temporal_control
 from tests.test_federation import experiment
 from tests.test_network import INDICATOR, TINY, clip_of
+from tests.test_state_fingerprint import digest, values_before_roles
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -163,6 +167,27 @@ def test_the_config_asks_for_frame_labels_only_with_a_weight_and_a_temporal_netw
 def test_a_bad_weight_is_a_config_error_naming_the_field(weight):
     with pytest.raises(ConfigError, match=r"train\.clip_frame_loss_weight"):
         TrainConfig(clip_frame_loss_weight=weight)
+
+
+def test_a_state_folder_from_before_the_option_is_claimed_at_weight_zero_only(tmp_path):
+    """A run written before ``train.clip_frame_loss_weight`` trained the current frame only:
+    resumed at weight 0 its site states are its own; at 0.5 they are another run's."""
+    cfg = experiment(tmp_path)
+    values = values_before_roles(cfg)  # the fingerprint's rule (tests/test_state_fingerprint.py)
+    values["train"].pop("clip_frame_loss_weight")  # the config as that code wrote it
+    before = digest(values)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    written = json.loads(site_view(cfg).to_json())
+    written["train"].pop("clip_frame_loss_weight")
+    record = {"fingerprint": before, "site": "A", "config": written}
+    (state_dir / STATE_FINGERPRINT).write_text(json.dumps(record))
+    claim_state_dir(state_dir, "A", cfg)  # no StateMismatchError
+    weighted = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, clip_frame_loss_weight=0.5)
+    )
+    with pytest.raises(StateMismatchError, match=r"train\.clip_frame_loss_weight=None->0\.5"):
+        claim_state_dir(state_dir, "A", weighted)
 
 
 # -- every clip frame's own prediction ------------------------------------------------------------
