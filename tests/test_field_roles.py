@@ -27,7 +27,7 @@ LEARNING_FIELDS = {  # section -> its fields of role "learning", space separated
     "train": (
         "rounds local_iters total_iters batch_size lr weight_decay lambda_dice "
         "amp_dtype tf32 cudnn_benchmark max_grad_norm temporal_lr_mult "
-        "norm_weight_decay lr_schedule warmup_iters"
+        "norm_weight_decay lr_schedule warmup_iters clip_frame_loss_weight"
     ),
     "pretraining": "iters batch_size lr",
     "serq": (

@@ -95,9 +95,17 @@ def phase_syncs(site: Site, iterations: int) -> collections.Counter[str]:
     return counter.counts
 
 
-def test_a_steady_site_iteration_reads_nothing_from_the_device(tiny_root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("clip_frame_loss_weight", [0.0, 0.5])  # 0.5: every clip frame's loss too
+def test_a_steady_site_iteration_reads_nothing_from_the_device(
+    tiny_root, tmp_path, monkeypatch, clip_frame_loss_weight
+):
     as_on_cuda(monkeypatch)
-    cfg = experiment(tiny_root, "train.num_workers=0", "pretraining.iters=0")
+    cfg = experiment(
+        tiny_root,
+        "train.num_workers=0",
+        "pretraining.iters=0",
+        f"train.clip_frame_loss_weight={clip_frame_loss_weight}",
+    )
     site = Site(cfg.data.federation[0], cfg, tmp_path / "site", CPU)
     assert site.optimizer.defaults["fused"] is True
     batch = site.stream.next_batch()  # the loader's own work is not the step's (test_clips.py)

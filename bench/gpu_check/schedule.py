@@ -166,21 +166,18 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def _steady_batches(site: Any, count: int) -> list[tuple]:
-    """``count`` batches of the site's stream, on the device (loaded before the timed window)."""
-    from fedst.accel import clips_channels_last
-
-    batches = [site.stream.next_batch()[:2] for _ in range(count)]
-    if site.channels_last:  # as train_phase feeds the step
-        batches = [(clips_channels_last(clips), masks) for clips, masks in batches]
-    return batches
+    """``count`` batches of the site's stream, on the device (loaded before the timed window),
+    as ``train_phase`` feeds the step (``Site.step_inputs``: channels_last, every clip frame's
+    masks under ``train.clip_frame_loss_weight``)."""
+    return [site.step_inputs(*site.stream.next_batch()[:2]) for _ in range(count)]
 
 
 def _run_steps(site: Any, batches: list[tuple], indicator: Any) -> None:
     """The site's compiled step on ``batches`` (on the device) with ``indicator`` (on the
     device: moved once, before any timed or checked window, as ``train_phase`` does)."""
-    for clips, masks in batches:
+    for clips, masks, frame_masks in batches:
         site.training_step.step(
-            (clips, indicator, masks),
+            (clips, indicator, masks, frame_masks),
             site.optimizer,
             site.scaler,
             site.model.parameters(),

@@ -113,6 +113,16 @@ class ExperimentConfig:
             return self.clip
         return dataclasses.replace(self.clip, num_frames=1)
 
+    def uses_clip_frame_labels(self) -> bool:
+        """Whether training clips carry every clip frame's label (``train.clip_frame_loss_weight``
+        > 0 and a temporal network on clips of more than one frame): only then are earlier
+        frames' labels read."""
+        return (
+            self.train.clip_frame_loss_weight > 0
+            and self.method.temporal
+            and self.clip.num_frames > 1
+        )
+
     def uses_indicator(self) -> bool:
         return self.method.prompt or self.method.channel_selection
 

@@ -6,6 +6,7 @@ the data, network, clip and augment configs of their own modules and checks acro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +215,14 @@ class TrainConfig:
     text gives AdamW 6e-5 for every method and no schedule (fedst/methods/optimizer.py)."""
     warmup_iters: int = 1500
     """Warm-up length of ``lr_schedule=warmup_poly`` in local iterations (CFFM: 1500)."""
+    clip_frame_loss_weight: float = 0.0
+    """CFFM's supervision of every clip frame (docs/design-notes.md, "The temporal module against
+    CFFM", row 11): the local objective adds ``weight x L_seg`` of each clip frame's own
+    single-frame prediction (the decoder on that frame's encoder maps, no temporal module)
+    against that frame's label, mean over batch x frames x labelled pixels, to the temporal
+    prediction's L_seg (fedst/model/losses.py, ``clip_frame_loss``). CFFM: 0.5. 0: the current
+    frame only, and no earlier frame's label is read (the runs before issue 58). A network
+    without the temporal module ignores it (it predicts the current frame only)."""
     deterministic: bool = field(default=False, metadata=role(EXECUTION))
     """CUDA only: deterministic algorithms (``torch.use_deterministic_algorithms(True,
     warn_only=True)``: an op without a deterministic kernel warns), cuDNN without autotuning
@@ -251,6 +260,13 @@ class TrainConfig:
         require_positive("train.max_grad_norm", self.max_grad_norm, "or null for no clipping")
         require_positive("train.temporal_lr_mult", self.temporal_lr_mult)
         require_at_least("train.warmup_iters", self.warmup_iters, 0)
+        weight = self.clip_frame_loss_weight
+        numeric = isinstance(weight, (int, float)) and not isinstance(weight, bool)
+        if not (numeric and math.isfinite(weight) and weight >= 0):
+            raise ConfigError(
+                f"train.clip_frame_loss_weight={weight!r}: must be a finite number >= 0 (the "
+                f"weight of the clip frames' own predictions in the loss; CFFM: 0.5, 0: off)"
+            )
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(
                 f"train.lr_schedule={self.lr_schedule!r}; choose one of {LR_SCHEDULES}"

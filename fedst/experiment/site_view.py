@@ -58,11 +58,18 @@ def state_fingerprint(view: ExperimentConfig) -> str:
 
 def legacy_state_fingerprints(view: ExperimentConfig) -> tuple[str, ...]:
     """The fingerprints that runs from before the execution fields existed recorded for the same
-    configuration (``train.compile`` was a bool then): a resumed old run is still recognised."""
+    configuration (``train.compile`` was a bool then), and, where ``train.clip_frame_loss_weight``
+    is 0 (what every run before it trained with), those of runs from before that field: a
+    resumed old run is still recognised."""
     compiled = view.train.compile not in (False, "none")
     values = _fingerprinted_values(view)
     values["train"]["compile"] = compiled
-    return (_digest(values),)
+    legacy = [_digest(values)]
+    if view.train.clip_frame_loss_weight == 0:
+        values = _fingerprinted_values(view)
+        values["train"].pop("clip_frame_loss_weight")
+        legacy.append(_digest(values))
+    return tuple(legacy)
 
 
 def _fingerprinted_values(view: ExperimentConfig) -> dict:

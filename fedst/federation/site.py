@@ -36,7 +36,7 @@ from fedst.accel import (
     use_channels_last,
 )
 from fedst.config import ConfigError, to_dict
-from fedst.data.clips import BatchStream, ClipDataset, FrameLoaders
+from fedst.data.clips import BatchStream, ClipDataset, FrameLoaders, current_frame_masks
 from fedst.data.splits import validation_dataset
 from fedst.experiment import (
     ExperimentConfig,
@@ -176,6 +176,14 @@ class Site:
         self.partition = self.method.partition(self.model)
         self.personal_keys = frozenset(self.partition.personal)
         self.loss_fn = self.method.segmentation_loss()
+        if cfg.train.clip_frame_loss_weight > 0 and self.method.clip_frame_loss_weight == 0:
+            log.info(
+                "site %s: train.clip_frame_loss_weight=%s is not used: the network of method %s "
+                "has no temporal module on clips (it predicts the current frame only)",
+                name,
+                cfg.train.clip_frame_loss_weight,
+                self.method.name,
+            )
         self.indicators = self.method.indicators()
         self.indicator = self.indicators.get(name)
         self.optimizer = torch.optim.AdamW(
@@ -303,13 +311,12 @@ class Site:
                     set_lr_factor(optimizer, lr_factor(first_iteration + step, self.cfg.train))
                 # on the device, normalised: [B, T, 3, H, W] float32, [B, H, W] int64
                 waited = time.perf_counter()
-                clips, masks, _ = self.stream.next_batch()
+                clips, batch_masks, _ = self.stream.next_batch()
                 self.loader_seconds += time.perf_counter() - waited
-                if self.channels_last:
-                    clips = clips_channels_last(clips)
+                clips, masks, frame_masks = self.step_inputs(clips, batch_masks)
                 if loss_of is None:
                     (loss,) = self.training_step.step(
-                        (clips, indicator, masks),
+                        (clips, indicator, masks, frame_masks),
                         optimizer,
                         self.scaler,
                         self.model.parameters(),
@@ -341,14 +348,37 @@ class Site:
             )
         return values
 
+    def step_inputs(
+        self, clips: torch.Tensor, batch_masks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A batch of the site's stream as its training step takes it: (clips [B, T, 3, H, W],
+        channels_last where the model is; the current frames' masks [B, H, W]; every clip
+        frame's masks [B, T, H, W] where the stream carries them (``train.clip_frame_loss_weight``
+        > 0), else None)."""
+        if self.channels_last:
+            clips = clips_channels_last(clips)
+        frame_masks = batch_masks if batch_masks.dim() == 4 else None
+        return clips, current_frame_masks(batch_masks), frame_masks
+
     def _forward_loss(
-        self, clips: torch.Tensor, indicator: torch.Tensor | None, masks: torch.Tensor
+        self,
+        clips: torch.Tensor,
+        indicator: torch.Tensor | None,
+        masks: torch.Tensor,
+        frame_masks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The method's local loss L of one batch under the mixed precision: clips
-        [B, T, 3, H, W], masks [B, H, W] -> scalar (what ``train.compile`` compiles)."""
+        [B, T, 3, H, W], masks [B, H, W] -> scalar (what ``train.compile`` compiles). With
+        ``frame_masks`` (every clip frame's labels [B, T, H, W], ``train.clip_frame_loss_weight``
+        > 0) L adds the method's term of every clip frame's own prediction (CFFM)."""
         with self.precision.autocast():
-            logits = self.model(clips, indicator)  # [B, C, H, W]
-            return self.method.local_loss(self, logits.float(), masks)
+            if frame_masks is None:
+                logits = self.model(clips, indicator)  # [B, C, H, W]
+                return self.method.local_loss(self, logits.float(), masks)
+            # [B, C, H, W], [B, T, C, H, W]: one encoder pass over the clip
+            logits, frame_logits = self.model(clips, indicator, return_frame_logits=True)
+            loss = self.method.local_loss(self, logits.float(), masks)
+            return loss + self.method.clip_frame_term(self, frame_logits.float(), frame_masks)
 
     def final_stage(
         self,

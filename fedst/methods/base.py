@@ -10,7 +10,8 @@ Every method answers the same questions, and the site and server code ask them t
   the site (:meth:`Method.partition`), the site indicators xi_k (:meth:`Method.indicators`);
 * the site's round (Algorithm 1, lines 5-7): how the received shared parameters are adopted
   (:meth:`Method.adopt`), in which phases the local iterations run and which tensors each phase
-  trains (:meth:`Method.local_phases`), the local objective (:meth:`Method.local_loss`) and the
+  trains (:meth:`Method.local_phases`), the local objective (:meth:`Method.local_loss`, plus
+  :meth:`Method.clip_frame_term` under ``train.clip_frame_loss_weight``) and the
   scalars the reply carries besides gamma_k (:meth:`Method.reply_metrics`);
 * the server's round (line 8): how the replies are combined (:meth:`Method.aggregate`), the
   server's own step after it (:meth:`Method.server_step`: SERQ for FedST, default none) and
@@ -52,7 +53,7 @@ from fedst.methods.aggregation import (
 )
 from fedst.methods.reply_fields import ReplyField
 from fedst.methods.server_step import ServerContext, ServerStep
-from fedst.model.losses import SegmentationLoss
+from fedst.model.losses import SegmentationLoss, clip_frame_loss
 from fedst.model.network import FedSTNet, NetworkConfig, build_network
 from fedst.model.partition import (
     PRESETS,
@@ -344,6 +345,26 @@ class Method:
     ) -> torch.Tensor:
         """The local objective on one batch: logits [B, C, H, W] (float), masks [B, H, W]."""
         return site.loss_fn(logits, masks)
+
+    @property
+    def clip_frame_loss_weight(self) -> float:
+        """The weight of every clip frame's own prediction in the local objective
+        (``train.clip_frame_loss_weight``, CFFM's 0.5) where the network runs the temporal module
+        on clips (``cfg.uses_clip_frame_labels()``); 0 otherwise: a single-frame network predicts
+        the current frame only, so the option leaves it (the baselines of a preset that sets it,
+        e.g. Table IV row 1, train as before) and its clips carry no earlier labels."""
+        return self.cfg.train.clip_frame_loss_weight if self.cfg.uses_clip_frame_labels() else 0.0
+
+    def clip_frame_term(
+        self, site: TrainingSite, frame_logits: torch.Tensor, frame_masks: torch.Tensor
+    ) -> torch.Tensor:
+        """What the local objective adds for every clip frame's own prediction (CFFM):
+        ``clip_frame_loss_weight x L_seg`` (fedst/model/losses.py, ``clip_frame_loss``) of
+        frame_logits [B, T, K, H, W] (float) against frame_masks [B, T, H, W]. The method's own
+        L_seg, as CFFM puts its one loss on both terms (docs/design-notes.md, CFFM row 11)."""
+        return self.clip_frame_loss_weight * clip_frame_loss(
+            site.loss_fn, frame_logits, frame_masks
+        )
 
     def reply_metrics(self, site: TrainingSite) -> dict[str, float]:
         """Scalars the train reply carries besides n_k, the loss and the time (e.g. FedAS's

@@ -40,7 +40,7 @@ from torch import nn
 
 from fedst.accel import LossLog
 from fedst.config import require_at_least, require_positive
-from fedst.data.clips import BatchStream
+from fedst.data.clips import BatchStream, current_frame_masks
 from fedst.experiment import ExperimentConfig
 from fedst.methods.aggregation import FISHER_WEIGHT_KEY
 from fedst.methods.base import Method, TrainingSite
@@ -227,7 +227,7 @@ class FedAS(Method):
         try:
             for _ in range(count):
                 clips, masks, _ = stream.next_batch()  # on site.device, normalised
-                yield clips, masks
+                yield clips, current_frame_masks(masks)  # [B, H, W]: its passes' labels
         finally:
             stream.close()
 

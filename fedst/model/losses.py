@@ -17,7 +17,7 @@ from torch import nn
 
 from fedst.data.base import IGNORE_INDEX, NUM_CLASSES, check_label_values
 
-__all__ = ["SegmentationLoss", "soft_dice_loss"]
+__all__ = ["SegmentationLoss", "clip_frame_loss", "soft_dice_loss"]
 
 DICE_SMOOTH = 1.0
 
@@ -94,3 +94,26 @@ class SegmentationLoss(nn.Module):
         ce = ce_sum / valid.sum().clamp(min=1)
         dice = soft_dice_loss(logits, target, self.ignore_index)  # 0 when all ignored
         return ce + self.lambda_dice * dice
+
+
+def clip_frame_loss(
+    loss_fn: SegmentationLoss, frame_logits: torch.Tensor, frame_labels: torch.Tensor
+) -> torch.Tensor:
+    """CFFM's supervision of every clip frame, before its weight (``train.clip_frame_loss_weight``):
+    ``loss_fn`` (L_seg, Eq. 9) of every clip frame's own prediction frame_logits [B, T, K, H, W]
+    against its label frame_labels [B, T, H, W] (255: unlabelled), the B x T frames as one batch:
+    CE averaged over batch x frames x labelled pixels, Dice over their pooled sums.
+
+    The same loss as on the temporal prediction, as CFFM (its ``0.5 * loss_decode(per-frame) +
+    loss_decode(temporal)``, one loss on both terms); CFFM's loss is CE alone, ours L_seg. Unlike
+    mmseg's CE, whose mean counts ignored pixels in its denominator, CE here is averaged over
+    labelled pixels only, so an unlabelled clip frame (all 255) changes nothing."""
+    if frame_logits.dim() != 5 or frame_labels.shape != (
+        *frame_logits.shape[:2],
+        *frame_logits.shape[3:],
+    ):
+        raise ValueError(
+            f"clip_frame_loss: frame_logits must be [B, T, K, H, W] and frame_labels [B, T, H, W]; "
+            f"got {tuple(frame_logits.shape)} and {tuple(frame_labels.shape)}"
+        )
+    return loss_fn(frame_logits.flatten(0, 1), frame_labels.flatten(0, 1))

@@ -134,10 +134,14 @@ class FedSTNet(nn.Module):
         """clip [B, T, 3, H, W] (oldest first), indicator [D] | [B, D] -> logits [B, K, H, W].
 
         With ``return_features`` also returns the encoder's 4 maps of the current frame (before
-        the temporal module and CS); with ``return_frame_logits`` (decode-head placement) also
-        every clip frame's own prediction [B, T, K, H, W] (the decoder's head on each frame,
-        CFFM's ``linear_pred``), in that order after the logits. Earlier frames are only encoded
-        when the temporal module runs or frame logits are asked for.
+        the temporal module and CS); with ``return_frame_logits`` also every clip frame's own
+        prediction [B, T, K, H, W] (CFFM's per-frame predictions, for
+        ``train.clip_frame_loss_weight``), in that order after the logits: in the decode-head
+        placement the decoder's head on each frame (CFFM's ``linear_pred``), in the encoder
+        placement the decoder on each frame's encoder maps without the temporal module
+        (:meth:`_frame_logits`; there only where the temporal module runs, a ValueError
+        otherwise). Earlier frames are only encoded when the temporal module runs or frame
+        logits are asked for.
         """
         if clip.dim() != 5:
             raise ValueError(f"FedSTNet expects clips [B, T, 3, H, W], got {tuple(clip.shape)}")
@@ -153,10 +157,12 @@ class FedSTNet(nn.Module):
                 [frame_logits] if return_frame_logits else []
             )
             return (logits, *extra) if extra else logits
-        if return_frame_logits:
+        if return_frame_logits and not temporal:
             raise ValueError(
-                "FedSTNet: return_frame_logits is built for network.temporal_placement=decode_head "
-                "here; the encoder placement's per-frame predictions are issue 58 item 5"
+                f"FedSTNet: return_frame_logits needs the temporal module on clips of "
+                f"{self.cfg.num_frames} frames (temporal={self.cfg.temporal}, use_temporal="
+                f"{use_temporal}, T={num_frames}); a single-frame network predicts the current "
+                f"frame only"
             )
         history: dict[int | str, list[torch.Tensor]] = {}
         if temporal:
@@ -168,7 +174,10 @@ class FedSTNet(nn.Module):
         else:
             feats = self.encoder(clip[:, -1])  # [B, 3, H, W] -> 4 x [B, C_i, h_i, w_i]
         logits = self._decode(feats, history, indicator, out_size)
-        return (logits, feats) if return_features else logits
+        outputs = (logits, *([feats] if return_features else []))
+        if return_frame_logits:
+            outputs += (self._frame_logits(per_frame, indicator, out_size),)
+        return outputs if len(outputs) > 1 else logits
 
     def encoder_features(self, clip: torch.Tensor, stage: int) -> torch.Tensor:
         """clip [B, T, 3, H, W] -> the current frame's encoder map at ``stage`` [B, C_s, h_s, w_s]:
@@ -208,9 +217,7 @@ class FedSTNet(nn.Module):
             feats = self.encoder(clip[:, -1])  # the single-frame network
             return self._decode(feats, {}, indicator, out_size), feats, None
         per_frame = self._encode_clip(clip)  # 4 x [B, T, C_i, h_i, w_i]
-        frame_indicator = indicator
-        if indicator is not None and indicator.dim() == 2:  # [B, D] -> [B*T, D], batch-major
-            frame_indicator = indicator.repeat_interleave(num_frames, dim=0)
+        frame_indicator = per_frame_indicator(indicator, num_frames)
         fused = self.decoder_maps([f.flatten(0, 1) for f in per_frame], frame_indicator)
         frame_logits = None
         if return_frame_logits:  # [B*T, D, h, w] -> [B, T, K, H, W]
@@ -236,6 +243,21 @@ class FedSTNet(nn.Module):
         for name, module in [*self.channel_selection.items(), *self.prompt.items()]:
             feats[int(name)] = module(feats[int(name)], indicator)
         return feats
+
+    def _frame_logits(
+        self,
+        per_frame: list[torch.Tensor],
+        indicator: torch.Tensor | None,
+        out_size: tuple[int, int],
+    ) -> torch.Tensor:
+        """Every clip frame's own prediction (CFFM's per-frame logits): the encoder maps of the
+        clip's batched pass, 4 x [B, T, C_i, h_i, w_i], through CS / prompt (the site's indicator,
+        as on the current frame's path) and the decoder, without the temporal module ->
+        [B, T, K, H, W]."""
+        batch, num_frames = per_frame[0].shape[:2]
+        frames = [f.flatten(0, 1) for f in per_frame]  # 4 x [B*T, C_i, h_i, w_i]
+        logits = self._decode(frames, {}, per_frame_indicator(indicator, num_frames), out_size)
+        return logits.unflatten(0, (batch, num_frames))
 
     def _decode(
         self,
@@ -420,6 +442,14 @@ class StreamingState:
         earlier = self._history.context(time)  # T-1 x ({key: [B, C, h, w]} | None)
         self._history.append(time, own)
         return {k: [own[k] if e is None else e[k] for e in earlier] + [own[k]] for k in own}
+
+
+def per_frame_indicator(indicator: torch.Tensor | None, num_frames: int) -> torch.Tensor | None:
+    """A clip batch's site indicator for its B*T frames flattened batch-major: [B, D] ->
+    [B*T, D]; a shared [D] (or None) is returned as it is."""
+    if indicator is not None and indicator.dim() == 2:
+        return indicator.repeat_interleave(num_frames, dim=0)
+    return indicator
 
 
 def build_temporal_module(cfg: NetworkConfig, dim: int) -> nn.Module:

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class SiteData:
-    """A site's opened source and its datasets (train with augmentation, test without)."""
+    """A site's opened source and its datasets (train with augmentation, test without; the
+    training masks are every clip frame's, [T, H, W], where ``cfg.uses_clip_frame_labels()``)."""
 
     source: SiteSource
     train: ClipDataset | None
@@ -30,7 +31,17 @@ class SiteData:
 def open_site_data(cfg: ExperimentConfig, name: str, splits: tuple[str, ...]) -> SiteData:
     source = cfg.data.open(name)
     clip = cfg.clip_config()
-    train = ClipDataset(source, "train", clip, cfg.augment) if "train" in splits else None
+    train = (
+        ClipDataset(
+            source,
+            "train",
+            clip,
+            cfg.augment,
+            clip_frame_labels=cfg.uses_clip_frame_labels(),  # CFFM's every-frame supervision
+        )
+        if "train" in splits
+        else None
+    )
     test = ClipDataset(source, "test", clip, None) if "test" in splits else None
     return SiteData(source=source, train=train, test=test)
 

@@ -65,11 +65,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedst.cli import compose_experiment
-from fedst.data.clips import BatchStream, ClipDataset
+from fedst.data.clips import BatchStream, ClipDataset, current_frame_masks
 from fedst.data.procedural import generate
 from fedst.experiment import ExperimentConfig
 from fedst.methods import method_of
 from fedst.methods.optimizer import lr_factor, param_groups, set_lr_factor
+from fedst.model.losses import clip_frame_loss
 from fedst.model.network import FedSTNet
 from fedst.scoring.metrics import SegmentationMeter
 from fedst.scoring.site_data import PooledClips, open_site_data
@@ -258,8 +259,12 @@ def train_network(
     """``steps`` AdamW steps of Eq. 9 on blanked clips -> (model in eval mode, wall seconds).
 
     The optimizer is a site's (fedst/methods/optimizer.py: the temporal module's lr multiplier,
-    no decay on norms, the schedule over ``steps``). ``model``: another network than the method's
-    (the reference reader); ``curve(step, model)`` is called every ``curve_every`` steps."""
+    no decay on norms, the schedule over ``steps``). With ``train.clip_frame_loss_weight`` > 0
+    and a temporal network the loss adds, as a site's (``Method.clip_frame_term``), the weight x
+    L_seg of every clip frame's own prediction (the blanked current frame's included, as CFFM
+    supervises all T frames); the single-frame and reference-reader arms train on the current
+    frame only. ``model``: another network than the method's (the reference reader);
+    ``curve(step, model)`` is called every ``curve_every`` steps."""
     method = method_of(cfg)
     model = method.build_model() if model is None else model
     loss_fn = method.segmentation_loss()
@@ -275,11 +280,18 @@ def train_network(
     seed_everything(cfg.seed, 47)
     model.train()
     started = time.perf_counter()
+    frame_weight = method.clip_frame_loss_weight if isinstance(model, FedSTNet) else 0.0
     for step in range(steps):
         set_lr_factor(optimizer, lr_factor(step, schedule))
-        clips, masks, _ = stream.next_batch()  # [B, T, 3, H, W], [B, H, W]
-        logits = model(blank_current_frame(clips))  # [B, K, H, W]
-        loss = loss_fn(logits, masks)
+        clips, batch_masks, _ = stream.next_batch()  # [B, T, 3, H, W], [B, H, W] | [B, T, H, W]
+        masks = current_frame_masks(batch_masks)  # [B, H, W]
+        if frame_weight > 0:  # CFFM: + weight x L_seg of every clip frame's own prediction
+            logits, frame_logits = model(blank_current_frame(clips), return_frame_logits=True)
+            frame_term = frame_weight * clip_frame_loss(loss_fn, frame_logits, batch_masks)
+            loss = loss_fn(logits, masks) + frame_term
+        else:
+            logits = model(blank_current_frame(clips))  # [B, K, H, W]
+            loss = loss_fn(logits, masks)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -3,7 +3,9 @@
 A sample is one labelled frame (the *current* frame) plus ``num_frames - 1`` earlier frames at
 ``interval_s`` spacing (paper Sec. IV-A3: 4 frames, the current and 3 previous). Where the video has
 no frame at the wanted time the nearest earlier frame is used; before the video's first frame the
-current frame is duplicated. Only the current frame needs a label.
+current frame is duplicated. Only the current frame needs a label (with
+``train.clip_frame_loss_weight`` > 0 a training clip also carries its earlier frames' labels, 255
+where a frame has none).
 
 Augmentation (paper: rotation and scale; flips, colour jitter (brightness, contrast, saturation,
 hue) and Gaussian blur optional, all off by default) draws ONE random transform per sample and
@@ -39,6 +41,7 @@ from fedst.data.clips.loaders import (
     BatchStream,
     PlannedBatches,
     collate_clips,
+    current_frame_masks,
     make_loader,
     resolve_num_workers,
     usable_cpu_count,
@@ -67,6 +70,7 @@ __all__ = [
     "clip_frame_positions",
     "collate_clips",
     "collate_frames",
+    "current_frame_masks",
     "frame_loader",
     "make_loader",
     "normalize_clips",

@@ -7,6 +7,7 @@ validation of the split's files."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import cv2
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fedst.data.base import (
+    IGNORE_INDEX,
     DataError,
     SiteSource,
     VideoRecord,
@@ -39,6 +41,12 @@ class ClipDataset(Dataset):
     Items may be indexed by ``index`` or by ``(index, aug_seed)`` (what the samplers of this module
     pass); with a plain index the augmentation seed comes from torch's global RNG.
     :meth:`load_raw` gives the same item before normalisation (what loader workers send).
+
+    With ``clip_frame_labels`` (``train.clip_frame_loss_weight`` > 0: CFFM's supervision of every
+    clip frame) and clips of more than one frame, the mask is every clip frame's label,
+    [T, H, W] oldest first (the current frame's last), resized and augmented with the frames'
+    own transform; a clip frame without a label is 255 (ignore) everywhere. Without it no
+    earlier frame's label is read.
     """
 
     def __init__(
@@ -48,6 +56,7 @@ class ClipDataset(Dataset):
         clip: ClipConfig = ClipConfig(),
         augment: AugmentConfig | None = None,
         validate: bool = True,
+        clip_frame_labels: bool = False,
     ) -> None:
         self.source = source
         self.split = split
@@ -67,6 +76,8 @@ class ClipDataset(Dataset):
         image_only = all(len(video.frames) == 1 for video in self.videos)
         single = image_only and clip.single_frame_mode == "single"
         self.clip_length = 1 if single else clip.num_frames
+        self.clip_frame_labels = clip_frame_labels and self.clip_length > 1
+        """Masks are [T, H, W], every clip frame's label (class docstring), not [H, W]."""
         self._augment = (
             build_augmentation(augment, self.clip_length) if augment and augment.enabled else None
         )
@@ -124,34 +135,66 @@ class ClipDataset(Dataset):
         return self.source.read_label(video.labels[position])
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
-        """``(clip [T, 3, H, W] float32 normalised, mask [H, W] int64, sample_id)``."""
+        """``(clip [T, 3, H, W] float32 normalised, mask [H, W] int64, sample_id)``; the mask is
+        [T, H, W] with ``clip_frame_labels``."""
         clip, mask, sample_id = self.load_raw(item)
         return normalize_clips(clip), mask.long(), sample_id
 
     def load_raw(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, str]:
         """``(clip [T, 3, H, W] uint8, mask [H, W] uint8, sample_id)``: :meth:`__getitem__`
-        before :func:`normalize_clips` (resized and augmented; what loader workers send)."""
+        before :func:`normalize_clips` (resized and augmented; what loader workers send); the
+        mask is [T, H, W] with ``clip_frame_labels``."""
         index, aug_seed = item if isinstance(item, tuple) else (item, None)
         video, position = self.sample_ref(int(index))
         positions = self.clip_positions(video, position)
-        resized, label = self._resized_clip(video, positions, position)
+        resized, label, earlier = self._resized_clip(video, positions, position)
         clip = [resized[p] for p in positions]  # T x [H, W, 3] uint8, oldest first
         if self._augment is not None:
-            clip, label = self._apply_augmentation(clip, label, aug_seed)
+            clip, label, earlier = self._apply_augmentation(clip, label, aug_seed, earlier)
         clip_tensor = torch.from_numpy(channels_first(np.stack(clip)))  # [T, 3, H, W] uint8
-        return clip_tensor, torch.from_numpy(label), self.sample_id(int(index))
+        mask = label if earlier is None else np.stack([*earlier, label])  # [H, W] | [T, H, W]
+        return clip_tensor, torch.from_numpy(mask), self.sample_id(int(index))
+
+    def _earlier_labels(
+        self,
+        video: VideoRecord,
+        positions: list[int],
+        label_at: Callable[[int], np.ndarray],
+        current_label: np.ndarray,
+    ) -> list[np.ndarray] | None:
+        """The labels of the clip's earlier frames (``positions[:-1]``), T-1 x uint8 [H, W] at
+        ``image_size`` (``label_at(position)`` reads one): the frame's own label, 255 everywhere
+        for a frame without one (it adds no loss), the current frame's where the clip repeats it;
+        None without ``clip_frame_labels`` (nothing read)."""
+        if not self.clip_frame_labels:
+            return None
+        current = positions[-1]
+        unlabelled = np.full(self.clip.image_size, IGNORE_INDEX, dtype=np.uint8)
+        read = {p: label_at(p) for p in set(positions[:-1]) - {current} if p in video.labels}
+        read[current] = current_label
+        return [read.get(p, unlabelled) for p in positions[:-1]]
 
     def _resized_clip(
         self, video: VideoRecord, positions: list[int], position: int
-    ) -> tuple[dict[int, np.ndarray], np.ndarray]:
-        """({clip position: frame uint8 [H, W, 3]}, label of ``position`` uint8 [H, W]) at
-        ``image_size``: decoded and resized, or read from the cache (:attr:`cached`)."""
+    ) -> tuple[dict[int, np.ndarray], np.ndarray, list[np.ndarray] | None]:
+        """({clip position: frame uint8 [H, W, 3]}, label of ``position`` uint8 [H, W], the
+        earlier frames' labels (:meth:`_earlier_labels`) or None) at ``image_size``: decoded and
+        resized, or read from the cache (:attr:`cached`)."""
         if self.cached is not None:
-            frames = {p: self.cached.frame(video, p) for p in set(positions)}
-            return frames, self.cached.label(video, position)
+            cached = self.cached
+            frames = {p: cached.frame(video, p) for p in set(positions)}
+            label = cached.label(video, position)
+            earlier = self._earlier_labels(
+                video, positions, lambda p: cached.label(video, p), label
+            )
+            return frames, label, earlier
         frames = {p: self.source.read_frame(video.frames[p]) for p in set(positions)}
         label = self._read_label(video, position, frames[position].shape[:2])
-        return {p: resize_frame(f, self.clip.image_size) for p, f in frames.items()}, label
+        earlier = self._earlier_labels(
+            video, positions, lambda p: self._read_label(video, p, frames[p].shape[:2]), label
+        )
+        resized = {p: resize_frame(f, self.clip.image_size) for p, f in frames.items()}
+        return resized, label, earlier
 
     def _read_label(
         self, video: VideoRecord, position: int, frame_size: tuple[int, ...]
@@ -198,14 +241,25 @@ class ClipDataset(Dataset):
         return frame, (int(frame_size[0]), int(frame_size[1]))
 
     def _apply_augmentation(
-        self, clip: list[np.ndarray], label: np.ndarray, aug_seed: int | None
-    ) -> tuple[list[np.ndarray], np.ndarray]:
+        self,
+        clip: list[np.ndarray],
+        label: np.ndarray,
+        aug_seed: int | None,
+        earlier_labels: list[np.ndarray] | None = None,
+    ) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray] | None]:
+        """The sample's one random transform on every frame, the label and (when given) the
+        earlier frames' labels (albumentations' ``masks`` target: the mask's interpolation and
+        fill)."""
         if aug_seed is None:
             aug_seed = int(torch.randint(AUG_SEED_HIGH, ()).item())
         self._augment.set_random_seed(aug_seed)
         targets = {f"frame_{i}": frame for i, frame in enumerate(clip[:-1], start=1)}
+        if earlier_labels is not None:
+            targets["masks"] = earlier_labels
         out = self._augment(image=clip[-1], mask=label, **targets)
-        return [out[f"frame_{i}"] for i in range(1, len(clip))] + [out["image"]], out["mask"]
+        frames = [out[f"frame_{i}"] for i in range(1, len(clip))] + [out["image"]]
+        earlier = None if earlier_labels is None else list(out["masks"])
+        return frames, out["mask"], earlier
 
     def problems(self) -> list[str]:
         """Every problem of this split's files (see :mod:`fedst.data.validation`): each labelled

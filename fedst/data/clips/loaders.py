@@ -59,6 +59,14 @@ another, ~0.5 s each: uncapped, the H200 machine's 15 per loader cost 8 s at eve
 round and at every evaluation's loader. A number in ``train.num_workers`` is taken as given."""
 
 Batch = tuple[torch.Tensor, torch.Tensor, list[str]]
+"""(clips [B, T, 3, H, W], masks [B, H, W] or, from a ClipDataset with ``clip_frame_labels``,
+every clip frame's [B, T, H, W], sample ids)."""
+
+
+def current_frame_masks(masks: torch.Tensor) -> torch.Tensor:
+    """A batch's labels of its current frames, [B, H, W]: ``masks`` itself, or the last frame's
+    of every clip frame's labels [B, T, H, W] (``ClipDataset(clip_frame_labels=True)``)."""
+    return masks[:, -1] if masks.dim() == 4 else masks
 
 
 def usable_cpu_count() -> int:
