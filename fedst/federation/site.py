@@ -177,13 +177,7 @@ class Site:
         self.personal_keys = frozenset(self.partition.personal)
         self.loss_fn = self.method.segmentation_loss()
         if cfg.train.clip_frame_loss_weight > 0 and self.method.clip_frame_loss_weight == 0:
-            log.info(
-                "site %s: train.clip_frame_loss_weight=%s is not used: the network of method %s "
-                "has no temporal module on clips (it predicts the current frame only)",
-                name,
-                cfg.train.clip_frame_loss_weight,
-                self.method.name,
-            )
+            log.info("site %s: train.clip_frame_loss_weight unused: no temporal module", name)
         self.indicators = self.method.indicators()
         self.indicator = self.indicators.get(name)
         self.optimizer = torch.optim.AdamW(
