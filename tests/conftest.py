@@ -29,7 +29,8 @@ import cv2
 import numpy as np
 import pytest
 from flwr.app import Message
-from work_units import SHARED_RUN_FILES, pytest_xdist_make_scheduler  # noqa: F401 (a hook)
+
+from tests.work_units import SHARED_RUN_FILES, pytest_xdist_make_scheduler  # noqa: F401 (a hook)
 
 PART_COLOURS: dict[int, tuple[int, int, int]] = {
     1: (200, 200, 200),  # shaft: light grey
