@@ -29,17 +29,19 @@ format: venv
 
 # Two pytest workers (pytest-xdist), one thread each (2 x N OpenMP threads would thrash 2 cores);
 # --dist loadfile sends a whole test file to one worker (its module's runs are trained once), and
-# the files that read the runs the session shares together (tests/conftest.py SHARED_RUN_FILES).
+# the files that read the runs the session shares together (tests/work_units.py SHARED_RUN_FILES).
 test: lint
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The tests marked slow (pyproject.toml; `make test` deselects them): the loopback deployments of a
 # site killed during a round, a restarted server and `flwr run` with an empty run-dir, the GPU
-# check rehearsed as the GPU machine runs it (make gpu-rehearsal), and the temporal module's
-# positive control (tests/test_temporal_control.py, about 4 minutes on one core). About 16
-# minutes on 2 cores; CI (.ci/run) runs them after `make test`.
+# check rehearsed as the GPU machine runs it (make gpu-rehearsal), Ray, and the temporal module's
+# positive control (tests/test_temporal_control.py, about 4 minutes on one core). Two workers as
+# `make test` (the files are independent: each deployment and Ray cluster takes free ports), the
+# longest files first (tests/work_units.py LONGEST_FILES_FIRST); CI (.ci/run) runs them after
+# `make test`.
 test-slow: venv
-	$(BIN)/python -m pytest -q -m slow
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile
 
 demo: venv
 	$(BIN)/python -m fedst.demo

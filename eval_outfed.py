@@ -4,6 +4,7 @@
     python eval_outfed.py run=runs/demo/fedst_s0_... sites=[E]
     python eval_outfed.py run=runs/demo/fedst_s0_... site_root=/data/new_hospital/lung site_name=lung
     python eval_outfed.py run=runs/demo/fedst_s0_... guard=dad    # corrected by DAD (fedst/guard/)
+    python eval_outfed.py run=runs/paper/fedst_s0_... train.device=cpu  # a GPU-sized run, on the CPU
 
 Writes <run>/final.json (with "out_of_federation"), <run>/tables/ and <run>/plots/, and prints
 the comparison table. A run whose training has not finished (interrupted; fedst/runs/files.py
@@ -42,13 +43,27 @@ from fedst.cli import (
     unknown_key_error,
 )
 from fedst.config import ConfigError, build
-from fedst.experiment import UNSEEN_INDICATOR_RULES
+from fedst.experiment import UNSEEN_INDICATOR_RULES, with_device
 from fedst.runs import Run
 from fedst.runs.files import load_config, unfinished
 from fedst.runs.layout import EXTERNAL_TABLE, outfed_result
+from fedst.schema.accel import check_device_name
 
 register_resolvers()
 log = logging.getLogger("eval_outfed")
+
+
+@dataclass(frozen=True)
+class DeviceOverride:
+    """``train.device=`` of eval_outfed.py: the device to score the run on (None: the run's own
+    ``train.device``), resolved with the run's ``train.require_gpu`` as training resolves it
+    (fedst.experiment.with_device, run_device)."""
+
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.device is not None:  # before the run is read
+            check_device_name("train.device", self.device)
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,7 @@ class EvalOptions:
     qualitative: int
     progress: bool
     guard: str | None
+    train: DeviceOverride
 
 
 KEYS_LISTED = "every key: python eval_outfed.py --help"
@@ -120,7 +136,7 @@ def evaluate(cfg: DictConfig) -> None:
     from fedst.training import finalize_run
 
     setup_logging()
-    experiment = load_config(run_dir)
+    experiment = with_device(load_config(run_dir), options.train.device)
     if options.sites is not None:  # before any model is read
         require_known_sites(experiment, options.sites, run_dir)
     if options.unseen_indicator is not None:  # recorded in final.json / the new site's record

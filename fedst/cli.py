@@ -104,8 +104,8 @@ def _default(item: dataclasses.Field) -> Any:
 
 def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, Runtime]:
     """Resolve the Hydra config into (typed experiment, typed runtime options), every value
-    checked but the method's own options (:func:`check_method`: they need the methods' code,
-    i.e. torch, which reading a config does not import)."""
+    checked, the method's options too (their dataclasses are torch-free); what needs the
+    methods' code (combinations of options and network, :func:`check_method`) is left."""
     try:
         values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as err:  # e.g. a resolver's ConfigError, a key left at ???
@@ -114,6 +114,7 @@ def split_config(cfg: DictConfig) -> tuple[ExperimentConfig, Runtime]:
     values.pop("hydra", None)
     runtime = build(Runtime, {k: values.pop(k) for k in RUNTIME_KEYS if k in values})
     experiment = experiment_from_dict(values)
+    experiment.method.typed_options()  # their values too, before check_method imports torch
     _check_rounds_follow_iterations(experiment)
     return experiment, runtime
 

@@ -30,6 +30,8 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
+from tests.work_units import SHARED_RUN_FILES, pytest_xdist_make_scheduler  # noqa: F401 (a hook)
+
 PART_COLOURS: dict[int, tuple[int, int, int]] = {
     1: (200, 200, 200),  # shaft: light grey
     2: (40, 40, 220),  # wrist: blue
@@ -496,33 +498,6 @@ def _state_of_a_fresh_process(cwd: Path, env: Mapping[str, str]) -> Iterator[Non
 
 # -- the tiny runs a session shares ----------------------------------------------------------------
 
-SHARED_RUN_FILES = (
-    "tests/test_deploy_local.py",
-    "tests/test_federation.py",
-    "tests/test_footprint.py",
-    "tests/test_run_logs.py",
-)
-"""The test files that read a run the session shares (:func:`tiny_run`, :func:`tiny_cli_run`):
-``make test`` (``-n 2 --dist loadfile``) runs them on one pytest-xdist worker, so each shared run
-is trained once (every other file goes to one worker as a whole)."""
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: pytest-xdist may be absent
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``--dist loadfile`` with the files of :data:`SHARED_RUN_FILES` as one unit. (xdist's own
-    ``--dist loadgroup`` marks no group under pytest 9: it renames ``item._nodeid``, which pytest
-    9 no longer reads.)"""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class SharedRunsOnOneWorker(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return "the runs the session shares" if scope in SHARED_RUN_FILES else scope
-
-    return SharedRunsOnOneWorker(config, log)
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that reads a shared run must be in a file of :data:`SHARED_RUN_FILES` (else a
@@ -532,7 +507,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if reads and item.nodeid.split("::")[0] not in SHARED_RUN_FILES:
             raise pytest.UsageError(
                 f"{item.nodeid} reads {sorted(reads)}: add its file to SHARED_RUN_FILES "
-                "(tests/conftest.py)"
+                "(tests/work_units.py)"
             )
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "timm", "torchvision", "albumentations", "flwr")
 """What reading a config must not import (each costs seconds of CPU at start-up)."""
@@ -36,3 +38,60 @@ def test_composing_the_demo_config_imports_no_torch_timm_albumentations_or_flwr(
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+MISTAKE_IN_A_FRESH_INTERPRETER = """
+import json, runpy, sys
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    status = 0
+except SystemExit as stopped:
+    status = stopped.code
+print(json.dumps([status, sorted(name for name in {heavy!r} if name in sys.modules)]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("train.lr=abc", "train.lr='abc' (str): expected a number"),
+        ("train.amp_dtype=fp8", "train.amp_dtype='fp8'; choose one of"),
+        ("train.device=tpu", "train.device='tpu'; choose auto, cpu, cuda or cuda:N"),
+        ("network.encoder=pvt_v9", "network.encoder='pvt_v9'; choose one of"),
+        ("method.algorithm=fedxx", "method.algorithm='fedxx'; choose one of"),
+        ("method=fedrep method.options.head_iters=-3", "head_iters=-3: must be >= 0"),
+    ],
+)
+def test_a_wrong_value_ends_in_one_line_before_torch_or_flwr_is_imported(override, says, tmp_path):
+    """A wrong *value* (not only a wrong key) is refused by the torch-free config floor: the
+    failed command's clean-up (fedst/cli.py remove_unfinished_runs, which reads fedst.runs.layout)
+    imports no torch either."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("FEDST_DEBUG", None)
+    script = MISTAKE_IN_A_FRESH_INTERPRETER.format(heavy=HEAVY)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(REPO / "train_fed.py"), *override.split()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    status, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    assert status == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("train_fed.py: error: ") and says in line, line
+    assert heavy == []
+    assert not any(tmp_path.iterdir())  # the run directory Hydra made is gone
+
+
+def test_the_floor_s_names_are_those_the_code_above_it_builds():
+    """The names the torch-free floor accepts are exactly what the methods and the encoder
+    factory build (checked there too, but only after torch has loaded)."""
+    from fedst.methods import METHODS
+    from fedst.schema.method_options import OPTIONS
+    from fedst.schema.network import ENCODERS
+    from models.pvt import PVT_V2_VARIANTS
+
+    assert {name: method.Options for name, method in METHODS.items()} == OPTIONS
+    assert ENCODERS == PVT_V2_VARIANTS

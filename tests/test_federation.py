@@ -10,6 +10,8 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -428,23 +430,35 @@ def test_serq_eq_step_leaves_the_global_model_fixed_and_sc_leaves_v_pre_fixed(se
 # -- resume and the NaN guard -----------------------------------------------------------------
 
 
-def run_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> None:
-    """Run ``cfg`` until the third site to train in ``server_round`` dies ("power cut"): two
-    sites of that round have trained and saved their states, the server has not."""
+@contextmanager
+def at_the_third_site_of(server_round: int, action: Callable[[], None]) -> Iterator[None]:
+    """Within the block, ``action()`` runs when the third site to train in ``server_round``
+    starts: two sites of that round have trained and saved their states, the server has not."""
     original = site_module.Site.train_round
     trained: list[str] = []
 
-    def cut_off(self, received, round_now, local_iters, **kwargs):
+    def train_round(self, received, round_now, local_iters, **kwargs):
         if round_now == server_round:
             trained.append(self.name)
             if len(trained) == 3:
-                raise RuntimeError("power cut")
+                action()
         return original(self, received, round_now, local_iters, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(site_module.Site, "train_round", cut_off)
-        with pytest.raises(FederationError, match="power cut"):
-            run_training(cfg, run_dir, progress=False)
+        patch.setattr(site_module.Site, "train_round", train_round)
+        yield
+
+
+def run_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int) -> None:
+    """Run ``cfg`` until the third site to train in ``server_round`` dies ("power cut"): two
+    sites of that round have trained and saved their states, the server has not."""
+
+    def power_cut() -> None:
+        raise RuntimeError("power cut")
+
+    cut = at_the_third_site_of(server_round, power_cut)
+    with cut, pytest.raises(FederationError, match="power cut"):
+        run_training(cfg, run_dir, progress=False)
 
 
 def site_training_trace(run_dir: Path) -> dict[tuple[str, int], tuple[float, float]]:
@@ -476,15 +490,33 @@ def test_a_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(tiny_r
     assert rounds == [1, 2]  # the interrupted round is logged once
 
 
+def copy_when_cut_off(cfg: ExperimentConfig, run_dir: Path, server_round: int, copy: Path) -> dict:
+    """Run ``cfg`` to its end, uninterrupted, and return its final.json; when the third site to
+    train in ``server_round`` starts, copy ``run_dir`` to ``copy`` first (once the two sites'
+    state writes are on disk): the files a power cut at that moment leaves. The run goes on as
+    if nothing happened, so one training gives the uninterrupted reference and the cut-off run."""
+
+    def copy_the_run() -> None:
+        wait_for_state_writes(under=run_dir)
+        shutil.copytree(run_dir, copy)
+
+    with at_the_third_site_of(server_round, copy_the_run):
+        final = run_training(cfg, run_dir, progress=False)
+    assert copy.is_dir(), f"round {server_round} never reached its third site"
+    return final
+
+
 def test_a_run_checkpointed_every_3_rounds_resumes_after_its_last_checkpoint_as_if_uninterrupted(
     tiny_root, tmp_path
 ):
     """train.checkpoint_every=3 over 5 rounds: the server saves after rounds 3 and 5 only; a run
-    killed in round 5 restarts after round 3, whose states its sites kept although they had saved
-    rounds 4 and 5 since, and ends with the uninterrupted run's metrics. SERQ's working bank is
-    in its scratch file (serq.bank_storage=disk, as paper.yaml), refilled from round 3's bank.
-    Device: train.device=auto (CUDA where present) with the tiny experiment's
-    train.deterministic=true, so the equality holds bit for bit on the CPU and on one GPU."""
+    cut off in round 5 (a power cut: its files as they were, :func:`copy_when_cut_off`; the
+    test above resumes a run stopped by an error) restarts after round 3, whose states its
+    sites kept although they had saved rounds 4 and 5 since, and ends with the uninterrupted
+    run's metrics. SERQ's working bank is in its scratch file (serq.bank_storage=disk, as
+    paper.yaml), refilled from round 3's bank. Device: train.device=auto (CUDA where present)
+    with the tiny experiment's train.deterministic=true, so the equality holds bit for bit on
+    the CPU and on one GPU."""
     cfg = experiment(
         tiny_root,
         "pretraining.iters=1",
@@ -492,20 +524,19 @@ def test_a_run_checkpointed_every_3_rounds_resumes_after_its_last_checkpoint_as_
         "train.checkpoint_every=3",
         "serq.bank_storage=disk",
     )
-    uninterrupted = run_training(cfg, tmp_path / "whole", progress=False)
+    crashed = tmp_path / "resumed"
+    uninterrupted = copy_when_cut_off(cfg, tmp_path / "whole", 5, crashed)  # A, B saved round 5
     assert not (tmp_path / "whole" / SERQ_BANK_SCRATCH).exists()  # deleted at the end
     rows = read_jsonl(tmp_path / "whole" / "train.jsonl")
     server = [r for r in rows if r["site"] == "server" and r["round"] >= 1]
     saved = {r["round"]: r["checkpoint_bytes"] > 0 for r in server}
     assert saved == {1: False, 2: False, 3: True, 4: False, 5: True}
 
-    run_cut_off(cfg, tmp_path / "resumed", server_round=5)  # A, B have saved round 5
-    crashed = tmp_path / "resumed"
     assert torch.load(crashed / "checkpoints" / "server.pt", weights_only=False)["round"] == 3
     # A keeps round 3 (the server's checkpoint) beside its two latest; rounds 1-2 are gone
     states = sorted(p.name for p in (crashed / "sites" / "A").glob("state_r*.pt"))
     assert states == ["state_r0003.pt", "state_r0004.pt", "state_r0005.pt"]
-    assert (crashed / SERQ_BANK_SCRATCH).exists()  # the killed server never closed it
+    assert (crashed / SERQ_BANK_SCRATCH).exists()  # the cut-off server never closed it
     resumed = run_training(cfg, crashed, progress=False)
     assert resumed["sites"] == uninterrupted["sites"]
     assert resumed["out_of_federation"] == uninterrupted["out_of_federation"]

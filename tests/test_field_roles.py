@@ -8,8 +8,14 @@ from __future__ import annotations
 import dataclasses
 
 from fedst.cli import compose_experiment, resume_experiment
-from fedst.experiment import field_roles, resume_safe_keys, site_view, state_fingerprint
-from tests.test_state_fingerprint import digest, values_before_roles
+from fedst.experiment import (
+    field_roles,
+    legacy_state_fingerprints,
+    resume_safe_keys,
+    site_view,
+    state_fingerprint,
+)
+from tests.test_state_fingerprint import digest, values_before_roles, without_resources
 
 LEARNING_FIELDS = {  # section -> its fields of role "learning", space separated
     "": "name seed",
@@ -77,7 +83,7 @@ OTHER_ROLES = {
     "train.device": "node",
     "train.num_workers": "node",
     "indicator.cache_dir": "node",
-    # memory and disk while training (fingerprinted as runs before roles recorded them)
+    # memory and disk while training (out of the fingerprint; runs until issue 63 had them in)
     "train.keep_resume_state": "resource",
     "serq.bank_storage": "resource",
     "network.encoder_grad_checkpointing": "resource",
@@ -109,10 +115,14 @@ def test_a_resume_accepts_exactly_the_cadence_execution_node_and_resource_fields
     assert resumed.train.eval_every == 3 and resumed.indicator.cache_dir == "elsewhere"
 
 
-def test_the_state_fingerprint_read_from_roles_equals_the_one_runs_recorded():
+def test_the_state_fingerprint_read_from_roles_is_the_recorded_one_without_the_resources():
+    """The fingerprint is the one runs recorded before roles existed, without the resource
+    fields (issue 63); that old one is still among the legacy fingerprints a site accepts."""
     for overrides in (["experiment=tiny"], ["experiment=demo", "method=fedavg"]):
         cfg, _ = compose_experiment(overrides, method_checked=False)
         cfg = dataclasses.replace(
             cfg, train=dataclasses.replace(cfg.train, device="cpu", num_workers=0)
         )
-        assert state_fingerprint(site_view(cfg)) == digest(values_before_roles(cfg))
+        recorded = values_before_roles(cfg)
+        assert digest(recorded) in legacy_state_fingerprints(site_view(cfg))
+        assert state_fingerprint(site_view(cfg)) == digest(without_resources(recorded))

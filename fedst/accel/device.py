@@ -15,6 +15,7 @@ import torch
 
 from fedst.accel.precision import Precision
 from fedst.config import ConfigError
+from fedst.schema.accel import check_device_name
 
 log = logging.getLogger("fedst.accel")
 
@@ -160,16 +161,18 @@ def resolve_device(
     else the CPU, unless ``require_gpu`` (``train.require_gpu``: the config named ``experiment``
     is sized for a GPU), which makes a CPU fallback a ConfigError with the reason and the fix;
     ``cuda``/``cuda:N`` where CUDA is unavailable is an error. ``key``: the option the user set
-    (``device`` for fedst.infer), named in the fix."""
+    (``device`` for fedst.infer), named in the fix; a name other than auto, cpu, cuda or cuda:N
+    is a ConfigError too (fedst.schema.accel.check_device_name)."""
+    check_device_name(key, name)
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         if require_gpu:
             raise ConfigError(
-                f"train.device=auto found no CUDA device (torch {torch.__version__}, CUDA build "
+                f"{key}=auto found no CUDA device (torch {torch.__version__}, CUDA build "
                 f"{torch.version.cuda}: {cuda_unavailable_reason()}); experiment={experiment} is "
                 f"sized for a GPU (train.require_gpu=true): fix the driver/install, or pass "
-                f"train.device=cpu to run it on the CPU anyway"
+                f"{key}=cpu to run it on the CPU anyway"
             )
         return torch.device("cpu")
     device = torch.device(name)

@@ -26,6 +26,7 @@ from fedst.experiment.config import (
     experiment_from_dict,
     experiment_from_json,
     run_device,
+    with_device,
 )
 from fedst.experiment.roles import field_roles, resume_safe_keys
 from fedst.experiment.runtime import (
@@ -104,4 +105,5 @@ __all__ = [
     "run_device",
     "site_view",
     "state_fingerprint",
+    "with_device",
 ]

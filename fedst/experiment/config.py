@@ -204,9 +204,22 @@ def experiment_from_json(text: str) -> ExperimentConfig:
     return experiment_from_dict(values)
 
 
-def run_device(cfg: ExperimentConfig) -> torch.device:
-    """The device a run trains on (:func:`resolve_device` of ``train.device`` with
-    ``train.require_gpu``): where a server or a site sets up."""
+def run_device(cfg: ExperimentConfig, option: str = "train.device") -> torch.device:
+    """The device a run trains on, or a command scores its models on (:func:`resolve_device` of
+    ``train.device`` with ``train.require_gpu``): where a server or a site sets up, and what
+    ``Run.device`` is. ``option``: how the command names the device override (train_fed.py and
+    eval_outfed.py ``train.device``, fedst.guard and fedst.report ``--device``),
+    named in a device error's fix."""
     from fedst.accel import resolve_device  # torch: not needed to read a config
 
-    return resolve_device(cfg.train.device, cfg.train.require_gpu, cfg.name)
+    return resolve_device(cfg.train.device, cfg.train.require_gpu, cfg.name, key=option)
+
+
+def with_device(cfg: ExperimentConfig, device: str | None) -> ExperimentConfig:
+    """``cfg`` with ``train.device`` set to ``device`` (None: ``cfg`` as it is): the override of
+    a command that scores a finished run (eval_outfed.py ``train.device=``, ``--device`` of
+    fedst.guard and fedst.report), checked as train_fed.py checks it and
+    resolved by :func:`run_device` with the run's ``train.require_gpu``, as training resolves it."""
+    if device is None:
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device))

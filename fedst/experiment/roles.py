@@ -39,6 +39,7 @@ def resume_safe_keys() -> tuple[str, ...]:
     return keys_of_roles(*RESUME_SAFE_ROLES)
 
 
-def unfingerprinted_keys() -> tuple[str, ...]:
-    """Keys left out of a site's state fingerprint (the roles outside FINGERPRINTED_ROLES)."""
-    return tuple(key for key, found in field_roles().items() if found not in FINGERPRINTED_ROLES)
+def unfingerprinted_keys(fingerprinted: tuple[str, ...] = FINGERPRINTED_ROLES) -> tuple[str, ...]:
+    """Keys left out of a site's state fingerprint (the roles outside ``fingerprinted``:
+    FINGERPRINTED_ROLES, or the legacy rule's)."""
+    return tuple(key for key, found in field_roles().items() if found not in fingerprinted)

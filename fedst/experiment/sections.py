@@ -10,19 +10,23 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedst.config import ConfigError, require_at_least, require_positive
-from fedst.schema.accel import AMP_DTYPES, compile_mode
+from fedst.config import ConfigError, build, require_at_least, require_positive
+from fedst.schema.accel import AMP_DTYPES, check_device_name, compile_mode
 from fedst.schema.indicators import (
     DEFAULT_CLIP_MODEL,
     DEFAULT_CLIP_PRETRAINED,
     INDICATOR_KINDS,
     UNSEEN_INDICATOR_RULES,
 )
+from fedst.schema.method_options import OPTIONS
 from fedst.schema.partition import COMPONENTS, PRESETS
 from fedst.schema.roles import CADENCE, EXECUTION, MEASURE, NODE, RESOURCE, role
 
 AGGREGATIONS = ("fedavg", "fedmedian", "trimmed_mean")
 AGGREGATION_WEIGHTS = ("uniform", "samples", "fisher")
+ALGORITHMS = tuple(OPTIONS)
+"""method.algorithm: the keys of fedst.methods.METHODS (tests/test_config_floor.py ties them),
+checked here with their options (fedst/schema/method_options.py) without the methods' code."""
 RETURNED_MODELS = ("own", "global")
 """method.returned_model: a site's own gamma_k^T, or gamma_g as the site adopts it (MethodConfig)."""
 
@@ -79,7 +83,16 @@ class MethodConfig:
     before its stage 2). Each method's config sets its paper's rule; ``global`` on FedST restores
     the earlier scoring for comparison."""
 
+    def typed_options(self) -> Any:
+        """``options`` built into the algorithm's dataclass (fedst/schema/method_options.py), as
+        its method builds them: a ConfigError names a wrong key or value, without torch."""
+        return build(OPTIONS[self.algorithm], self.options, "method.options")
+
     def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(
+                f"method.algorithm={self.algorithm!r}; choose one of {sorted(ALGORITHMS)}"
+            )
         if self.personalization not in PRESETS:
             raise ConfigError(
                 f"method.personalization={self.personalization!r}; choose one of {sorted(PRESETS)}"
@@ -251,6 +264,7 @@ class TrainConfig:
             "train.distance_metrics_every", self.distance_metrics_every, 1, "or null: last round"
         )
         check_num_workers("train.num_workers", self.num_workers)
+        check_device_name("train.device", self.device)
         if self.amp_dtype not in AMP_DTYPES:
             raise ConfigError(f"train.amp_dtype={self.amp_dtype!r}; choose one of {AMP_DTYPES}")
         try:  # a mode string from here on (the former boolean is mapped)

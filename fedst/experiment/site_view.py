@@ -17,7 +17,7 @@ from fedst.config import ConfigError, build
 from fedst.experiment.config import ExperimentConfig
 from fedst.experiment.roles import keys_of_roles, unfingerprinted_keys
 from fedst.experiment.sections import IndicatorConfig, TrainConfig, check_num_workers
-from fedst.schema.roles import NODE
+from fedst.schema.roles import FINGERPRINTED_ROLES, LEGACY_FINGERPRINTED_ROLES, NODE
 
 SITE_VIEW_UNSET = ""
 """Placeholder of every data root in a site's view: paths never travel (each site has its own)."""
@@ -51,30 +51,36 @@ def site_view(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def state_fingerprint(view: ExperimentConfig) -> str:
     """Fingerprint of what produces a site's private state: the site view without the fields
-    whose role leaves it (fedst/schema/roles.py: measure, server, cadence, execution; a section
-    left empty goes too, as ``fed`` did before it existed, so old runs keep their fingerprint)."""
+    whose role leaves it (fedst/schema/roles.py: measure, server, cadence, execution,
+    resource; a section left empty goes too, as ``fed`` did before it existed, so old runs keep
+    their fingerprint)."""
     return _digest(_fingerprinted_values(view))
 
 
 def legacy_state_fingerprints(view: ExperimentConfig) -> tuple[str, ...]:
-    """The fingerprints that runs from before the execution fields existed recorded for the same
-    configuration (``train.compile`` was a bool then), and, where ``train.clip_frame_loss_weight``
-    is 0 (what every run before it trained with), those of runs from before that field: a
-    resumed old run is still recognised."""
-    compiled = view.train.compile not in (False, "none")
-    values = _fingerprinted_values(view)
-    values["train"]["compile"] = compiled
-    legacy = [_digest(values)]
+    """The fingerprints that earlier runs recorded for the same configuration, so that a
+    resumed old run is still recognised: with the ``resource`` fields (fingerprinted until
+    issue 63), and also with ``train.compile`` a bool (before the execution fields existed);
+    where ``train.clip_frame_loss_weight`` is 0 (what every run before it trained with), each of
+    those also without that field. An old run resumed with other resource values than it
+    recorded is not recognised: its fingerprint holds the old values."""
+    with_resources = _fingerprinted_values(view, LEGACY_FINGERPRINTED_ROLES)
+    compile_as_bool = json.loads(json.dumps(with_resources))
+    compile_as_bool["train"]["compile"] = view.train.compile not in (False, "none")
+    legacy = [with_resources, compile_as_bool]
     if view.train.clip_frame_loss_weight == 0:
-        values = _fingerprinted_values(view)
-        values["train"].pop("clip_frame_loss_weight")
-        legacy.append(_digest(values))
-    return tuple(legacy)
+        for values in list(legacy):
+            before_the_field = json.loads(json.dumps(values))
+            before_the_field["train"].pop("clip_frame_loss_weight")
+            legacy.append(before_the_field)
+    return tuple(_digest(values) for values in legacy)
 
 
-def _fingerprinted_values(view: ExperimentConfig) -> dict:
+def _fingerprinted_values(
+    view: ExperimentConfig, fingerprinted: tuple[str, ...] = FINGERPRINTED_ROLES
+) -> dict:
     values = json.loads(view.to_json())
-    for key in unfingerprinted_keys():
+    for key in unfingerprinted_keys(fingerprinted):
         section, name = key.split(".")
         values[section].pop(name)
         if not values[section]:

@@ -81,7 +81,7 @@ def claim_state_dir(state_dir: Path, site: str, cfg: ExperimentConfig) -> str:
     if path.exists():
         recorded = json.loads(path.read_text())
         if recorded["fingerprint"] in legacy_state_fingerprints(view):
-            return fingerprint  # written before the execution fields existed: the same config
+            return fingerprint  # an earlier rule recorded the same config
         if recorded["fingerprint"] != fingerprint:
             differences = _differences(recorded["config"], to_dict(view))
             raise StateMismatchError(

@@ -10,6 +10,7 @@ from pathlib import Path
 from fedst.errors import ArgumentParser
 from fedst.guard.correction import GuardConfig, GuardError
 from fedst.guard.fitting import run_guard
+from fedst.runs.device_option import add_device_option, device_run
 
 log = logging.getLogger("fedst.guard")
 
@@ -33,12 +34,12 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         help="a DAD setting (a GuardConfig field of fedst/guard/correction.py), e.g. temperature_disagree=3",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_device_option(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from omegaconf import OmegaConf
 
     from fedst.config import build
-    from fedst.runs import Run
 
     try:
         if any("=" not in item for item in args.set):
@@ -47,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         if args.epochs is not None:
             values["epochs"] = args.epochs
         settings = build(GuardConfig, values, "guard")
-        written = run_guard(Run(args.run_dir), settings, args.site, not args.no_progress)
+        run = device_run(args.run_dir, args.device)
+        written = run_guard(run, settings, args.site, not args.no_progress)
     except FileNotFoundError as err:  # a path the user gave: one line through the boundary
         raise GuardError(str(err)) from err
     for path in written:

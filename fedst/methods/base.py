@@ -63,6 +63,7 @@ from fedst.model.partition import (
     split_state,
 )
 from fedst.model.state import load_subset
+from fedst.schema.method_options import NoOptions
 from fedst.seeding import seed_everything
 
 BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -129,11 +130,6 @@ class FinalStage:
     """Label in the logs (train.jsonl ``stage``, comm.jsonl ``kind``)."""
     exchange_personal: bool = False
     """Every site needs the other sites' personalized parameters (an explicit, logged exchange)."""
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """A method without settings of its own."""
 
 
 class Method:

@@ -48,12 +48,10 @@ from urllib.parse import quote, unquote
 
 import torch
 
+from fedst.schema.feature_bank import FEATURE_BANK_DIR as FEATURE_BANK_DIR
+from fedst.schema.feature_bank import SERQ_BANK_SCRATCH as SERQ_BANK_SCRATCH
 from fedst.storage import atomic_torch_save, load_checkpoint, remove_stale_tmp
 
-FEATURE_BANK_DIR = "checkpoints/feature_bank"
-"""The bank's folder in the run directory (beside ``checkpoints/server.pt``)."""
-SERQ_BANK_SCRATCH = "serq_bank.work"
-"""The scratch file of a :class:`DiskFeatureBank` in the run directory (not a checkpoint)."""
 _ENTRY = re.compile(r"^(?P<id>.+)\.r(?P<round>\d{6})\.pt$")
 
 

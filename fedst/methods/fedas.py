@@ -31,7 +31,6 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,7 +38,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedst.accel import LossLog
-from fedst.config import require_at_least, require_positive
 from fedst.data.clips import BatchStream, current_frame_masks
 from fedst.experiment import ExperimentConfig
 from fedst.methods.aggregation import FISHER_WEIGHT_KEY
@@ -48,6 +46,7 @@ from fedst.methods.head import head_input, is_head, with_private_head
 from fedst.methods.reply_fields import ReplyField
 from fedst.model.partition import Partition
 from fedst.model.state import load_subset, state_subset
+from fedst.schema.method_options import FedASOptions
 from fedst.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -64,25 +63,6 @@ median one site's weight is at most 1000 / (1000 + K - 1)."""
 
 PROTOTYPE_DATA, ALIGN_DATA, FISHER_DATA = 1, 2, 3
 """Which of a round's extra batch streams (each seeded by seed, site, round and this number)."""
-
-
-@dataclass(frozen=True)
-class FedASOptions:
-    prototype_batches: int = 10
-    """Training batches over which the local model's class prototypes are averaged."""
-    align_iters: int = 10
-    """SGD steps aligning the received base to the prototypes (reference: 1 epoch); 0: no
-    alignment (the reference's "w/o local" ablation)."""
-    align_lr: float = 0.01
-    """SGD learning rate of the alignment (reference: 0.01)."""
-    fisher_batches: int = 10
-    """Training batches on which the Fisher trace is measured (scaled to one epoch)."""
-
-    def __post_init__(self) -> None:
-        require_at_least("method.options.prototype_batches", self.prototype_batches, 1)
-        require_at_least("method.options.align_iters", self.align_iters, 0)
-        require_positive("method.options.align_lr", self.align_lr)
-        require_at_least("method.options.fisher_batches", self.fisher_batches, 1)
 
 
 def pixel_features(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -34,36 +33,10 @@ from fedst.methods.reply_keys import ITERATIONS, TRAIN_LOSS
 from fedst.model.losses import soft_dice_loss
 from fedst.model.network import NetworkConfig
 from fedst.model.state import load_subset
+from fedst.schema.method_options import FedDPOptions
 
 PROBABILITY_CLAMP = 1e-5
 """BCE clamps probabilities to [eps, 1 - eps], as the reference's weighted_bce_loss."""
-
-
-@dataclass(frozen=True)
-class FedDPOptions:
-    """``method.options`` of FedDP (configs/method/feddp.yaml)."""
-
-    tuning_rounds: float = 1.0
-    """Length of stage 2 in local rounds' worth of iterations: round(tuning_rounds *
-    train.local_iters) batches. The reference tunes 50 epochs (50 of its local rounds, one epoch
-    each); 1 keeps the demo's stage 2 at the cost of one round (set 50 for the reference)."""
-    tuning_lr: float = 1e-4
-    """Adam learning rate of stage 2 (reference: 1e-4)."""
-    lambda_uncertainty: float = 1.0
-    """lambda of the uncertainty-weighted BCE. The public release reads it from a command-line
-    argument whose default is not published; 1.0 weighs both terms equally (not tuned)."""
-    channel_selection_stages: tuple[int, ...] = (3,)
-    """Encoder stages (0-3) with FedDP's channel selection; reference: the last stage's features."""
-
-    def __post_init__(self) -> None:
-        if self.tuning_rounds < 0:
-            raise ConfigError(f"method.options.tuning_rounds={self.tuning_rounds}: must be >= 0")
-        if self.tuning_lr <= 0:
-            raise ConfigError(f"method.options.tuning_lr={self.tuning_lr}: must be > 0")
-        if self.lambda_uncertainty < 0:
-            raise ConfigError(
-                f"method.options.lambda_uncertainty={self.lambda_uncertainty}: must be >= 0"
-            )
 
 
 class FedDP(Method):

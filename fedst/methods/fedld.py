@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
 import torch
 from flwr.app import Message
@@ -46,25 +45,12 @@ from fedst.config import ConfigError
 from fedst.experiment import ExperimentConfig
 from fedst.methods.aggregation import WEIGHT_KEYS
 from fedst.methods.base import Method, TrainingSite
+from fedst.schema.method_options import FedLDOptions
 
 log = logging.getLogger(__name__)
 
 ZERO = 1e-12
 """Relative size below which a singular value or a projection counts as zero (float64)."""
-
-
-@dataclass(frozen=True)
-class FedLDOptions:
-    lambda_margin: float = 0.1
-    """lambda of the margin-control term (paper: 0.1; the release's default flag is 0.03)."""
-    principal_fraction: float = 0.8
-    """k = floor(fraction * m) principal directions per tensor (paper and release: 0.8)."""
-
-    def __post_init__(self) -> None:
-        if self.lambda_margin < 0:
-            raise ValueError(f"lambda_margin must be >= 0, got {self.lambda_margin}")
-        if not 0 < self.principal_fraction <= 1:
-            raise ValueError(f"principal_fraction must be in (0, 1], got {self.principal_fraction}")
 
 
 def margin_penalty(logits: torch.Tensor) -> torch.Tensor:

@@ -20,28 +20,16 @@ but back-propagate into the head alone).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
-from fedst.config import require_at_least
 from fedst.methods.base import LocalPhase, Method
 from fedst.methods.head import is_head, with_private_head
 from fedst.model.partition import Partition
+from fedst.schema.method_options import FedRepOptions
 
 
 def _body(key: str) -> bool:
     return not is_head(key)
-
-
-@dataclass(frozen=True)
-class FedRepOptions:
-    head_iters: int | None = None
-    """Head iterations (body frozen) before the round's ``train.local_iters`` body iterations
-    (head frozen). None: as many as body iterations (see the module docstring)."""
-
-    def __post_init__(self) -> None:
-        require_at_least("method.options.head_iters", self.head_iters, 0)
 
 
 class FedRep(Method):

@@ -38,6 +38,7 @@ import numpy as np
 from fedst.errors import ArgumentParser
 from fedst.report.results import RunError
 from fedst.runs import Run
+from fedst.runs.device_option import add_device_option, device_run
 from fedst.runs.files import unfinished
 from fedst.runs.layout import CONFIG_JSON, FINAL_JSON, METRICS_JSONL, SELECTION_FILE
 from fedst.runs.model_selection import OUTFED_MODEL, SelectionError, validation_rows
@@ -54,9 +55,10 @@ SUBCOMMANDS: dict[str, str] = {
 RULE_ORDER = ("last", "val", "mixed", "cbe")
 
 
-def finished_run(run_dir: Path, command: str) -> Run:
-    """The finished run in ``run_dir``; a :class:`RunError` naming the folder and the fix when
-    it is not one (``command`` starts the message, e.g. "msf")."""
+def finished_run(run_dir: Path, command: str, device: str | None = None) -> Run:
+    """The finished run in ``run_dir`` scored on ``device`` (``--device``; None: its own
+    train.device); a :class:`RunError` naming the folder and the fix when it is not one
+    (``command`` starts the message, e.g. "msf")."""
     if not (run_dir / CONFIG_JSON).is_file():
         raise RunError(
             f"{command}: {run_dir} is not a run directory (no config.json); pass a folder "
@@ -68,7 +70,7 @@ def finished_run(run_dir: Path, command: str) -> Run:
             f"{command}: {run_dir} is not a finished run ({reason}); let its training "
             f"finish (train_fed.py resume={run_dir}), then report it"
         )
-    return Run(run_dir)
+    return device_run(run_dir, device)
 
 
 def require_validation(run: Run, command: str, alternative: str = "") -> None:
@@ -96,15 +98,17 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def load_selection(run_dir: Path, progress: bool = False, command: str = "msf") -> dict[str, Any]:
-    """``selection/selection.json`` of a run (computed now when absent: rounds on validation,
-    then test scores of the choices; a finished run with validation rounds is required, see
-    :func:`finished_run` and :func:`require_validation`)."""
+def load_selection(
+    run_dir: Path, progress: bool = False, command: str = "msf", device: str | None = None
+) -> dict[str, Any]:
+    """``selection/selection.json`` of a run (computed now when absent, on ``device``: rounds on
+    validation, then test scores of the choices; a finished run with validation rounds is
+    required, see :func:`finished_run` and :func:`require_validation`)."""
     path = run_dir / SELECTION_FILE
     if not path.exists():
         from fedst.runs.model_selection import run_selection
 
-        run = finished_run(run_dir, command)
+        run = finished_run(run_dir, command, device)
         require_validation(run, command)
         run_selection(run, run.device, progress=progress)
     return json.loads(path.read_text())
@@ -187,11 +191,14 @@ def msf_markdown(runs: Mapping[Path, Mapping[str, Any]]) -> str:
     )
 
 
-def load_guard(run_dir: Path, progress: bool = False) -> dict[str, Any] | None:
-    """Test scores before and after DAD of a run's corrections (None: DAD never ran on it)."""
+def load_guard(
+    run_dir: Path, progress: bool = False, device: str | None = None
+) -> dict[str, Any] | None:
+    """Test scores before and after DAD of a run's corrections, on ``device`` (None: DAD never
+    ran on it)."""
     from fedst.guard import guard_test_scores
 
-    run = Run(run_dir)
+    run = device_run(run_dir, device)
     return guard_test_scores(run, run.device, progress)
 
 
@@ -307,15 +314,18 @@ def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
     return save_figure(fig, out_png)
 
 
-def msf_report(run_dirs: Sequence[Path], out: Path, progress: bool = False) -> list[Path]:
-    """The MSF table (and DAD's) of ``run_dirs`` in ``out``: msf.md, msf.csv, a plot per run.
-    Every run is checked before any is scored (:func:`load_selection`'s requirements)."""
+def msf_report(
+    run_dirs: Sequence[Path], out: Path, progress: bool = False, device: str | None = None
+) -> list[Path]:
+    """The MSF table (and DAD's) of ``run_dirs`` in ``out``: msf.md, msf.csv, a plot per run;
+    models scored on ``device`` (``--device``; None: each run's train.device). Every run is
+    checked before any is scored (:func:`load_selection`'s requirements)."""
     for run_dir in run_dirs:
-        run = finished_run(run_dir, "msf")
+        run = finished_run(run_dir, "msf", device)
         if not (run_dir / SELECTION_FILE).exists():
             require_validation(run, "msf")
-    runs = {run_dir: load_selection(run_dir, progress) for run_dir in run_dirs}
-    guards = {run_dir: load_guard(run_dir, progress) for run_dir in run_dirs}
+    runs = {run_dir: load_selection(run_dir, progress, device=device) for run_dir in run_dirs}
+    guards = {run_dir: load_guard(run_dir, progress, device) for run_dir in run_dirs}
     guards = {run_dir: scores for run_dir, scores in guards.items() if scores is not None}
     out.mkdir(parents=True, exist_ok=True)
     text = msf_markdown(runs)
@@ -361,10 +371,13 @@ def msf_report(run_dirs: Sequence[Path], out: Path, progress: bool = False) -> l
 # -- the cross-site matrix ---------------------------------------------------------------------
 
 
-def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False) -> dict[str, Any]:
+def cross_site_matrix(
+    run_dir: Path, rule: str = "last", progress: bool = False, device: str | None = None
+) -> dict[str, Any]:
     """{"rule", "rounds", "models", "sites", "dice": [[...]], "iou": [[...]]}: each model of the
     run's last round (``rule="last"``) or of the rounds ``rule`` chose on validation, on each
-    site's test split (rows: models, columns: test sites; ``rounds``: model -> its round).
+    site's test split (rows: models, columns: test sites; ``rounds``: model -> its round), on
+    ``device`` (``--device``; None: the run's train.device).
 
     A folder that is not a finished run, and a rule the run cannot apply (``cbe`` without
     ``selection.held_out_site``, any rule but ``last`` without validation rounds), are refused
@@ -373,7 +386,7 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
     from fedst.scoring.site_data import open_site_data
 
     command = f"matrix --rule {rule}"
-    run = finished_run(run_dir, command)
+    run = finished_run(run_dir, command, device)
     cfg = run.cfg
     if rule == "cbe" and cfg.selection.held_out_site is None:
         others = "last" if cfg.train.val_every is None else "last, val or mixed"
@@ -386,7 +399,7 @@ def cross_site_matrix(run_dir: Path, rule: str = "last", progress: bool = False)
     if rule != "last":
         if not (run_dir / SELECTION_FILE).exists():
             require_validation(run, command, "use --rule last")
-        choices = load_selection(run_dir, progress, command)["choices"]
+        choices = load_selection(run_dir, progress, command, device)["choices"]
         if rule not in choices:
             raise SelectionError(
                 f"{command}: {run_dir / SELECTION_FILE} holds no choice of that rule (it has "
@@ -493,9 +506,9 @@ def plot_matrix(matrix: Mapping[str, Any], out_png: Path, metric: str = "dice") 
 
 
 def matrix_report(
-    run_dir: Path, out: Path, rule: str = "last", progress: bool = False
+    run_dir: Path, out: Path, rule: str = "last", progress: bool = False, device: str | None = None
 ) -> list[Path]:
-    matrix = cross_site_matrix(run_dir, rule, progress)
+    matrix = cross_site_matrix(run_dir, rule, progress, device)
     out.mkdir(parents=True, exist_ok=True)
     stem = "matrix" if rule == "last" else f"matrix_{rule}"
     text = matrix_markdown(matrix)
@@ -531,15 +544,18 @@ def main(argv: Sequence[str]) -> list[Path]:
         help="models of the last round (default) or of the rounds this selection rule chose",
     )
     matrix.add_argument("--out", type=Path, help="output folder (default: <RUN>/report)")
+    for scoring in (msf, matrix):
+        add_device_option(scoring)
     args = parser.parse_args(list(argv))
     if args.out is not None:  # before any run is read
         require_output_folder(args.out, "--out")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "msf":
         out = args.out or args.run_dirs[0] / "report"
-        written = msf_report(args.run_dirs, out)
+        written = msf_report(args.run_dirs, out, device=args.device)
     else:
-        written = matrix_report(args.run_dir, args.out or args.run_dir / "report", args.rule)
+        out = args.out or args.run_dir / "report"
+        written = matrix_report(args.run_dir, out, args.rule, device=args.device)
     for path in written:
         print(f"wrote {path}")
     return written

@@ -3,12 +3,38 @@ returned models), the layout of its files, their safe writing and typed reading,
 a run's models afterwards: out-of-federation scoring (``outfed``) and model selection on
 validation (``model_selection``).
 
+The package's own names (``Run``, ``ServerCheckpoint``, ``SiteState``, ``ReturnedModelError``)
+are imported when first read (PEP 562), so that ``fedst.runs.layout`` (the file names, which a
+failed command's clean-up reads, fedst/cli.py) imports no torch.
+
 Layer: above fedst.scoring, below fedst.federation (which writes what this package reads);
 imports fedst.scoring, fedst.methods, fedst.experiment, fedst.model and below.
 """
 
-from fedst.runs.records import ServerCheckpoint, SiteState
-from fedst.runs.returned import ReturnedModelError
-from fedst.runs.run import Run
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedst.runs.records import ServerCheckpoint, SiteState
+    from fedst.runs.returned import ReturnedModelError
+    from fedst.runs.run import Run
 
 __all__ = ["ReturnedModelError", "Run", "ServerCheckpoint", "SiteState"]
+
+EXPORTED_FROM = {
+    "ReturnedModelError": "fedst.runs.returned",
+    "Run": "fedst.runs.run",
+    "ServerCheckpoint": "fedst.runs.records",
+    "SiteState": "fedst.runs.records",
+}
+"""Each name of :data:`__all__` -> the module that defines it (imported on first use)."""
+
+
+def __getattr__(name: str) -> object:
+    if name not in EXPORTED_FROM:
+        raise AttributeError(f"module 'fedst.runs' has no attribute {name!r}")
+    value = getattr(import_module(EXPORTED_FROM[name]), name)
+    globals()[name] = value  # read once
+    return value

@@ -56,7 +56,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fedst.methods.feature_bank import SERQ_BANK_SCRATCH as SERQ_BANK_SCRATCH
+from fedst.schema.feature_bank import SERQ_BANK_SCRATCH as SERQ_BANK_SCRATCH
 
 CONFIG_JSON = "config.json"
 CONFIG_YAML = "config.yaml"

@@ -39,9 +39,17 @@ class Run:
     sites' ``state_rNNNN.pt``); a round N means validation round N's selection snapshots.
     """
 
-    def __init__(self, run_dir: str | Path, cfg: ExperimentConfig | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        cfg: ExperimentConfig | None = None,
+        device_option: str = "train.device",
+    ) -> None:
         self.dir = Path(run_dir)
         self.cfg = cfg if cfg is not None else load_config(self.dir)
+        self.device_option = device_option
+        """How the command reading the run names its device override (``--device`` for
+        fedst.guard and fedst.report), named in a device error's fix."""
         self.method: Method = method_of(self.cfg)
         self._checkpoint: tuple[int, ServerCheckpoint] | None = None
         """(mtime_ns of server.pt, its record): read once per version of the file."""
@@ -52,12 +60,13 @@ class Run:
     @functools.cached_property
     def device(self) -> torch.device:
         """The torch device the run's models are scored on: fedst.experiment.run_device of its
-        config (``train.device`` with ``train.require_gpu``), resolved once per Run."""
-        return run_device(self.cfg)
+        config (``train.device`` with ``train.require_gpu``; a command's override:
+        fedst.experiment.with_device), resolved once per Run."""
+        return run_device(self.cfg, self.device_option)
 
     def with_config(self, cfg: ExperimentConfig) -> Run:
         """The same run directory scored under ``cfg`` (the server checkpoint read is shared)."""
-        other = Run(self.dir, cfg)
+        other = Run(self.dir, cfg, self.device_option)
         other._checkpoint = self._checkpoint
         return other
 

@@ -4,6 +4,8 @@ composition, fedst.experiment, the did-you-mean errors, ``--help``) imports none
 
 * ``accel``: ``train.amp_dtype`` and ``train.compile`` values (fedst/accel/ applies them);
 * ``clips``: :class:`ClipConfig` and :class:`AugmentConfig` (fedst/data/clips/ reads them);
+* ``feature_bank``: the places of SERQ's feature bank in a run directory (fedst.runs.layout
+  names them with the other run files);
 * ``data``: the procedural generator's versions, validation sources and partitions
   (fedst.data.sites.DataConfig checks against them);
 * ``network``: :class:`NetworkConfig` (fedst/model/network.py builds it);

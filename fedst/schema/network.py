@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from fedst.schema.roles import RESOURCE, role
 
+ENCODERS = (*(f"pvt_v2_b{size}" for size in range(6)), "pvt_v2_b2_li")
+"""``NetworkConfig.encoder``: the PVTv2 variants models/pvt builds (its PVT_V2_VARIANTS, which
+tests/test_config_floor.py ties to this list), checked here without torch or timm."""
 NUM_STAGES = 4
 """Encoder stages of PVTv2 (0-based indices 0..3 in ``temporal_stages`` and ``cs_stages``)."""
 ALIGNMENTS = ("centred", "reference")
@@ -109,6 +112,8 @@ class NetworkConfig:
     encoder_grad_checkpointing: bool = field(default=False, metadata=role(RESOURCE))
 
     def __post_init__(self) -> None:
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"network.encoder={self.encoder!r}; choose one of {ENCODERS}")
         for name in ("temporal_stages", "cs_stages"):
             stages = getattr(self, name)
             if len(set(stages)) != len(stages) or any(not 0 <= s < NUM_STAGES for s in stages):

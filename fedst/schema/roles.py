@@ -15,14 +15,16 @@ role             what the field changes                       state fingerprint 
 ``cadence``      when the run evaluates or saves              no                accepted
 ``execution``    how a step runs on the device                no                accepted
 ``node``         a site's own hardware and folders            yes (default)     accepted
-``resource``     memory and disk kept while training          yes               accepted
+``resource``     memory and disk kept while training          no                accepted
 ================ ============================================ ================= =============
 
 ``measure`` is refused on resume although it leaves a site's state alone: a resumed run would
 mix scores of two measures in its metrics and its model selection (``train.eval_max_frames``
 caps the test and validation frames of every evaluation). ``node`` fields travel at their
-defaults in a site's view (each site sets its own). ``resource`` fields stay in the
-fingerprint as the runs before roles recorded it.
+defaults in a site's view (each site sets its own). ``resource`` fields change what a run keeps
+in memory and on disk, never a number it computes, so a resume may change them and the site's
+state folder is still its own: runs recorded before this rule (issue 63) fingerprinted them,
+and a site still recognises those fingerprints (fedst.experiment.legacy_state_fingerprints).
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ NODE = "node"
 RESOURCE = "resource"
 ROLES = (LEARNING, MEASURE, SERVER, CADENCE, EXECUTION, NODE, RESOURCE)
 
-FINGERPRINTED_ROLES = (LEARNING, NODE, RESOURCE)
+FINGERPRINTED_ROLES = (LEARNING, NODE)
 """Roles whose fields name what produces a site's private state (its state fingerprint)."""
+LEGACY_FINGERPRINTED_ROLES = (LEARNING, NODE, RESOURCE)
+"""The state fingerprint's roles before ``resource`` left it (runs recorded until issue 63)."""
 RESUME_SAFE_ROLES = (CADENCE, EXECUTION, NODE, RESOURCE)
 """Roles whose fields a resumed run accepts from the command line."""
 
