@@ -6,6 +6,7 @@ location, backend options and hardware."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -65,12 +66,12 @@ def legacy_state_fingerprints(view: ExperimentConfig) -> tuple[str, ...]:
     those also without that field. An old run resumed with other resource values than it
     recorded is not recognised: its fingerprint holds the old values."""
     with_resources = _fingerprinted_values(view, LEGACY_FINGERPRINTED_ROLES)
-    compile_as_bool = json.loads(json.dumps(with_resources))
+    compile_as_bool = copy.deepcopy(with_resources)
     compile_as_bool["train"]["compile"] = view.train.compile not in (False, "none")
     legacy = [with_resources, compile_as_bool]
     if view.train.clip_frame_loss_weight == 0:
         for values in list(legacy):
-            before_the_field = json.loads(json.dumps(values))
+            before_the_field = copy.deepcopy(values)
             before_the_field["train"].pop("clip_frame_loss_weight")
             legacy.append(before_the_field)
     return tuple(_digest(values) for values in legacy)

@@ -169,10 +169,12 @@ class ClipDataset(Dataset):
         if not self.clip_frame_labels:
             return None
         current = positions[-1]
-        unlabelled = np.full(self.clip.image_size, IGNORE_INDEX, dtype=np.uint8)
         read = {p: label_at(p) for p in set(positions[:-1]) - {current} if p in video.labels}
         read[current] = current_label
-        return [read.get(p, unlabelled) for p in positions[:-1]]
+        return [
+            read[p] if p in read else np.full(self.clip.image_size, IGNORE_INDEX, np.uint8)
+            for p in positions[:-1]
+        ]
 
     def _resized_clip(
         self, video: VideoRecord, positions: list[int], position: int
