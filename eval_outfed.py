@@ -226,7 +226,7 @@ def _evaluate_guarded(run: Run, options: EvalOptions, suffix: str) -> None:
 def _write_summary(summary: dict, out: Path, run_dir: Path, suffix: str) -> None:
     """The scores per site into ``out``, and their lines; for an unfinished run (``suffix``),
     which round they score and how to finish it."""
-    from fedst.scoring.metrics import format_score
+    from fedst.scoring.formatting import format_score
 
     out.write_text(json.dumps(summary, indent=2, sort_keys=True, default=float))
     for site, values in summary.items():

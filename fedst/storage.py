@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fedst.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -38,6 +36,8 @@ def atomic_torch_save(obj: Any, path: Path, keep_previous: Path | None = None) -
     hard link, or a copy where links are not supported), so the last two versions stay on disk.
     A full disk is reported as ``no space left on device while writing <path>``.
     """
+    import torch  # here, not at the top: reading a run's text files needs no torch
+
     with _temporary_beside(path) as tmp:
         try:
             torch.save(obj, tmp)
@@ -111,6 +111,8 @@ def require_output_folder(path: Path, option: str) -> Path:
 
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> Any:
     """torch.load of a file this run wrote; a damaged file is a CheckpointError naming it."""
+    import torch
+
     try:
         return torch.load(path, map_location=map_location, weights_only=False)
     except FileNotFoundError:

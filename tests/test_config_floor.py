@@ -95,3 +95,53 @@ def test_the_floor_s_names_are_those_the_code_above_it_builds():
 
     assert {name: method.Options for name, method in METHODS.items()} == OPTIONS
     assert ENCODERS == PVT_V2_VARIANTS
+
+
+MODULE_IN_A_FRESH_INTERPRETER = """
+import json, runpy, sys
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    status = 0
+except SystemExit as stopped:
+    status = stopped.code
+print(json.dumps([status, sorted(name for name in {heavy!r} if name in sys.modules)]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "says"),
+    [
+        ("fedst.report --help", 0, "usage: python -m fedst.report"),
+        ("fedst.report nope", 2, "nope: not a directory"),
+        ("fedst.report msf nope", 2, "msf: nope is not a run directory"),
+        ("fedst.report matrix nope", 2, "matrix --rule last: nope is not a run directory"),
+        ("fedst.paper --help", 0, "usage: python -m fedst.paper"),
+        ("fedst.paper table2 rows=fedsst --dry-run", 2, "['fedsst'] not in table2"),
+        ("fedst.deploy --help", 0, "usage: python -m fedst.deploy"),
+        ("fedst.deploy local --sites A engine=ray", 2, "engine=ray: deploy local runs Flower's"),
+    ],
+)
+def test_the_report_runner_and_deploy_commands_answer_help_and_a_mistake_before_torch(
+    argv, status, says, tmp_path
+):
+    """`--help` and a wrong argument of ``python -m fedst.report`` / ``fedst.paper`` /
+    ``fedst.deploy`` are answered before torch, flwr or albumentations load (each costs seconds);
+    the commands import the training stack once their arguments are checked."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    env.pop("FEDST_DEBUG", None)
+    script = MODULE_IN_A_FRESH_INTERPRETER.format(heavy=HEAVY)
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv.split()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    answer, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer == status, done.stderr[-2000:]
+    assert says in (done.stdout if status == 0 else done.stderr), (done.stdout + done.stderr)[
+        -2000:
+    ]
+    assert heavy == []
+    assert not any(tmp_path.iterdir())

@@ -21,7 +21,6 @@ from fedst.paper import (
     build_tables,
     execute,
     plan_table,
-    planning,
 )
 from fedst.report import plots, tables
 
@@ -67,13 +66,15 @@ def test_the_runner_trains_missing_runs_skips_finished_ones_and_resumes_interrup
         "pretraining.iters=1",
     ]
     trained: list[str] = []
-    original_training = planning.run_training
+    from fedst import training
+
+    original_training = training.run_training
 
     def counting_training(cfg, run_dir, **kwargs):
         trained.append(run_dir.name)
         return original_training(cfg, run_dir, **kwargs)
 
-    monkeypatch.setattr(planning, "run_training", counting_training)
+    monkeypatch.setattr(training, "run_training", counting_training)
     original_round = site_module.Site.train_round
 
     def power_cut_in_fedavg_round_two(self, received, server_round, local_iters, **kwargs):

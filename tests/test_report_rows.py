@@ -19,7 +19,7 @@ from fedst.report.selection import SUBCOMMANDS, matrix_markdown
 from fedst.report.tables import comparison_table, main, sites_table
 from fedst.runs.layout import SELECTION_FILE
 from fedst.runs.model_selection import SelectionError
-from fedst.scoring.metrics import format_score
+from fedst.scoring.formatting import format_score
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""How ``make test`` and ``make test-slow`` (``-n 2 --dist loadfile``) deal the test files to the
-two pytest-xdist workers: the files that read a run the session shares as one unit, the longest
-units first. tests/conftest.py imports the hook from here."""
+"""How ``make test`` (``-n 3 --dist loadfile``) and ``make test-slow`` (``-n 2``) deal the test
+files to their pytest-xdist workers: the files that read a run the session shares as one unit, the
+longest units first. tests/conftest.py imports the hook from here."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SHARED_RUN_FILES = (
     "tests/test_run_logs.py",
 )
 """The test files that read a run the session shares (:func:`tiny_run`, :func:`tiny_cli_run`):
-``make test`` (``-n 2 --dist loadfile``) runs them on one pytest-xdist worker, so each shared run
+``make test`` (``-n 3 --dist loadfile``) runs them on one pytest-xdist worker, so each shared run
 is trained once (every other file goes to one worker as a whole)."""
 
 

@@ -28,43 +28,50 @@ registration, ``flwr run``), ``supernode`` (a hospital's SuperNode and ClientApp
 Layer: the top of the training stack; imports fedst.training, fedst.app and below.
 """
 
-from fedst.deploy.cli import main
-from fedst.deploy.credentials import make_certificates, make_site_key, site_key_path
-from fedst.deploy.local import local
-from fedst.deploy.processes import (
-    APP_DIR,
-    BIN,
-    DeploymentError,
-    detached_children,
-    free_port,
-    process_env,
-    start,
-    stop,
-    stop_child,
-    stop_detached,
-    terminate_on_signal,
-    wait_for_port,
-)
-from fedst.deploy.superlink import (
-    CONNECTION,
-    register_sites,
-    run_config_overrides,
-    running_superlink,
-    serve,
-    superlink_command,
-    write_connection,
-)
-from fedst.deploy.supernode import (
-    CONNECTED,
-    EXIT_AUTH_FAILED,
-    EXIT_GRACE,
-    SIGNAL_ENDS,
-    SUPERNODE_EXITING,
-    check_site_data,
-    executor_command,
-    serve_site,
-    supernode_command,
-)
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedst.deploy.cli import main
+    from fedst.deploy.credentials import make_certificates, make_site_key, site_key_path
+    from fedst.deploy.local import local
+    from fedst.deploy.processes import (
+        APP_DIR,
+        BIN,
+        DeploymentError,
+        detached_children,
+        free_port,
+        process_env,
+        start,
+        stop,
+        stop_child,
+        stop_detached,
+        terminate_on_signal,
+        wait_for_port,
+    )
+    from fedst.deploy.superlink import (
+        CONNECTION,
+        register_sites,
+        run_config_overrides,
+        running_superlink,
+        serve,
+        superlink_command,
+        write_connection,
+    )
+    from fedst.deploy.supernode import (
+        CONNECTED,
+        EXIT_AUTH_FAILED,
+        EXIT_GRACE,
+        SIGNAL_ENDS,
+        SUPERNODE_EXITING,
+        check_site_data,
+        executor_command,
+        serve_site,
+        supernode_command,
+    )
+
 
 __all__ = [
     "APP_DIR",
@@ -101,3 +108,50 @@ __all__ = [
     "wait_for_port",
     "write_connection",
 ]
+
+EXPORTED_FROM = {
+    "main": "fedst.deploy.cli",
+    "make_certificates": "fedst.deploy.credentials",
+    "make_site_key": "fedst.deploy.credentials",
+    "site_key_path": "fedst.deploy.credentials",
+    "local": "fedst.deploy.local",
+    "APP_DIR": "fedst.deploy.processes",
+    "BIN": "fedst.deploy.processes",
+    "DeploymentError": "fedst.deploy.processes",
+    "detached_children": "fedst.deploy.processes",
+    "free_port": "fedst.deploy.processes",
+    "process_env": "fedst.deploy.processes",
+    "start": "fedst.deploy.processes",
+    "stop": "fedst.deploy.processes",
+    "stop_child": "fedst.deploy.processes",
+    "stop_detached": "fedst.deploy.processes",
+    "terminate_on_signal": "fedst.deploy.processes",
+    "wait_for_port": "fedst.deploy.processes",
+    "CONNECTION": "fedst.deploy.superlink",
+    "register_sites": "fedst.deploy.superlink",
+    "run_config_overrides": "fedst.deploy.superlink",
+    "running_superlink": "fedst.deploy.superlink",
+    "serve": "fedst.deploy.superlink",
+    "superlink_command": "fedst.deploy.superlink",
+    "write_connection": "fedst.deploy.superlink",
+    "CONNECTED": "fedst.deploy.supernode",
+    "EXIT_AUTH_FAILED": "fedst.deploy.supernode",
+    "EXIT_GRACE": "fedst.deploy.supernode",
+    "SIGNAL_ENDS": "fedst.deploy.supernode",
+    "SUPERNODE_EXITING": "fedst.deploy.supernode",
+    "check_site_data": "fedst.deploy.supernode",
+    "executor_command": "fedst.deploy.supernode",
+    "serve_site": "fedst.deploy.supernode",
+    "supernode_command": "fedst.deploy.supernode",
+}
+"""Each name of :data:`__all__` -> the module that defines it, imported on first use: the
+supernode module imports the training stack (fedst.app), which `python -m fedst.deploy --help`
+and a wrong argument do not need."""
+
+
+def __getattr__(name: str) -> object:
+    if name not in EXPORTED_FROM:
+        raise AttributeError(f"module 'fedst.deploy' has no attribute {name!r}")
+    value = getattr(import_module(EXPORTED_FROM[name]), name)
+    globals()[name] = value  # read once
+    return value

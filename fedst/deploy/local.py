@@ -76,7 +76,6 @@ def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None =
     a mistake leaves nothing: ``engine`` is refused (this is Flower's deployment engine, not
     train_fed.py's in-process or Ray one), and ``workdir`` must be a folder."""
     from fedst.cli import compose_experiment
-    from fedst.training import prepare_data
 
     engine = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "engine"]
     if engine:
@@ -88,6 +87,8 @@ def local(sites: Sequence[str], overrides: Sequence[str], workdir: Path | None =
     if workdir is not None:
         require_output_folder(workdir, "--workdir")
     cfg, _ = compose_experiment([f"data.federation=[{','.join(sites)}]", *overrides])
+    from fedst.training import prepare_data  # the stack: once the arguments are checked
+
     prepare_data(cfg)  # once, before the processes that would each generate it
     work = (workdir or default_workdir()).resolve()
     print(f"work folder: {work} (the run in {work / 'run'}, the logs beside it)")

@@ -68,12 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="N",
             help=f"table9's FPS: {what} (default: %(default)s)",
         )
-    setup_logging()
     # a mistake (RunnerError, ConfigError) ends in the entry point's one line, exit status 2
     seeds, rows, overrides = parse_arguments(key_values)
     parser.set_defaults(seeds=seeds, rows=rows, overrides=overrides)
     options = parser.parse_args([t for t in tokens if t not in key_values])
     plan = plan_table(TABLES[options.table], seeds, overrides, options.runs, rows)
+    setup_logging()  # configures Flower's logger too: once the arguments and rows are checked
     print(describe(plan))
     if options.dry_run:
         return 0

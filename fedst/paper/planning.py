@@ -15,7 +15,6 @@ from fedst.experiment import ExperimentConfig, Runtime
 from fedst.paper.tables import DEFAULT_SEEDS, REFUSED_KEYS, Row, RunnerError, TableSpec
 from fedst.runs.files import load_config, unfinished
 from fedst.runs.layout import CONFIG_JSON, SERVER_CHECKPOINT
-from fedst.training import run_training
 
 log = logging.getLogger("fedst.paper")
 
@@ -230,6 +229,8 @@ def execute(plan: Plan) -> list[tuple[PlannedRun, str]]:
             + "\n".join(f"  {r.detail}" for r in conflicts)
             + "\nUse another --runs folder, or delete those directories to train them again."
         )
+    from fedst.training import run_training  # torch and the stack: only when a run trains
+
     todo = plan.with_state("new", "resume")
     log.info(
         "%s: %d run(s) to train or resume, %d done, %d not available",

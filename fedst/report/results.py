@@ -37,7 +37,7 @@ from fedst.runs.layout import (
     METRICS_JSONL,
     TRAIN_JSONL,
 )
-from fedst.scoring.metrics import format_score
+from fedst.scoring.formatting import format_score
 from fedst.storage import read_jsonl
 
 log = logging.getLogger(__name__)
@@ -360,7 +360,7 @@ class Stat:
 
     def format(self, digits: int = DIGITS) -> str:
         """ "mean ± std" with ``digits`` decimals; just the mean for a single run. Each number
-        is rounded once, from the unrounded value, by :func:`fedst.scoring.metrics.format_score` (the
+        is rounded once, from the unrounded value, by :func:`fedst.scoring.formatting.format_score` (the
         one rounding of every printed score)."""
         if self.std is None:
             return format_score(self.mean, digits)

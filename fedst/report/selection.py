@@ -31,19 +31,24 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedst.errors import ArgumentParser
 from fedst.report.results import RunError
-from fedst.runs import Run
 from fedst.runs.device_option import add_device_option, device_run
 from fedst.runs.files import unfinished
 from fedst.runs.layout import CONFIG_JSON, FINAL_JSON, METRICS_JSONL, SELECTION_FILE
-from fedst.runs.model_selection import OUTFED_MODEL, SelectionError, validation_rows
-from fedst.scoring.metrics import format_score
+from fedst.scoring.formatting import format_score
 from fedst.storage import read_jsonl, require_output_folder
+
+if TYPE_CHECKING:
+    from fedst.runs import Run
+
+# fedst.runs.model_selection (OUTFED_MODEL, SelectionError, validation_rows) imports torch and the
+# scoring stack: it is imported where a command uses it, so that `--help` and a wrong argument
+# answer before torch loads.
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +92,8 @@ def require_validation(run: Run, command: str, alternative: str = "") -> None:
         why = f"train.val_every={cfg.train.val_every}, train.rounds={cfg.train.rounds}"
     else:
         return
+    from fedst.runs.model_selection import SelectionError
+
     raise SelectionError(
         f"{command}: {run_dir} scored no validation round ({why} in its config.json), so no "
         f"selection rule can choose one; {fix}"
@@ -269,6 +276,7 @@ def dad_markdown(guards: Mapping[Path, Mapping[str, Any]]) -> str:
 def plot_msf(run_dir: Path, record: Mapping[str, Any], out_png: Path) -> Path:
     """Validation (solid) and test (dashed) Dice per site against the round, chosen rounds marked."""
     from fedst.report.plots import new_figure, save_figure
+    from fedst.runs.model_selection import OUTFED_MODEL, validation_rows
 
     metrics = read_jsonl(run_dir / METRICS_JSONL)
     val = validation_rows(run_dir)
@@ -382,11 +390,12 @@ def cross_site_matrix(
     A folder that is not a finished run, and a rule the run cannot apply (``cbe`` without
     ``selection.held_out_site``, any rule but ``last`` without validation rounds), are refused
     before anything is evaluated: a :class:`RunError` or :class:`SelectionError` of one line."""
+    command = f"matrix --rule {rule}"
+    run = finished_run(run_dir, command, device)
+    from fedst.runs.model_selection import OUTFED_MODEL, SelectionError
     from fedst.scoring.evaluation import evaluate_model
     from fedst.scoring.site_data import open_site_data
 
-    command = f"matrix --rule {rule}"
-    run = finished_run(run_dir, command, device)
     cfg = run.cfg
     if rule == "cbe" and cfg.selection.held_out_site is None:
         others = "last" if cfg.train.val_every is None else "last, val or mixed"
@@ -456,6 +465,8 @@ def cross_site_matrix(
 
 
 def matrix_markdown(matrix: Mapping[str, Any], metric: str = "dice") -> str:
+    from fedst.runs.model_selection import OUTFED_MODEL
+
     sites = matrix["sites"]
     rounds = ", ".join(f"{m}: {r}" for m, r in matrix["rounds"].items())
     lines = [

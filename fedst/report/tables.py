@@ -20,7 +20,7 @@ A RUN_DIR may also be a Hydra multirun directory: every run directory below it i
 pools only runs whose configs differ in the seed alone; runs of one method that differ otherwise
 get rows of their own (:func:`fedst.report.results.group_by_method` says why). A folder that is not a
 finished run is an error naming it, or with ``--skip-incomplete`` skipped in one warning line.
-Every score is printed rounded once from its unrounded value (:func:`fedst.scoring.metrics.format_score`).
+Every score is printed rounded once from its unrounded value (:func:`fedst.scoring.formatting.format_score`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 from fedst import units
-from fedst.data.stats import format_statistics
 from fedst.errors import ArgumentParser
 from fedst.report.results import (
     AVERAGE_PANEL,
@@ -529,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
                     )
                 )
     print((out / "tables.md").read_text())
+    from fedst.data.stats import format_statistics  # imports torch: after the arguments parse
+
     for run in runs:  # the data each site reported before training (fedst/data/stats.py)
         stats_file = Path(run["path"]) / SITE_STATS_JSON
         if stats_file.is_file():

@@ -47,7 +47,7 @@ from fedst.runs.layout import (
     EXTERNAL_TABLE,
 )
 from fedst.scoring.evaluation import EvaluationResult, evaluate_model
-from fedst.scoring.metrics import format_score
+from fedst.scoring.formatting import format_score
 from fedst.scoring.site_data import open_site_data
 from fedst.storage import atomic_write_text
 

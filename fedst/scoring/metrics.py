@@ -82,7 +82,6 @@ __all__ = [
     "SegmentationMeter",
     "batch_metrics",
     "distance_metrics",
-    "format_score",
     "frame_metrics",
     "merge_distances",
     "reference_batch_metrics",
@@ -422,12 +421,6 @@ class SegmentationMeter:
                 row.update({m: values[m] * _scale(m) for m in METRIC_NAMES if m in values})
                 rows.append(row)
         return rows
-
-
-def format_score(value: float | None, digits: int = 2) -> str:
-    """A summary value for humans: "n/a" when it was not scored (``None``), else ``digits``
-    decimals."""
-    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def _scale(metric: str) -> float:
