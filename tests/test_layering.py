@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # bottom-up; a module may import its ow
         "fedst.progress",
         "fedst.errors",
         "fedst.storage",
+        "fedst.lazy",
         "fedst.schema",  # the config dataclasses and names of the lower packages, torch-free
     ),
     ("models",),

@@ -30,8 +30,9 @@ Layer: the top of the training stack; imports fedst.training, fedst.app and belo
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from fedst.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fedst.deploy.cli import main
@@ -149,9 +150,4 @@ supernode module imports the training stack (fedst.app), which `python -m fedst.
 and a wrong argument do not need."""
 
 
-def __getattr__(name: str) -> object:
-    if name not in EXPORTED_FROM:
-        raise AttributeError(f"module 'fedst.deploy' has no attribute {name!r}")
-    value = getattr(import_module(EXPORTED_FROM[name]), name)
-    globals()[name] = value  # read once
-    return value
+__getattr__ = lazy_exports(__name__, EXPORTED_FROM, globals())

@@ -13,8 +13,9 @@ imports fedst.scoring, fedst.methods, fedst.experiment, fedst.model and below.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from fedst.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fedst.runs.records import ServerCheckpoint, SiteState
@@ -32,9 +33,4 @@ EXPORTED_FROM = {
 """Each name of :data:`__all__` -> the module that defines it (imported on first use)."""
 
 
-def __getattr__(name: str) -> object:
-    if name not in EXPORTED_FROM:
-        raise AttributeError(f"module 'fedst.runs' has no attribute {name!r}")
-    value = getattr(import_module(EXPORTED_FROM[name]), name)
-    globals()[name] = value  # read once
-    return value
+__getattr__ = lazy_exports(__name__, EXPORTED_FROM, globals())
