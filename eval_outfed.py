@@ -30,6 +30,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -44,10 +45,12 @@ from fedst.cli import (
 )
 from fedst.config import ConfigError, build
 from fedst.experiment import UNSEEN_INDICATOR_RULES, with_device
-from fedst.runs import Run
 from fedst.runs.files import load_config, unfinished
 from fedst.runs.layout import EXTERNAL_TABLE, outfed_result
 from fedst.schema.accel import check_device_name
+
+if TYPE_CHECKING:
+    from fedst.runs import Run
 
 register_resolvers()
 log = logging.getLogger("eval_outfed")
@@ -126,6 +129,7 @@ def evaluate(cfg: DictConfig) -> None:
     run_dir = existing_run(options.run, "run")
     # the evaluation's modules, imported once the command line is right (a mistake ends sooner)
     from fedst.report import results, tables
+    from fedst.runs import Run
     from fedst.runs.outfed import (
         evaluate_new_site,
         evaluate_out_of_federation,

@@ -101,7 +101,10 @@ MODULE_IN_A_FRESH_INTERPRETER = """
 import json, runpy, sys
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 try:
-    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    if sys.argv[0].endswith(".py"):
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    else:
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
     status = 0
 except SystemExit as stopped:
     status = stopped.code
@@ -120,19 +123,26 @@ print(json.dumps([status, sorted(name for name in {heavy!r} if name in sys.modul
         ("fedst.paper table2 rows=fedsst --dry-run", 2, "['fedsst'] not in table2"),
         ("fedst.deploy --help", 0, "usage: python -m fedst.deploy"),
         ("fedst.deploy local --sites A engine=ray", 2, "engine=ray: deploy local runs Flower's"),
+        ("eval_outfed.py run=nope", 2, "run=nope: no such folder"),
     ],
 )
-def test_the_report_runner_and_deploy_commands_answer_help_and_a_mistake_before_torch(
+def test_the_report_runner_deploy_and_eval_outfed_answer_help_and_a_mistake_before_torch(
     argv, status, says, tmp_path
 ):
     """`--help` and a wrong argument of ``python -m fedst.report`` / ``fedst.paper`` /
-    ``fedst.deploy`` are answered before torch, flwr or albumentations load (each costs seconds);
-    the commands import the training stack once their arguments are checked."""
+    ``fedst.deploy`` and ``eval_outfed.py`` are answered before torch, flwr or albumentations load
+    (each costs seconds); the commands import the training stack once their arguments are
+    checked."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     env.pop("FEDST_DEBUG", None)
     script = MODULE_IN_A_FRESH_INTERPRETER.format(heavy=HEAVY)
     done = subprocess.run(
-        [sys.executable, "-c", script, *argv.split()],
+        [
+            sys.executable,
+            "-c",
+            script,
+            *(str(REPO / a) if a.endswith(".py") else a for a in argv.split()),
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
