@@ -40,16 +40,21 @@ def test_composing_the_demo_config_imports_no_torch_timm_albumentations_or_flwr(
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
-MISTAKE_IN_A_FRESH_INTERPRETER = """
+ENTRY_POINT_IN_A_FRESH_INTERPRETER = """
 import json, runpy, sys
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    if sys.argv[0].endswith(".py"):
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    else:
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
     status = 0
 except SystemExit as stopped:
     status = stopped.code
 print(json.dumps([status, sorted(name for name in {heavy!r} if name in sys.modules)]))
 """
+"""Runs a script (``train_fed.py``) or a module (``fedst.report``) with the given arguments as its
+command line; prints its exit status and the heavy packages it imported."""
 
 
 @pytest.mark.parametrize(
@@ -69,7 +74,7 @@ def test_a_wrong_value_ends_in_one_line_before_torch_or_flwr_is_imported(overrid
     imports no torch either."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("FEDST_DEBUG", None)
-    script = MISTAKE_IN_A_FRESH_INTERPRETER.format(heavy=HEAVY)
+    script = ENTRY_POINT_IN_A_FRESH_INTERPRETER.format(heavy=HEAVY)
     done = subprocess.run(
         [sys.executable, "-c", script, str(REPO / "train_fed.py"), *override.split()],
         cwd=tmp_path,
@@ -97,21 +102,6 @@ def test_the_floor_s_names_are_those_the_code_above_it_builds():
     assert ENCODERS == PVT_V2_VARIANTS
 
 
-MODULE_IN_A_FRESH_INTERPRETER = """
-import json, runpy, sys
-sys.argv = [sys.argv[1], *sys.argv[2:]]
-try:
-    if sys.argv[0].endswith(".py"):
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    else:
-        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-    status = 0
-except SystemExit as stopped:
-    status = stopped.code
-print(json.dumps([status, sorted(name for name in {heavy!r} if name in sys.modules)]))
-"""
-
-
 @pytest.mark.parametrize(
     ("argv", "status", "says"),
     [
@@ -135,7 +125,7 @@ def test_the_report_runner_deploy_and_eval_outfed_answer_help_and_a_mistake_befo
     checked."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     env.pop("FEDST_DEBUG", None)
-    script = MODULE_IN_A_FRESH_INTERPRETER.format(heavy=HEAVY)
+    script = ENTRY_POINT_IN_A_FRESH_INTERPRETER.format(heavy=HEAVY)
     done = subprocess.run(
         [
             sys.executable,

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from fedst.errors import UserError
+from fedst.schema.labels import CLASS_NAMES as CLASS_NAMES  # the encoding, re-exported here
+from fedst.schema.labels import IGNORE_INDEX
+from fedst.schema.labels import NUM_CLASSES as NUM_CLASSES
 
-CLASS_NAMES: tuple[str, ...] = ("background", "shaft", "wrist", "jaw")
-NUM_CLASSES = len(CLASS_NAMES)
-IGNORE_INDEX = 255
 SPLITS = ("train", "val", "test")
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fedst.experiment import run_device
 from fedst.paper.planning import Plan, PlannedRun
 from fedst.paper.tables import Row, RunnerError, synthetic_in_training
-from fedst.report import results, tables
+from fedst.report import plots, results, tables
 from fedst.runs.files import load_config
 from fedst.runs.layout import FINAL_JSON, FPS_JSON
 from fedst.storage import atomic_write_text
@@ -23,8 +23,8 @@ from fedst.storage import atomic_write_text
 if TYPE_CHECKING:
     import torch
 
-# torch, the scoring stack and matplotlib are imported by the functions that measure or plot, so
-# that `python -m fedst.paper --help` and a wrong argument answer before they load.
+# torch and the scoring stack are imported by the function that measures FPS, so that
+# `python -m fedst.paper --help` and a wrong argument answer before they load.
 
 log = logging.getLogger("fedst.paper")
 
@@ -332,8 +332,6 @@ def write_outputs(
     atomic_write_text("\n".join(t.to_markdown() for t in markdown), md_path)
     written = [md_path, csv_table.to_csv(out / f"{plan.spec.name}.csv")]
     png = out / f"{plan.spec.name}.png"
-    from fedst.report import plots
-
     if plan.spec.name == "fig6":
         written.append(
             plots.plot_setting_curves(csv_table, png, "communication every E local iterations")
@@ -356,8 +354,6 @@ def _plot_curves(plan: Plan, png: Path) -> list[Path]:
         log.warning("%s: no finished run, no plot", plan.spec.name)
         return []
     colors = {row.label: row.marks[0] for row in plan.spec.rows if row.marks}
-    from fedst.report import plots
-
     return [plots.plot_learning_curves(tables.curve_series(grouped), png, colors=colors)]
 
 
@@ -372,8 +368,6 @@ def _plot_pairs(table: results.Table, png: Path) -> Path:
             place = stem.split("_", 1)[1]
             title = "Avg." if place == "avg" else f"Site {place}"
             panels[title] = (column.key, f"{stem}_{with_synthetic}")
-    from fedst.report import plots
-
     return plots.plot_paired_bars(
         table, png, panels, legend=("without synthetic data", "with synthetic data")
     )

@@ -18,7 +18,6 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from fedst import units
-from fedst.data.base import IGNORE_INDEX
 from fedst.report.results import (
     AVERAGE_PANEL,
     METRIC_LABELS,
@@ -31,6 +30,7 @@ from fedst.report.results import (
     site_names,
     site_value,
 )
+from fedst.schema.labels import IGNORE_INDEX
 
 __all__ = [
     "BINARY_COLORS",

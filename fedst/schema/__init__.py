@@ -10,6 +10,7 @@ composition, fedst.experiment, the did-you-mean errors, ``--help``) imports none
   (fedst.data.sites.DataConfig checks against them);
 * ``network``: :class:`NetworkConfig` (fedst/model/network.py builds it);
 * ``indicators``: the indicator kinds, CLIP's text tower and ``indicator.unseen``;
+* ``labels``: the unified label encoding (class names, ignore index) of fedst/data/base.py;
 * ``partition``: the personalization presets and network components (fedst/model/partition.py).
 
 Each is imported from its module (``fedst.schema.network``); the packages above re-export
