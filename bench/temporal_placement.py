@@ -1,8 +1,10 @@
 """Cost of one site training step with the temporal module in the encoder and in the decode head.
 
 ``network.temporal_placement`` = "encoder" (after encoder stage 1, before the decoder; the
-default) against "decode_head" (CFFM's: every clip frame through the decoder, the block on the
-fused maps at 1/8, a second classifier; fedst/model/temporal_head.py). Each is FedST's network
+default until issue 58) against "decode_head" (CFFM's and the default: every clip frame through
+the decoder, the block on the fused maps at 1/8, a second classifier;
+fedst/model/temporal_head.py), the current frame's loss only (the per-frame term's cost:
+bench/clip_frame_loss.py). Each is FedST's network
 of the chosen preset (``method.build_model()``), trained as a site trains it: the Eq. 9 loss,
 AdamW over the site's parameter groups (fedst/methods/optimizer.py), a batch of the preset's
 size and clip length at its image size (random clips, the indicator a random unit vector).

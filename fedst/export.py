@@ -16,6 +16,10 @@ state in the graph:
     outputs  logits           [1, K, H, W] float32
              features_s<i>    [1, C_i, h_i, w_i] float32, this frame's features for later steps
 
+In the decode-head placement (network.temporal_placement=decode_head, the default) the cache holds
+the decoder's fused map instead: context_decode_head [T-1, 1, D, h_0, w_0] in, features_decode_head
+[1, D, h_0, w_0] out (D = network.decoder_dim, h_0 x w_0 the stride-4 map).
+
 The caller keeps the cache and picks the earlier frames by time with FrameHistory
 (fedst/data/clips/; frame k steps back: the latest earlier frame at or before
 t - k * interval_s), as OnnxStreamer does. The site indicator is a constant of the graph
@@ -48,8 +52,17 @@ from torch import nn
 from fedst.data.base import CLASS_NAMES
 from fedst.data.clips import IMAGENET_MEAN, IMAGENET_STD
 from fedst.model.network import FedSTNet
-from fedst.onnx_stream import OnnxStreamer, SessionSettings, default_export_path, export_command
+from fedst.model.temporal_head import DECODE_HEAD
+from fedst.onnx_stream import (
+    OnnxStreamer,
+    SessionSettings,
+    context_input_name,
+    default_export_path,
+    export_command,
+    feature_output_name,
+)
 from fedst.quantize import DEFAULT_KEEP_FP32, Int8Options
+from fedst.schema.network import NetworkConfig
 
 __all__ = [
     "ExportConfig",
@@ -80,47 +93,55 @@ class StreamingStep(nn.Module):
     """One streaming step of ``net`` as a function of explicit tensors (the exported graph).
 
     ``forward(frame [1, 3, H, W], context_valid [T-1] bool, *context)`` with one context tensor
-    ``[T-1, 1, C_i, h_i, w_i]`` per temporal stage -> ``(logits [1, K, H, W], *features)`` with
-    ``features[i]`` = this frame's map ``[1, C_i, h_i, w_i]`` of temporal stage i.
+    ``[T-1, 1, C, h, w]`` per key of the feature cache -> ``(logits [1, K, H, W], *features)``
+    with ``features[i]`` this frame's map ``[1, C, h, w]`` of key i. The keys are what
+    :class:`fedst.model.network.StreamingState` caches: the temporal stages' encoder maps (the
+    encoder placement), or ``"decode_head"``, the decoder's fused map [1, D, h_0, w_0] that CFFM's
+    block reads (the decode-head placement); none without the temporal module.
     """
 
     def __init__(self, net: FedSTNet, indicator: torch.Tensor | None):
         super().__init__()
-        if net.cfg.temporal and net.cfg.temporal_placement != "encoder":
-            raise ValueError(
-                f"export: network.temporal_placement={net.cfg.temporal_placement!r} is not "
-                "exported (the graph's context inputs are encoder-stage maps; the decode-head "
-                "placement caches fused decoder maps instead); export a run trained with "
-                "network.temporal_placement=encoder, or stream it in PyTorch (FedSTNet.stream)"
-            )
         self.net = net.eval()
-        self.stages = (
-            tuple(net.cfg.temporal_stages) if net.uses_temporal(net.cfg.num_frames) else ()
-        )
+        self.keys = cache_keys(net.cfg) if net.uses_temporal(net.cfg.num_frames) else ()
         self.register_buffer("indicator", indicator.clone() if indicator is not None else None)
+
+    def cached(self, feats: list[torch.Tensor]) -> list[torch.Tensor]:
+        """This frame's maps per key, from its 4 encoder maps [1, C_i, h_i, w_i]."""
+        if self.keys == (DECODE_HEAD,):
+            return [self.net.decoder_maps(list(feats), self.indicator)]  # CS, fused map
+        return [feats[s] for s in self.keys]
 
     def forward(
         self, frame: torch.Tensor, context_valid: torch.Tensor, *context: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         feats = self.net.encoder(frame)  # 4 x [1, C_i, h_i, w_i]
+        own = self.cached(feats)
         history = {}
-        for stage, earlier in zip(self.stages, context, strict=True):
-            current = feats[stage]
+        for key, current, earlier in zip(self.keys, own, context, strict=True):
             valid = context_valid.view(-1, 1, 1, 1, 1)  # [T-1, 1, 1, 1, 1]
             chosen = torch.where(valid, earlier, current[None])  # [T-1, 1, C, h, w]
-            history[stage] = [*chosen.unbind(0), current]
+            history[key] = [*chosen.unbind(0), current]
         size = (frame.shape[2], frame.shape[3])
         logits = self.net._decode(feats, history, self.indicator, size)
-        return (logits, *(feats[s] for s in self.stages))
+        return (logits, *own)
 
     def example_inputs(self, image_size: tuple[int, int]) -> tuple[torch.Tensor, ...]:
         """Inputs of the right shapes (a random frame, no valid context)."""
         frame = torch.randn(1, 3, *image_size)
         with torch.no_grad():
-            feats = self.net.encoder(frame)
+            own = self.cached(self.net.encoder(frame))
         earlier = self.net.cfg.num_frames - 1
-        context = [torch.zeros(earlier, *feats[s].shape) for s in self.stages]
+        context = [torch.zeros(earlier, *o.shape) for o in own]
         return (frame, torch.zeros(earlier, dtype=torch.bool), *context)
+
+
+def cache_keys(cfg: NetworkConfig) -> tuple[int | str, ...]:
+    """What a streamed frame leaves in the feature cache: ``("decode_head",)`` in the decode-head
+    placement (the fused decoder map), else the temporal stages (their encoder maps)."""
+    if cfg.temporal_placement == DECODE_HEAD:
+        return (DECODE_HEAD,)
+    return tuple(cfg.temporal_stages)
 
 
 def cpu_copy(net: nn.Module) -> nn.Module:
@@ -154,8 +175,8 @@ def export_onnx(
     traced.prepare_temporal(image_size)  # the temporal layout as constants, not traced arithmetic
     step = StreamingStep(traced, indicator.cpu() if indicator is not None else None).eval()
     inputs = step.example_inputs(image_size)
-    context_names = [f"context_s{s}" for s in step.stages]
-    feature_names = [f"features_s{s}" for s in step.stages]
+    context_names = [context_input_name(key) for key in step.keys]
+    feature_names = [feature_output_name(key) for key in step.keys]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad(), _exporter_warnings_only():
         program = torch.onnx.export(
@@ -174,7 +195,7 @@ def export_onnx(
             name: list(t.shape)
             for name, t in zip(["frame", "context_valid", *context_names], inputs, strict=True)
         },
-        "temporal_stages": list(step.stages),
+        "temporal_stages": list(step.keys),  # the cache's keys: stages, or ["decode_head"]
         "num_frames": net.cfg.num_frames,
         "interval_s": interval_s,
         "image_size": list(image_size),

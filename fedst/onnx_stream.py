@@ -21,8 +21,10 @@ __all__ = [
     "SUFFIXES",
     "OnnxStreamer",
     "SessionSettings",
+    "context_input_name",
     "default_export_path",
     "export_command",
+    "feature_output_name",
 ]
 
 SUFFIXES = {"onnx": ".onnx", "onnx-int8": ".int8.onnx"}
@@ -101,15 +103,17 @@ class OnnxStreamer:
         self.stages = self.meta["temporal_stages"]
         self.num_frames = self.meta["num_frames"]
         self.history = FrameHistory(self.num_frames, self.meta["interval_s"])
-        self._blank = {
-            s: np.zeros(self.meta["inputs"][f"context_s{s}"][1:], np.float32) for s in self.stages
+        self._blank = {  # stage (or "decode_head") -> zeros of one earlier frame's map
+            s: np.zeros(self.meta["inputs"][context_input_name(s)][1:], np.float32)
+            for s in self.stages
         }
 
     def reset(self) -> None:
         self.history.reset()
 
     def feeds(self, frame: np.ndarray, time_s: float) -> dict[str, np.ndarray]:
-        """The graph's inputs for a frame at ``time_s``: the frame, and per temporal stage the
+        """The graph's inputs for a frame at ``time_s``: the frame, and per cache key (a temporal
+        stage, or the decode head's fused map) the
         cached features of the clip's earlier frames stacked oldest first (zeros, flagged
         invalid in ``context_valid``, where the clip uses the frame itself)."""
         earlier = self.history.context(time_s)  # T-1 x ({stage: features} | None)
@@ -118,7 +122,7 @@ class OnnxStreamer:
             "context_valid": np.array([e is not None for e in earlier]),
         }
         for s in self.stages:
-            feeds[f"context_s{s}"] = np.stack(
+            feeds[context_input_name(s)] = np.stack(
                 [self._blank[s] if e is None else e[s] for e in earlier]
             )  # T-1 x [1, C, h, w] -> [T-1, 1, C, h, w]
         return feeds
@@ -131,6 +135,17 @@ class OnnxStreamer:
 
     def step(self, frame: np.ndarray, time_s: float) -> np.ndarray:
         return self.run(self.feeds(frame, time_s), time_s)
+
+
+def context_input_name(key: int | str) -> str:
+    """The graph input of a cache key's earlier maps: ``context_s1`` for encoder stage 1,
+    ``context_decode_head`` for the decode head's fused maps."""
+    return f"context_s{key}" if isinstance(key, int) else f"context_{key}"
+
+
+def feature_output_name(key: int | str) -> str:
+    """The graph output of this frame's map of a cache key (``features_s1``, ``features_decode_head``)."""
+    return f"features_s{key}" if isinstance(key, int) else f"features_{key}"
 
 
 def default_export_path(run: Path, site: str, prompt_site: str | None, format: str) -> Path:

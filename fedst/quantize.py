@@ -16,7 +16,8 @@ Gemm, which runs as one QGemm kernel (int8 inputs, bias included, fp32 output). 
 layers with weights (:data:`DEFAULT_OP_TYPES`: Conv, Gemm, MatMul with a weight); fp32 stay:
 
 * the graph's inputs and outputs: the feature cache of earlier frames (``context_s<i>`` in,
-  ``features_s<i>`` out) holds the fp32 tensors the int8 graph computes and passes them on
+  ``features_s<i>`` out; ``context_decode_head`` / ``features_decode_head`` in the decode-head
+  placement) holds the fp32 tensors the int8 graph computes and passes them on
   unchanged, and every fp32 op reads the fp32 tensor, not an 8-bit copy
   (:func:`fp32_readers_read_fp32`);
 * every other op (LayerNorm, Softmax, GELU, Resize, ...) and the attention products of two

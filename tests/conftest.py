@@ -573,3 +573,10 @@ def tiny_cli_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> C
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return CliRun(run_dir, done.stdout, done.stderr, temp, cache)
+
+
+def classifier_bias(shared: dict) -> str:
+    """The bias of the classifier the current frame's logits come from: the decode head's
+    (CFFM's ``linear_pred2``, the default placement) or the decoder's (encoder placement)."""
+    head = "temporal.decode_head.classifier.bias"
+    return head if head in shared else "decoder.head.bias"

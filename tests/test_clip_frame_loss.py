@@ -28,11 +28,12 @@ from conftest import PART_COLOURS, draw_frame, record_reads
 from test_clips import to_rgb255
 
 from fedst.accel import optimizer_step
+from fedst.cli import compose_experiment
 from fedst.config import ConfigError
 from fedst.data.clips import AugmentConfig, ClipConfig, ClipDataset
 from fedst.data.generic import GenericLayoutSource
 from fedst.data.procedural import generate
-from fedst.experiment import site_view
+from fedst.experiment import experiment_from_json, site_view
 from fedst.experiment.sections import TrainConfig
 from fedst.federation.site import Site, StateMismatchError, claim_state_dir
 from fedst.methods import LocalPhase
@@ -155,8 +156,8 @@ def test_without_frame_labels_no_earlier_label_is_read(write_site, monkeypatch):
 
 def test_the_config_asks_for_frame_labels_only_with_a_weight_and_a_temporal_network(tmp_path):
     cfg = experiment(tmp_path)
-    assert cfg.train.clip_frame_loss_weight == 0.0 and not cfg.uses_clip_frame_labels()
-    assert experiment(tmp_path, "train.clip_frame_loss_weight=0.5").uses_clip_frame_labels()
+    assert cfg.train.clip_frame_loss_weight == 0.5 and cfg.uses_clip_frame_labels()  # CFFM's
+    assert not experiment(tmp_path, "train.clip_frame_loss_weight=0").uses_clip_frame_labels()
     single = experiment(tmp_path, "train.clip_frame_loss_weight=0.5", "method.temporal=false")
     assert not single.uses_clip_frame_labels()
     paper = experiment(tmp_path, "experiment=paper", "train.device=cpu")
@@ -172,7 +173,7 @@ def test_a_bad_weight_is_a_config_error_naming_the_field(weight):
 def test_a_state_folder_from_before_the_option_is_claimed_at_weight_zero_only(tmp_path):
     """A run written before ``train.clip_frame_loss_weight`` trained the current frame only:
     resumed at weight 0 its site states are its own; at 0.5 they are another run's."""
-    cfg = experiment(tmp_path)
+    cfg = experiment(tmp_path, "train.clip_frame_loss_weight=0")
     values = values_before_roles(cfg)  # the fingerprint's rule (tests/test_state_fingerprint.py)
     values["train"].pop("clip_frame_loss_weight")  # the config as that code wrote it
     before = digest(values)
@@ -193,9 +194,15 @@ def test_a_state_folder_from_before_the_option_is_claimed_at_weight_zero_only(tm
 # -- every clip frame's own prediction ------------------------------------------------------------
 
 
-def test_every_clip_frames_logits_are_the_single_frame_networks_on_that_frame_from_one_pass():
+@pytest.mark.parametrize("placement", ["decode_head", "encoder"])
+def test_every_clip_frames_logits_are_the_single_frame_networks_on_that_frame_from_one_pass(
+    placement,
+):
     torch.manual_seed(0)
-    net = build_network(dataclasses.replace(TINY, prompt=True, channel_selection=True)).eval()
+    config = dataclasses.replace(
+        TINY, prompt=True, channel_selection=True, temporal_placement=placement
+    )
+    net = build_network(config).eval()
     clip = clip_of(batch=2)
     indicator = torch.stack([INDICATOR, INDICATOR.flip(0)])  # [B, D]: one per clip
     encoder_calls = []
@@ -208,8 +215,9 @@ def test_every_clip_frames_logits_are_the_single_frame_networks_on_that_frame_fr
         for t in range(4):
             alone = net(clip[:, [t]], indicator, use_temporal=False)  # frame t, no history
             torch.testing.assert_close(frame_logits[:, t], alone, rtol=1e-4, atol=1e-5)
-    with pytest.raises(ValueError, match="return_frame_logits needs the temporal module"):
-        net(clip, indicator, use_temporal=False, return_frame_logits=True)
+    if placement == "encoder":  # its frame logits come from the temporal module's clip pass
+        with pytest.raises(ValueError, match="return_frame_logits needs the temporal module"):
+            net(clip, indicator, use_temporal=False, return_frame_logits=True)
 
 
 # -- the local objective ----------------------------------------------------------------------------
@@ -286,7 +294,7 @@ def todays_losses(site: Site, steps: int) -> list[float]:
 def test_weight_zero_gives_the_losses_of_the_loop_before_the_option_bit_for_bit(
     tiny_root, tmp_path
 ):
-    cfg = experiment(tiny_root)  # train.clip_frame_loss_weight: 0 by default
+    cfg = experiment(tiny_root, "train.clip_frame_loss_weight=0")
     torch.manual_seed(1)
     ours = Site("A", cfg, tmp_path / "ours", torch.device("cpu")).train_phase(LocalPhase(3), 1)
     torch.manual_seed(1)
@@ -315,3 +323,22 @@ def test_the_positive_controls_training_adds_the_clip_frame_term_under_the_overr
     single_cfg = experiment(tiny_root, *overrides, "method.temporal=false")
     temporal_control.train_network(single_cfg, train, steps=1)  # [B, T, H, W] masks, one frame
     assert len(calls) == 2  # the single-frame network predicts the current frame only
+
+
+# -- runs saved before CFFM's design became the default ----------------------------------------------
+
+
+def test_a_run_saved_before_the_cffm_defaults_reads_as_encoder_placed_and_current_frame_only():
+    """config.json files written before ``network.temporal_placement`` and
+    ``train.clip_frame_loss_weight`` existed trained the temporal module at encoder stage 1 on the
+    current frame's label only; today's defaults are CFFM's (decode head, every frame at 0.5)."""
+    cfg, _ = compose_experiment(["experiment=demo"])
+    assert (cfg.network.temporal_placement, cfg.train.clip_frame_loss_weight) == (
+        "decode_head",
+        0.5,
+    )
+    saved = json.loads(cfg.to_json())
+    del saved["network"]["temporal_placement"], saved["train"]["clip_frame_loss_weight"]
+    old = experiment_from_json(json.dumps(saved))
+    assert (old.network.temporal_placement, old.train.clip_frame_loss_weight) == ("encoder", 0.0)
+    assert experiment_from_json(cfg.to_json()) == cfg  # a config saved today reads as written

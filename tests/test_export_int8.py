@@ -27,6 +27,7 @@ from fedst.infer import InferConfig, InferenceError, run_inference
 from fedst.methods import method_of
 from fedst.model.network import NetworkConfig, build_network
 from fedst.model.state import state_subset
+from fedst.onnx_stream import context_input_name, feature_output_name
 from fedst.quantize import (
     MAX_LOGIT_ERROR,
     MIN_PIXEL_AGREEMENT,
@@ -199,12 +200,13 @@ def test_the_feature_cache_stays_fp32_in_and_out_and_the_temporal_module_is_not_
     run, _ = int8_run
     graph = onnx.load(str(run / "export" / "A.int8.onnx")).graph
     float32 = onnx.TensorProto.FLOAT
-    cache = [
-        v for v in [*graph.input, *graph.output] if v.name.startswith(("context_s", "features_s"))
-    ]
+    keys = json.loads((run / "export" / "A.int8.json").read_text())["temporal_stages"]
+    names = {context_input_name(k) for k in keys} | {feature_output_name(k) for k in keys}
+    cache = [v for v in [*graph.input, *graph.output] if v.name in names]
+    assert len(cache) == 2 * len(keys) == 2  # the decode head's fused maps, in and out
     assert cache and all(v.type.tensor_type.elem_type == float32 for v in cache)
     dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
-    assert not [v.name for v in cache if v.name in dequantized]  # features_s<i> not 8-bit copies
+    assert not [v.name for v in cache if v.name in dequantized]  # features_* not 8-bit copies
     temporal = [n for n in graph.node if "net.temporal" in _scopes(n)]
     assert temporal
     assert not [n.name for n in temporal if any(i in dequantized for i in n.input)]

@@ -71,15 +71,14 @@ def test_eq9_adds_the_residual_to_the_students_head_at_every_pixel():
 
 
 class _StudentStub(nn.Module):
-    """What GuardedNet reads of a student: ``decoder.head``, a 1x1 conv [K, D, 1, 1]."""
+    """What GuardedNet reads of a student: ``prediction_head``, a 1x1 conv [K, D, 1, 1]."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.decoder = nn.Module()
-        self.decoder.head = nn.Conv2d(2, 2, kernel_size=1)
+        self.prediction_head = nn.Conv2d(2, 2, kernel_size=1)
         with torch.no_grad():
-            self.decoder.head.weight.copy_(torch.tensor(HEAD_WEIGHT)[:, :, None, None])
-            self.decoder.head.bias.copy_(torch.tensor(HEAD_BIAS))
+            self.prediction_head.weight.copy_(torch.tensor(HEAD_WEIGHT)[:, :, None, None])
+            self.prediction_head.bias.copy_(torch.tensor(HEAD_BIAS))
 
 
 def test_the_generator_output_is_read_as_w_res_then_b_res_and_applied_by_eq9():
@@ -101,7 +100,7 @@ def test_an_untrained_generator_leaves_the_students_head_unchanged():
     generator = ResidualHeadGenerator(embed_dim=2, num_classes=2, dist_dim=3, hidden_dim=4)
     model = GuardedNet(_StudentStub(), _StudentStub(), generator)
     features = torch.randn(3, 2, 4, 5)
-    expected = model.student.decoder.head(features)
+    expected = model.student.prediction_head(features)
     assert torch.allclose(model.correct(features, torch.randn(3, 2, 4, 5)), expected, atol=1e-6)
 
 

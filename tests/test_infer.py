@@ -118,8 +118,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save_config(cfg, run)
     model = method_of(cfg).build_model()
     with torch.no_grad():
-        for module in model.temporal.values():
-            module.proj.weight.mul_(TEMPORAL_GAIN)
+        for module in model.temporal.values():  # the decode head's block, or a stage's module
+            getattr(module, "block", module).proj.weight.mul_(TEMPORAL_GAIN)
     partition = method_of(cfg).partition(model)
     atomic_torch_save(
         {

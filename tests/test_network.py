@@ -125,10 +125,17 @@ def test_each_table_iv_switch_combination_builds_runs_and_backpropagates(
     assert bool(model.temporal) == temporal
     assert bool(model.channel_selection) == channel_selection
     assert bool(model.prompt) == (prompt and not channel_selection)
-    logits = model(clip_of(batch=1), INDICATOR if prompt else None)
+    indicator = INDICATOR if prompt else None
+    if temporal:  # the default objective also reads every clip frame's own prediction
+        logits, frame_logits = model(clip_of(batch=1), indicator, return_frame_logits=True)
+        assert frame_logits.shape == (1, 4, 4, H, W)  # [B, T, K, H, W]
+        (logits.sum() + frame_logits.sum()).backward()
+    else:
+        logits = model(clip_of(batch=1), indicator)
+        logits.sum().backward()
     assert logits.shape == (1, 4, H, W)
-    logits.sum().backward()
     assert model.decoder.head.weight.grad is not None
+    assert all(p.grad is not None for p in model.temporal.parameters())
 
 
 def test_missing_indicator_wrong_clip_length_and_cs_without_prompt_are_errors(net):

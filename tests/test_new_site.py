@@ -26,6 +26,7 @@ from fedst.model.indicators import IndicatorUnavailableError
 from fedst.runs import Run
 from fedst.runs.outfed import evaluate_out_of_federation, new_site_indicator, open_new_site
 from fedst.training import run_training
+from tests.conftest import classifier_bias
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_PROMPTS = {  # configs/data/tiny.yaml: site -> surgery type, written out by hand
@@ -88,7 +89,7 @@ def clip_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     for site in cfg.data.federation:  # FedST returns each site's own gamma_k: shift every one
         state_path = run_dir / "sites" / site / f"state_r{last:04d}.pt"
         state = torch.load(state_path, weights_only=False)
-        state["shared"]["decoder.head.bias"][0] += BACKGROUND_BIAS_SHIFT
+        state["shared"][classifier_bias(state["shared"])][0] += BACKGROUND_BIAS_SHIFT
         torch.save(state, state_path)
     return run_dir, cache_dir / CLIP_CACHE_FILE
 

@@ -111,15 +111,31 @@ ENCODER_NORM = sum(
 )
 DECODER_QUERY = DECODER_ATTENTION_BLOCKS * linear(DECODER_DIM, DECODER_DIM)
 CHANNEL_SELECTION = linear(B0_DIMS[CS_STAGE] + INDICATOR_DIM, B0_DIMS[CS_STAGE])
-TEMPORAL = (  # CFFM's block at stage 1 (64 channels, 2 heads, s = 7; issue 58)
-    2 * 2 * 64  # norm1, norm2
-    + 4 * linear(64, 64)  # q, k, v, proj
-    + linear(64, 256)
-    + linear(256, 64)  # MLP, ratio 4
-    + sum(linear(cells, 1) for cells in (49, 49, 9, 4))  # pooling: current per window; g = 7, 3, 2
-    + 2 * ((2 * 7 - 1) ** 2 + 49 * 132 + (7 + 5 - 1) ** 2)  # B: window, ring, pooled current
-    + 2 * sum((7 + k - 1) ** 2 for k in (7, 5, 3))  # B: one relative table per earlier frame
-)
+
+
+def cffm_block(channels: int, heads: int) -> int:
+    """Scalars of CFFM's cross-frame block at ``channels`` (s = 7; issue 58)."""
+    return (
+        2 * 2 * channels  # norm1, norm2
+        + 4 * linear(channels, channels)  # q, k, v, proj
+        + linear(channels, 4 * channels)
+        + linear(4 * channels, channels)  # MLP, ratio 4
+        + sum(
+            linear(cells, 1) for cells in (49, 49, 9, 4)
+        )  # pooling: current per window; g = 7, 3, 2
+        + heads
+        * ((2 * 7 - 1) ** 2 + 49 * 132 + (7 + 5 - 1) ** 2)  # B: window, ring, pooled current
+        + heads
+        * sum((7 + k - 1) ** 2 for k in (7, 5, 3))  # B: one relative table per earlier frame
+    )
+
+
+TEMPORAL = cffm_block(64, heads=2)
+"""The encoder placement's module: CFFM's block at stage 1 (64 channels, 2 heads of 32)."""
+TEMPORAL_DECODE_HEAD = cffm_block(DECODER_DIM, heads=DECODER_DIM // 32) + 2 * DECODER_DIM * 4 + 4
+"""The decode-head placement's (the default): the block on the decoder's fused map (4 heads of
+32) and CFFM's ``linear_pred2``, a 1x1 conv from [before, after] (2 x 128 channels) to 4 classes."""
+
 EXPECTED_COUNT = {  # personal scalars without channel selection; "all" is checked separately
     "none": 0,
     "encoder_query": ENCODER_ATTENTION_PROJECTION,
@@ -135,7 +151,8 @@ EXPECTED_COUNT = {  # personal scalars without channel selection; "all" is check
 
 @pytest.fixture(scope="module")
 def net() -> FedSTNet:
-    return build_network(NetworkConfig())
+    """The encoder placement: its temporal module is named by stage (``temporal.1.*``)."""
+    return build_network(NetworkConfig(temporal_placement="encoder"))
 
 
 def scalars(net: nn.Module, keys) -> int:
@@ -170,6 +187,8 @@ def test_preset_personal_parameter_count_follows_the_b0_shapes(net, preset, pers
 
 def test_the_temporal_module_has_cffm_s_parameter_count(net):
     assert sum(p.numel() for p in net.temporal.parameters()) == TEMPORAL
+    decode_head = build_network(NetworkConfig())  # the default placement
+    assert sum(p.numel() for p in decode_head.temporal.parameters()) == TEMPORAL_DECODE_HEAD
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -45,11 +45,13 @@ def test_each_site_trains_on_its_samples_plus_every_synthetic_sample_once_and_te
         assert sample_ids(both.train) == sample_ids(own.train) + sample_ids(synthetic)
         assert list(both.tests) == [site]
         assert sample_ids(both.tests[site]) == sample_ids(own.tests[site])
-    # a synthetic image comes as a clip of the site's length: T copies of the image
+    # a synthetic image comes as a clip of the site's length: T copies of the image, and (every
+    # clip frame supervised, train.clip_frame_loss_weight 0.5) T copies of its label
     clip, mask, sample_id = both.train[len(own.train)]  # the first synthetic sample
     assert sample_id.startswith("synthetic/")
-    assert clip.shape[0] == mixed.clip.num_frames == 4 and mask.shape == clip.shape[-2:]
+    assert clip.shape[0] == mixed.clip.num_frames == 4 and mask.shape == (4, *clip.shape[-2:])
     assert all(torch.equal(clip[t], clip[-1]) for t in range(4))
+    assert all(torch.equal(mask[t], mask[-1]) for t in range(4))
 
 
 def test_the_upper_bounds_pool_gets_the_synthetic_set_once(tiny_root):

@@ -5,6 +5,7 @@ frame is blank, and a layout that no compiled graph traces."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 
@@ -150,8 +151,11 @@ def test_the_network_builds_the_configured_variant_and_its_map_sizes():
     assert stage_map_size((512, 640), 1) == (64, 80)
     assert stage_map_size((100, 130), 1) == (13, 17)  # ceil(ceil(100 / 4) / 2)
     net = build_network(NetworkConfig(prompt=False, channel_selection=False))
-    assert isinstance(net.temporal["1"], CFFMTemporalBlock)
-    windowed = NetworkConfig(prompt=False, channel_selection=False, temporal_variant="windowed")
+    assert isinstance(net.temporal["decode_head"].block, CFFMTemporalBlock)  # CFFM's placement
+    assert net.temporal["decode_head"].block.dim == 128  # the decoder's fused map
+    encoder = NetworkConfig(prompt=False, channel_selection=False, temporal_placement="encoder")
+    assert isinstance(build_network(encoder).temporal["1"], CFFMTemporalBlock)
+    windowed = dataclasses.replace(encoder, temporal_variant="windowed")
     assert type(build_network(windowed).temporal["1"]).__name__ == "TemporalCrossAttention"
     with pytest.raises(ValueError, match="temporal_context_tokens"):
         NetworkConfig(temporal_context_tokens=(7, 5))

@@ -1,18 +1,21 @@
 """Specification of the decode-head placement of the temporal module (CFFM's;
 ``network.temporal_placement=decode_head``, fedst/model/temporal_head.py): shapes, the composition
 decoder map -> 1/8 -> block -> [before, after] -> classifier, parameter groups and partition,
-streaming, and the export's refusal."""
+streaming, and the ONNX export's feature cache."""
+
+import json
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fedst.experiment import TrainConfig
-from fedst.export import StreamingStep
+from fedst.export import OnnxStreamer, export_onnx
 from fedst.methods.optimizer import param_groups
 from fedst.model.network import FedSTNet, NetworkConfig
 from fedst.model.partition import PRESETS, split_state
-from tests.test_network import INDICATOR, make_net
+from tests.test_network import INDICATOR, TINY, make_net
 
 H, W = 60, 84  # stride-4 map 15 x 21 -> the block's map 7 x 10 (CFFM's int(h / 2))
 HEAD = {"temporal_placement": "decode_head"}  # on test_network's tiny network
@@ -122,6 +125,23 @@ def test_streaming_a_video_frame_by_frame_or_batched_gives_the_same_logits(net):
     assert torch.allclose(batched, torch.cat([e for e in expected if e is not None]), atol=1e-5)
 
 
-def test_the_onnx_export_refuses_the_decode_head_placement_and_says_why(net):
-    with pytest.raises(ValueError, match="temporal_placement=encoder"):
-        StreamingStep(net, INDICATOR)
+@pytest.mark.parametrize("placement", ["decode_head", "encoder"])
+def test_the_onnx_export_streams_what_pytorch_streams_in_either_placement(placement, tmp_path):
+    """The exported step caches what ``FedSTNet.stream`` caches (the decode head's fused maps
+    [1, D, H/4, W/4], or the temporal stage's encoder maps), and ONNX Runtime streams a video
+    longer than the history span as PyTorch does, to tests/test_infer.py's tolerance (1e-4)."""
+    pytest.importorskip("onnxruntime")
+    model = make_net(temporal_placement=placement).eval()
+    path = export_onnx(model, INDICATOR, (H, W), interval_s=1.0, out_path=tmp_path / "step.onnx")
+    cache = json.loads(path.with_suffix(".json").read_text())["inputs"]
+    if placement == "decode_head":
+        assert cache["context_decode_head"] == [3, 1, TINY.decoder_dim, H // 4, W // 4]
+    else:
+        stage_1 = [math.ceil(math.ceil(size / 4) / 2) for size in (H, W)]  # stride 4, then 2
+        assert cache["context_s1"] == [3, 1, 64, *stage_1]
+    onnx_stream = OnnxStreamer(path, threads=1)
+    torch_stream = model.stream(INDICATOR, interval_s=1.0)
+    for t, frame in enumerate(frames_of(6, 1, seed=5)[:, 0]):  # 6 frames: the cache is reused
+        expected = torch_stream.step(frame[None], float(t))
+        got = torch.from_numpy(onnx_stream.step(frame[None].numpy(), float(t)))
+        assert (got - expected).abs().max() <= 1e-4, f"frame {t}"

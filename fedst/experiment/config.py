@@ -169,6 +169,9 @@ parameter (its temporal module is the "windowed" variant)."""
 def experiment_from_json(text: str) -> ExperimentConfig:
     """A saved config.json; one written before ``network.temporal_variant`` existed trained the
     "windowed" temporal module with one lr and decay everywhere, and is read so; one written
+    before ``network.temporal_placement`` or ``train.clip_frame_loss_weight`` existed placed the
+    temporal module in the encoder and supervised the current frame only (the defaults until
+    CFFM's became them, issue 58), and is read so; one written
     before ``data.generator_version`` existed was rendered by
     version 1 of the procedural generator and is read as such (not as today's default); one
     written with ``train.amp`` (before ``train.amp_dtype``) reads true as "bf16", false as
@@ -194,6 +197,12 @@ def experiment_from_json(text: str) -> ExperimentConfig:
     if isinstance(network, dict) and "temporal_variant" not in network:
         values = {**values, "network": {**network, "temporal_variant": "windowed"}}
         values["train"] = {**values.get("train", {}), **PRE_ISSUE58_OPTIMIZER}
+    network = values.get("network")
+    if isinstance(network, dict) and "temporal_placement" not in network:
+        values = {**values, "network": {**network, "temporal_placement": "encoder"}}
+    train = values.get("train")
+    if isinstance(train, dict) and "clip_frame_loss_weight" not in train:
+        values = {**values, "train": {**train, "clip_frame_loss_weight": 0.0}}
     train = values.get("train")
     if isinstance(train, dict) and "amp" in train:
         train = {k: v for k, v in train.items() if k != "amp"}

@@ -228,12 +228,13 @@ class TrainConfig:
     text gives AdamW 6e-5 for every method and no schedule (fedst/methods/optimizer.py)."""
     warmup_iters: int = 1500
     """Warm-up length of ``lr_schedule=warmup_poly`` in local iterations (CFFM: 1500)."""
-    clip_frame_loss_weight: float = 0.0
+    clip_frame_loss_weight: float = 0.5
     """CFFM's supervision of every clip frame (docs/design-notes.md, "The temporal module against
     CFFM", row 11): the local objective adds ``weight x L_seg`` of each clip frame's own
     single-frame prediction (the decoder on that frame's encoder maps, no temporal module)
     against that frame's label, mean over batch x frames x labelled pixels, to the temporal
-    prediction's L_seg (fedst/model/losses.py, ``clip_frame_loss``). CFFM: 0.5. 0: the current
+    prediction's L_seg (fedst/model/losses.py, ``clip_frame_loss``). CFFM's 0.5 is the default
+    (since issue 58; the paper lists every clip frame's label as training data). 0: the current
     frame only, and no earlier frame's label is read (the runs before issue 58). A network
     without the temporal module ignores it (it predicts the current frame only)."""
     deterministic: bool = field(default=False, metadata=role(EXECUTION))

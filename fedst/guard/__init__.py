@@ -36,9 +36,13 @@ fedst/runs/model_selection.py's evaluate_choices: nothing is tested before the c
 
 Design notes (how we read the paper for a segmentation network):
 
-* **Most abstract layer** = the decoder features E [B, D, h, w] that feed the final 1x1
-  segmentation head (``decoder.head``, stride 4, D = ``network.decoder_dim``): every encoder
-  stage, the temporal module and channel selection are fused in them, and the head is exactly
+* **Most abstract layer** = the features E [B, D, h, w] that feed the final 1x1 segmentation
+  head (``FedSTNet.prediction_head``): in the decode-head placement (the default) CFFM's
+  ``linear_pred2``, ``temporal.decode_head.classifier``, on the current frame's fused map before
+  and after the temporal block (stride 8, D = 2 x ``network.decoder_dim``); in the encoder
+  placement and without the temporal module ``decoder.head`` (stride 4, D =
+  ``network.decoder_dim``). Every encoder stage, the temporal module and channel selection are
+  fused in them, and the head is exactly
   the linear prediction layer (W_CONV [D, K], b_CONV [K]) of Eq. 9, so Eq. 9 is the network's own
   head plus a residual, applied at every pixel.
 * **Sample** = the frame for Eq. 8-9, the pixel for Eq. 10-12. The paper gives each sample one

@@ -183,9 +183,9 @@ def dad_loss(
 @contextmanager
 def head_calls(model: FedSTNet) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
     """Record ``(E [B, D, h, w], logits [B, K, h, w])``, the input and output of
-    ``model.decoder.head`` (the 1x1 prediction layer), of every forward pass in the block."""
+    ``model.prediction_head`` (the 1x1 prediction layer), of every forward pass in the block."""
     calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-    handle = model.decoder.head.register_forward_hook(
+    handle = model.prediction_head.register_forward_hook(
         lambda _module, inputs, output: calls.append((inputs[0], output))
     )
     try:
@@ -230,7 +230,7 @@ class GuardedNet(nn.Module):
     ) -> torch.Tensor:
         """E_CONV, E_CBE [B, D, h, w] -> y_final [B, K, h, w] (Eq. 8-9)."""
         residual_weight, residual_bias = self.generator(teacher_features, student_features)
-        head = self.student.decoder.head
+        head = self.student.prediction_head
         return corrected_logits(
             student_features, head.weight[:, :, 0, 0], head.bias, residual_weight, residual_bias
         )

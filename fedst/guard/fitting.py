@@ -130,7 +130,7 @@ def _site_networks(run: Run, plan: SitePlan, device: torch.device) -> tuple[FedS
 
 
 def _new_generator(student: FedSTNet, settings: GuardConfig) -> ResidualHeadGenerator:
-    head = student.decoder.head
+    head = student.prediction_head
     return ResidualHeadGenerator(
         head.in_channels, head.out_channels, settings.dist_dim, settings.hidden_dim
     )

@@ -1,15 +1,17 @@
 """The FedST segmentation network (paper Sec. III-B, Fig. 2) and its streaming inference.
 
-clip [B, T, 3, H, W] -> PVTv2 encoder on all frames (batched) -> for each temporal stage the
-temporal cross-attention over the T frames (Eq. 3-4, F_t -> F*_t) -> for each CS stage the
-textual-guided channel selection (Eq. 7-8, F*_t -> F'_t) or, for the Table IV "prompt without CS"
-ablation, an indicator bias -> FPN decoder -> logits [B, num_classes, H, W] of the current (last)
-frame.
+``network.temporal_placement="decode_head"`` (CFFM's placement and the default since issue 58,
+fedst/model/temporal_head.py): clip [B, T, 3, H, W] -> every clip frame through the PVTv2
+encoder, the textual-guided channel selection (Eq. 7-8) or, for the Table IV "prompt without CS"
+ablation, an indicator bias, and the FPN decoder's fused map, in one batched pass -> the temporal
+block (Eq. 3-4) on the T fused maps at 1/8 -> a second classifier on the current frame's map
+before and after it -> logits [B, num_classes, H, W] of the current (last) frame. Channel
+selection acts on each frame's encoder features (TS does not feed it).
 
-``network.temporal_placement="decode_head"`` (CFFM's placement, fedst/model/temporal_head.py):
-every clip frame through the encoder, CS / prompt and the decoder's fused map in one batched pass,
-then the temporal block on the T fused maps at 1/8 and a second classifier; channel selection
-then acts on each frame's encoder features (TS no longer feeds it).
+``network.temporal_placement="encoder"`` (the paper's order, the default until issue 58): clip ->
+PVTv2 encoder on all frames (batched) -> for each temporal stage the temporal cross-attention over
+the T frames (F_t -> F*_t) -> for each CS stage channel selection (F*_t -> F'_t) or the indicator
+bias -> FPN decoder -> logits of the current frame.
 
 Module names are stable because parameter partition rules (``fedst.model.partition``) match them:
 ``encoder.*`` (PVTv2, ``attn.q`` / ``attn.k`` / ``attn.v``), ``temporal.<stage>.*``,
@@ -105,6 +107,15 @@ class FedSTNet(nn.Module):
                 module.prepare(stage_map_size(image_size, 0))
             elif isinstance(module, CFFMTemporalBlock):
                 module.prepare(*stage_map_size(image_size, int(key)))
+
+    @property
+    def prediction_head(self) -> nn.Conv2d:
+        """The 1x1 classifier that gives a clip's logits (GEN-Guard's W_CONV, b_CONV): CFFM's
+        ``linear_pred2`` (``temporal.decode_head.classifier``, input [B, 2 D, h/2, w/2]) in the
+        decode-head placement, else the decoder's head (input [B, D, h, w])."""
+        if DECODE_HEAD in self.temporal:
+            return self.temporal[DECODE_HEAD].classifier
+        return self.decoder.head
 
     @property
     def needs_indicator(self) -> bool:

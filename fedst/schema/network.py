@@ -24,8 +24,9 @@ TEMPORAL_VARIANTS = ("cffm", "windowed")
 default since issue 58), "windowed" = the module of issues 1-47 (fedst/model/temporal.py: r and p
 on the raw grid, ``Linear(C p^2, C)`` pooling, one free bias table, no norm or MLP)."""
 TEMPORAL_PLACEMENTS = ("encoder", "decode_head")
-"""``NetworkConfig.temporal_placement``: "encoder" = after encoder stage ``temporal_stages``, before
-the decoder (ours, the default); "decode_head" = CFFM's (fedst/model/temporal_head.py)."""
+"""``NetworkConfig.temporal_placement``: "decode_head" = CFFM's (fedst/model/temporal_head.py, the
+default since issue 58); "encoder" = after encoder stage ``temporal_stages``, before the decoder
+(the default until then)."""
 
 
 @dataclass(frozen=True)
@@ -80,14 +81,16 @@ class NetworkConfig:
     # cffm: MLP after the attention, hidden = ratio x C (CFFM: 4; 0: none).
     temporal_mlp_ratio: float = 4.0
     # Where the temporal module sits (docs/design-notes.md, "The temporal module against CFFM",
-    # row 10): "encoder" (default) = on encoder stage ``temporal_stages``, before the decoder: the
-    # decoder (Table V's rows) and SERQ's F (Sec. III-C) are defined on encoder stages, and CS
-    # (Eq. 7-8) reads the temporal module's output F*. "decode_head" = CFFM's: every clip frame
-    # through the decoder, the fused maps (after the decoder's block) at 1/8 through the "cffm"
-    # block, a second classifier on [before, after] (fedst/model/temporal_head.py); there TS no
-    # longer feeds CS (CS acts on each frame's encoder features F); temporal_stages then only
-    # names SERQ's F (temporal_stages[0], unless serq.feature_stage), still an encoder stage.
-    temporal_placement: str = "encoder"
+    # row 10). "decode_head" (default; CFFM's, as DESIGN.md asks): every clip frame through the
+    # decoder, the fused maps (after the decoder's block) at 1/8 through the "cffm" block, a
+    # second classifier on [before, after] (fedst/model/temporal_head.py); there TS no longer
+    # feeds CS (CS acts on each frame's encoder features F) and temporal_stages only names SERQ's
+    # F (temporal_stages[0], unless serq.feature_stage), still an encoder stage. It is the
+    # placement whose positive control reads the clip's past (48.09 Dice over 3 seeds against
+    # 18.29 for "encoder"; studies/temporal_cffm/README.md, section 4). "encoder" = on encoder
+    # stage ``temporal_stages``, before CS and the decoder, the order of the paper's text
+    # (Sec. III-B: F -> TS -> F* -> CS -> F' -> decoder); the default until issue 58.
+    temporal_placement: str = "decode_head"
     # Table IV "Prompt": use the site indicator. Alone (channel_selection False) it adds a
     # per-channel bias Linear(xi) at cs_stages; with channel_selection it feeds the CS network.
     prompt: bool = True
@@ -97,9 +100,10 @@ class NetworkConfig:
     # baseline's SiteChannelSelection: average and max pooling, embedded site vector). The FedDP
     # method sets "feddp" itself, and its stages from method.options.channel_selection_stages.
     channel_selection_kind: str = "fedst"
-    # 0-based encoder stages whose features get CS / the prompt bias. Default: the temporal
-    # stage, since Eq. 7-8 act on the temporal module's output F* (with
-    # temporal_placement="decode_head" CS acts on every frame's encoder features F instead).
+    # 0-based encoder stages whose features get CS / the prompt bias. Default: stage 1, the
+    # encoder placement's temporal stage, where Eq. 7-8 act on the temporal module's output F*
+    # (with temporal_placement="decode_head", the default, CS acts on every frame's encoder
+    # features F at this stage, before the decoder and the temporal block).
     cs_stages: tuple[int, ...] = (1,)
     # Dimension of the site indicator xi (512 for CLIP ViT-B-32).
     indicator_dim: int = 512
