@@ -177,9 +177,10 @@ def memory_usage() -> dict[str, int]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     peak = peak if sys.platform == "darwin" else peak * 1024
     peak = max(peak, _PEAK_BEFORE_RESETS)  # PhasePeaks' resets lower ru_maxrss too
-    # the kernel updates its high-water mark lazily: it can lag the resident size just read
-    usage["peak_rss_bytes"] = max(peak, usage.get("rss_bytes", 0))
-    _, cuda = _credit_open_phases()
+    # ru_maxrss is updated lazily: it can lag the resident size just read, and VmHWM, which
+    # PhasePeaks reads (so the whole run's peak is never below a phase's)
+    kernel_peak, cuda = _credit_open_phases()
+    usage["peak_rss_bytes"] = max(peak, usage.get("rss_bytes", 0), kernel_peak or 0)
     if cuda is not None:
         usage["cuda_allocated_bytes"] = torch.cuda.memory_allocated()
         usage["cuda_reserved_bytes"] = torch.cuda.memory_reserved()
