@@ -52,7 +52,6 @@ from torch import nn
 from fedst.data.base import CLASS_NAMES
 from fedst.data.clips import IMAGENET_MEAN, IMAGENET_STD
 from fedst.model.network import FedSTNet
-from fedst.model.temporal_head import DECODE_HEAD
 from fedst.onnx_stream import (
     OnnxStreamer,
     SessionSettings,
@@ -62,7 +61,6 @@ from fedst.onnx_stream import (
     feature_output_name,
 )
 from fedst.quantize import DEFAULT_KEEP_FP32, Int8Options
-from fedst.schema.network import NetworkConfig
 
 __all__ = [
     "ExportConfig",
@@ -103,14 +101,14 @@ class StreamingStep(nn.Module):
     def __init__(self, net: FedSTNet, indicator: torch.Tensor | None):
         super().__init__()
         self.net = net.eval()
-        self.keys = cache_keys(net.cfg) if net.uses_temporal(net.cfg.num_frames) else ()
+        self.keys = net.cache_keys if net.uses_temporal(net.cfg.num_frames) else ()
         self.register_buffer("indicator", indicator.clone() if indicator is not None else None)
 
     def cached(self, feats: list[torch.Tensor]) -> list[torch.Tensor]:
-        """This frame's maps per key, from its 4 encoder maps [1, C_i, h_i, w_i]."""
-        if self.keys == (DECODE_HEAD,):
-            return [self.net.decoder_maps(list(feats), self.indicator)]  # CS, fused map
-        return [feats[s] for s in self.keys]
+        """This frame's maps per key (:meth:`FedSTNet.cached_maps`), from its 4 encoder maps."""
+        if not self.keys:
+            return []
+        return list(self.net.cached_maps(feats, self.indicator).values())
 
     def forward(
         self, frame: torch.Tensor, context_valid: torch.Tensor, *context: torch.Tensor
@@ -134,14 +132,6 @@ class StreamingStep(nn.Module):
         earlier = self.net.cfg.num_frames - 1
         context = [torch.zeros(earlier, *o.shape) for o in own]
         return (frame, torch.zeros(earlier, dtype=torch.bool), *context)
-
-
-def cache_keys(cfg: NetworkConfig) -> tuple[int | str, ...]:
-    """What a streamed frame leaves in the feature cache: ``("decode_head",)`` in the decode-head
-    placement (the fused decoder map), else the temporal stages (their encoder maps)."""
-    if cfg.temporal_placement == DECODE_HEAD:
-        return (DECODE_HEAD,)
-    return tuple(cfg.temporal_stages)
 
 
 def cpu_copy(net: nn.Module) -> nn.Module:

@@ -118,6 +118,25 @@ class FedSTNet(nn.Module):
         return self.decoder.head
 
     @property
+    def cache_keys(self) -> tuple[int | str, ...]:
+        """What a streamed frame leaves in the feature cache (:meth:`cached_maps`):
+        ``("decode_head",)`` in the decode-head placement, else the temporal stages."""
+        if self.cfg.temporal_placement == DECODE_HEAD:
+            return (DECODE_HEAD,)
+        return tuple(self.cfg.temporal_stages)
+
+    def cached_maps(
+        self, feats: list[torch.Tensor], indicator: torch.Tensor | None
+    ) -> dict[int | str, torch.Tensor]:
+        """A frame's entries of the feature cache, from its 4 encoder maps [N, C_i, h_i, w_i]:
+        the fused decoder map [N, D, h_0, w_0] (CS / prompt applied; decode-head placement), or
+        each temporal stage's map. Streaming (:class:`StreamingState`) and the exported step
+        (fedst/export.py) keep the same entries."""
+        if self.cfg.temporal_placement == DECODE_HEAD:
+            return {DECODE_HEAD: self.decoder_maps(list(feats), indicator)}
+        return {s: feats[s] for s in self.cfg.temporal_stages}
+
+    @property
     def needs_indicator(self) -> bool:
         """True when the forward pass uses the site indicator (prompt or CS on)."""
         return self.cfg.prompt
@@ -344,11 +363,6 @@ class StreamingState:
         self.indicator = indicator
         self.timed = interval_s is not None
         self.temporal = net.uses_temporal(net.cfg.num_frames, use_temporal)
-        self._keys = (
-            (DECODE_HEAD,)
-            if net.cfg.temporal_placement == DECODE_HEAD
-            else tuple(net.cfg.temporal_stages)
-        )  # what a frame leaves in the history: its fused decoder map, or its temporal stages
         self._history = FrameHistory(
             net.cfg.num_frames, interval_s if interval_s is not None else float(frame_stride)
         )
@@ -380,7 +394,11 @@ class StreamingState:
         if not (predict or self.temporal):
             return None
         feats = self.net.encoder(frame)  # 4 x [B, C_i, h_i, w_i]
-        history = self._advance(time, self._cached(feats)) if self.temporal else {}
+        history = (
+            self._advance(time, self.net.cached_maps(feats, self.indicator))
+            if self.temporal
+            else {}
+        )
         if not predict:
             return None
         return self.net._decode(feats, history, self.indicator, (frame.shape[2], frame.shape[3]))
@@ -420,7 +438,8 @@ class StreamingState:
         if not encoded:
             return None
         feats = self.net.encoder(frames if len(encoded) == count else frames[encoded])
-        cached = self._cached(feats) if self.temporal else {}  # one batched pass over the rows
+        # the feature cache's entries in one batched pass over the rows
+        cached = self.net.cached_maps(feats, self.indicator) if self.temporal else {}
         predicted, histories = [], []  # rows of feats, and their temporal context
         for row, i in enumerate(encoded):
             own = {key: value[row : row + 1] for key, value in cached.items()}
@@ -434,22 +453,15 @@ class StreamingState:
             feats = [f[predicted] for f in feats]  # 4 x [M, C_i, h_i, w_i]
         stacked = {  # stage (or DECODE_HEAD) -> T x [M, C, h, w]
             s: [torch.cat([h[s][t] for h in histories]) for t in range(self.net.cfg.num_frames)]
-            for s in (self._keys if self.temporal else ())
+            for s in (self.net.cache_keys if self.temporal else ())
         }
         return self.net._decode(feats, stacked, self.indicator, (frames.shape[2], frames.shape[3]))
-
-    def _cached(self, feats: list[torch.Tensor]) -> dict[int | str, torch.Tensor]:
-        """What frames leave in the history, from their 4 encoder maps [N, C_i, h_i, w_i]: the
-        temporal stages' maps, or (decode-head placement) the fused decoder maps [N, D, h, w]."""
-        if self._keys == (DECODE_HEAD,):
-            return {DECODE_HEAD: self.net.decoder_maps(feats, self.indicator)}
-        return {s: feats[s] for s in self._keys}
 
     def _advance(
         self, time: float, own: dict[int | str, torch.Tensor]
     ) -> dict[int | str, list[torch.Tensor]]:
-        """Add a frame's cached maps (``own``: :meth:`_cached`) to the history; return its clip's
-        maps per key, T x [B, C, h, w], oldest first."""
+        """Add a frame's cached maps (``own``: :meth:`FedSTNet.cached_maps`) to the history;
+        return its clip's maps per key, T x [B, C, h, w], oldest first."""
         earlier = self._history.context(time)  # T-1 x ({key: [B, C, h, w]} | None)
         self._history.append(time, own)
         return {k: [own[k] if e is None else e[k] for e in earlier] + [own[k]] for k in own}
