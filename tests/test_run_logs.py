@@ -108,6 +108,30 @@ def test_a_phase_peak_is_what_that_phase_held_and_the_run_peak_survives_the_rese
     assert row["run_peak"] >= row["large_peak_rss_bytes"]
 
 
+def test_the_run_peak_is_never_below_a_phase_peak_when_the_kernels_mark_reads_lower_later(
+    monkeypatch,
+):
+    """The kernel folds the resident size into VmHWM lazily, so a reading after a phase can be
+    below the one at its end (seen in CI: 94 KB); ru_maxrss lags as well. Readings in MB: 100 at
+    the phase's start, 500 at its end, 300 when the run's figures are read."""
+    from types import SimpleNamespace
+
+    from fedst.accel import PhasePeaks, memory, memory_usage
+
+    readings = iter([100 * MB, 500 * MB, 300 * MB])
+    monkeypatch.setattr(memory, "_kernel_peak_rss", lambda: next(readings))
+    monkeypatch.setattr(memory, "_reset_kernel_peak_rss", lambda: True)
+    monkeypatch.setattr(memory, "_resident_bytes", lambda: 200 * MB)
+    monkeypatch.setattr(memory, "_HIGHEST_RSS_MARK", 0)
+    ru_maxrss = SimpleNamespace(ru_maxrss=300 * 1024)  # KiB: the lagging 300 MB
+    monkeypatch.setattr(memory.resource, "getrusage", lambda who: ru_maxrss)
+    peaks = PhasePeaks()
+    with peaks.phase("train"):
+        pass
+    assert peaks.row()["train_peak_rss_bytes"] == 500 * MB
+    assert memory_usage()["peak_rss_bytes"] == 500 * MB
+
+
 def _run(seed: int, train_rows: list[dict]) -> dict:
     return {"method": "fedst", "seed": seed, "experiment": "x", "final": {}, "train": train_rows}
 

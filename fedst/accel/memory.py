@@ -11,9 +11,11 @@ from collections.abc import Iterator
 
 import torch
 
-_PEAK_BEFORE_RESETS = 0
-"""The process's resident high-water mark as it stood at the latest :class:`PhasePeaks` reset
-(resetting the kernel's mark also resets ``ru_maxrss``, so the whole-run peak is kept here)."""
+_HIGHEST_RSS_MARK = 0
+"""The highest resident high-water mark (VmHWM) this process has read, at a phase's marks or
+before a :class:`PhasePeaks` reset. The whole-run peak is kept here: a reset lowers the kernel's
+mark and ``ru_maxrss``, and the kernel folds the resident size into its mark lazily, so a later
+reading can be below an earlier one."""
 
 _CUDA_PEAKS_BEFORE_RESETS = [0, 0]
 """The current CUDA device's peak allocated and reserved bytes as they stood at the latest
@@ -51,10 +53,12 @@ def _cuda_peaks() -> tuple[int, int] | None:
 
 def _credit_open_phases() -> tuple[int | None, tuple[int, int] | None]:
     """Credit the current marks to every open phase and to the whole-run marks; returns them."""
-    global _PEAK_BEFORE_RESETS
+    global _HIGHEST_RSS_MARK
     rss, cuda = _kernel_peak_rss(), _cuda_peaks()
     for marks in _OPEN_PHASES:
         marks.credit(rss, cuda)
+    if rss is not None:
+        _HIGHEST_RSS_MARK = max(_HIGHEST_RSS_MARK, rss)
     if cuda is not None:
         _CUDA_PEAKS_BEFORE_RESETS[:] = [
             max(a, b) for a, b in zip(_CUDA_PEAKS_BEFORE_RESETS, cuda, strict=True)
@@ -76,9 +80,9 @@ def _kernel_peak_rss() -> int | None:
 
 def _reset_kernel_peak_rss() -> bool:
     """Lower the kernel's high-water mark to the resident size now (``echo 5 >
-    /proc/self/clear_refs``, Linux >= 4.0), keeping the old mark in :data:`_PEAK_BEFORE_RESETS`.
+    /proc/self/clear_refs``, Linux >= 4.0), keeping the old mark in :data:`_HIGHEST_RSS_MARK`.
     False when the kernel does not allow it."""
-    global _PEAK_BEFORE_RESETS
+    global _HIGHEST_RSS_MARK
     before = _kernel_peak_rss()
     if before is None:
         return False
@@ -87,7 +91,7 @@ def _reset_kernel_peak_rss() -> bool:
             clear_refs.write("5")
     except OSError:
         return False
-    _PEAK_BEFORE_RESETS = max(_PEAK_BEFORE_RESETS, before)
+    _HIGHEST_RSS_MARK = max(_HIGHEST_RSS_MARK, before)
     return True
 
 
@@ -176,11 +180,10 @@ def memory_usage() -> dict[str, int]:
         usage["rss_bytes"] = resident
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     peak = peak if sys.platform == "darwin" else peak * 1024
-    peak = max(peak, _PEAK_BEFORE_RESETS)  # PhasePeaks' resets lower ru_maxrss too
-    # ru_maxrss is updated lazily: it can lag the resident size just read, and VmHWM, which
-    # PhasePeaks reads (so the whole run's peak is never below a phase's)
-    kernel_peak, cuda = _credit_open_phases()
-    usage["peak_rss_bytes"] = max(peak, usage.get("rss_bytes", 0), kernel_peak or 0)
+    _, cuda = _credit_open_phases()  # also folds the kernel's mark now into _HIGHEST_RSS_MARK
+    # never below a phase's peak (every phase reading is in _HIGHEST_RSS_MARK); ru_maxrss and
+    # the kernel's mark are updated lazily and can lag the resident size just read
+    usage["peak_rss_bytes"] = max(peak, _HIGHEST_RSS_MARK, usage.get("rss_bytes", 0))
     if cuda is not None:
         usage["cuda_allocated_bytes"] = torch.cuda.memory_allocated()
         usage["cuda_reserved_bytes"] = torch.cuda.memory_reserved()
